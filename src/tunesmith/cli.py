@@ -1,0 +1,160 @@
+"""`tunesmith <command> [cfg.yaml] [key=value] [--key value]`: parse and dispatch, no logic."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .errors import TunesmithError
+
+USAGE = """usage: tunesmith <command> [options]
+
+commands:
+  train   [cfg.yaml] [key=value ...] [--key value ...]   fine-tune a model (see `tunesmith train --help`)
+  data    [cfg.yaml] [key=value ...] [--index N]         inspect a dataset: counts, lengths, one rendered sample
+  data clean                                             remove the tokenized-data caches
+  chat    --model DIR [--prompt TEXT]                    talk to a trained model (interactive without --prompt)
+  export  --model DIR --export_dir OUT                   merge LoRA and write a standalone Hugging Face model
+  env                                                    versions, GPUs and usable optional features
+
+Config keys are LLaMA-Factory's (model_name_or_path, dataset, template, cutoff_len, ...).
+Example: tunesmith train examples/quickstart.yaml learning_rate=1e-3
+"""
+
+
+def _setup_logging() -> None:
+    from rich.logging import RichHandler
+
+    from .train.progress import console
+
+    level = os.environ.get("TUNESMITH_LOG_LEVEL", "INFO").upper()
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler], force=True)
+    logging.getLogger("tunesmith").setLevel(level)
+    for noisy in ("datasets", "transformers", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def train_help() -> str:
+    from .config.schema import GROUPS
+
+    lines = ["usage: tunesmith train [cfg.yaml] [key=value ...] [--key value ...]", "",
+             "Later values win: the YAML file, then key=value / --key value in order.", ""]
+    for group, cls in GROUPS.items():
+        lines.append(f"{group}:")
+        for key, field in cls.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            lines.append(f"  {key:<30} {field.description} [default: {default}]")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _config_from(items: list[str]):
+    from .config.load import build_config, parse_cli_items
+
+    yaml_path, overrides = parse_cli_items(items)
+    return build_config(yaml_path, overrides)
+
+
+def cmd_train(items: list[str]) -> int:
+    if {"-h", "--help"} & set(items):
+        print(train_help())
+        return 0
+    from .train.loop import train
+
+    result = train(_config_from(items))
+    return 130 if result.interrupted else 0
+
+
+def cmd_data(items: list[str]) -> int:
+    if {"-h", "--help"} & set(items):
+        print("usage: tunesmith data [cfg.yaml] [key=value ...] [--index N]\n       tunesmith data clean\n\n"
+              "Inspect the data a training config would use: counts per dataset, a token-length histogram, and one "
+              "rendered sample with its supervised tokens marked. Takes the same keys as `tunesmith train`.")
+        return 0
+    if items[:1] == ["clean"]:
+        from .data.cache import clean, tokenized_root
+
+        count, size = clean()
+        print(f"removed {count} cached dataset(s), {size / 1e6:.1f} MB, from {tokenized_root()}")
+        return 0
+    index = 0
+    if "--index" in items:
+        at = items.index("--index")
+        index = int(items[at + 1])
+        items = items[:at] + items[at + 2 :]
+    from .data.inspect import print_inspection
+    from .data.pipeline import prepare_data
+    from .models.load import load_tokenizer
+    from .train.progress import console
+
+    cfg = _config_from(items)
+    tokenizer = load_tokenizer(cfg.model)
+    data = prepare_data(cfg, tokenizer)
+    print_inspection(console, data, data.report, tokenizer, index)
+    return 0
+
+
+def cmd_chat(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tunesmith chat", description="Talk to a trained model.")
+    parser.add_argument("--model", "--model_name_or_path", dest="model", required=True,
+                        help="output_dir of a run (full model or LoRA adapter) or a model folder")
+    parser.add_argument("--prompt", help="answer this one message and exit (default: interactive)")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--max_new_tokens", type=int, default=256, help="longest answer in tokens")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), >0 samples")
+    parser.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling when temperature > 0")
+    args = parser.parse_args(argv)
+    from .infer.chat import run_chat
+
+    run_chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
+             temperature=args.temperature, top_p=args.top_p)
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tunesmith export",
+                                     description="Merge LoRA (if any) and write a standalone Hugging Face model.")
+    parser.add_argument("--model", "--model_name_or_path", dest="model", required=True, help="output_dir of a run")
+    parser.add_argument("--export_dir", required=True, help="new folder for the merged model")
+    parser.add_argument("--export_dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--export_size", default="5GB", help="largest safetensors shard, e.g. 5GB")
+    args = parser.parse_args(argv)
+    from .infer.export import export_model
+
+    out = export_model(args.model, args.export_dir, dtype=args.export_dtype, max_shard_size=args.export_size)
+    print(f"exported to {out}")
+    return 0
+
+
+def cmd_env(argv: list[str]) -> int:
+    from .env import collect
+
+    for key, value in collect().items():
+        print(f"{key:<16} {value}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "data": cmd_data, "chat": cmd_chat, "export": cmd_export, "env": cmd_env}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"tunesmith: unknown command '{argv[0]}'\n\n{USAGE}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except TunesmithError as err:
+        logging.getLogger("tunesmith").error("%s", err)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""YAML + command-line overrides -> a validated RunConfig.
+
+Keys are flat (LLaMA-Factory's names). Each key is routed to the group that owns
+it; unknown keys get a "did you mean"; known keys of features that do not exist
+yet are refused with a message that says so. Every problem is reported at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ..errors import ConfigError
+from .schema import GROUPS, SECRET_KEYS, RunConfig
+
+log = logging.getLogger("tunesmith")
+
+_MEGATRON = (
+    "tensor_model_parallel_size pipeline_model_parallel_size sequence_parallel expert_model_parallel_size "
+    "use_distributed_optimizer overlap_grad_reduce overlap_param_gather recompute_granularity "
+    "bias_activation_fusion apply_rope_fusion moe_grouped_gemm moe_token_dispatcher_type"
+).split()
+_MEDIA = (
+    "image_max_pixels image_min_pixels video_max_pixels video_min_pixels video_fps video_maxlen "
+    "audio_sampling_rate use_audio_in_video freeze_vision_tower freeze_multi_modal_projector freeze_language_model"
+).split()
+_PREFERENCE = "pref_beta pref_loss pref_ftx pref_label_smoothing simpo_gamma kto_chosen_weight kto_rejected_weight".split()
+
+# Keys users bring from LLaMA-Factory whose feature tunesmith does not have yet.
+NOT_YET: dict[str, str] = {
+    **{k: "the Megatron-Core engine is not available yet" for k in _MEGATRON},
+    **{k: "vision/audio-language fine-tuning is not available yet" for k in _MEDIA},
+    **{k: "preference training (dpo/kto/orpo/simpo) is not available yet" for k in _PREFERENCE},
+    "deepspeed": "the DeepSpeed engine is not available yet; train on one device (backend: single)",
+    "fsdp": "the FSDP2 engine is not available yet; train on one device (backend: single)",
+    "quantization_bit": "quantized (QLoRA) training is not available yet",
+    "quantization_method": "quantized (QLoRA) training is not available yet",
+    "streaming": "streaming datasets are not available yet; use a local file or a hub dataset without streaming",
+    "do_predict": "batch prediction is not available yet; use `tunesmith chat --prompt`",
+    "use_unsloth": "unsloth is not supported; tunesmith uses Liger kernels (enable_liger_kernel: true)",
+    "use_galore": "GaLore is not supported",
+    "use_badam": "BAdam is not supported",
+    "use_apollo": "APOLLO is not supported",
+    "reward_model": "online RL (ppo/grpo) is not available yet",
+}
+
+NOT_YET_STAGES = {
+    "rm": "reward-model training",
+    "dpo": "preference training",
+    "kto": "KTO preference training",
+    "ppo": "online RL",
+    "grpo": "online RL",
+}
+
+# Keys that only matter for one finetuning_type: set elsewhere they do nothing, so we say so.
+_ONLY_FOR = {
+    "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_target", "additional_target", "use_dora", "use_rslora"],
+    "freeze": ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
+}
+
+KEY_TO_GROUP: dict[str, str] = {key: group for group, cls in GROUPS.items() for key in cls.model_fields}
+
+
+def parse_cli_items(items: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """Split `[cfg.yaml] key=value --key value --flag` into (yaml path, overrides)."""
+    yaml_path, overrides, i = None, {}, 0
+    while i < len(items):
+        item = items[i]
+        if item.startswith("--"):
+            key, eq, value = item[2:].partition("=")
+            if not eq:
+                nxt = items[i + 1] if i + 1 < len(items) else None
+                if nxt is not None and not nxt.startswith("--") and "=" not in nxt:
+                    value, i = nxt, i + 1
+                else:
+                    value = "true"
+            overrides[key] = _parse_value(value)
+        elif "=" in item:
+            key, _, value = item.partition("=")
+            overrides[key] = _parse_value(value)
+        elif item.endswith((".yaml", ".yml", ".json")) and yaml_path is None:
+            yaml_path = item
+        else:
+            raise ConfigError([f"cannot read argument '{item}': use key=value, --key value or a .yaml file"])
+        i += 1
+    return yaml_path, overrides
+
+
+def _parse_value(text: str) -> Any:
+    """YAML scalar parsing, so `lr=1e-4`, `packing=true`, `dataset=a,b` behave as in the YAML file."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"config file '{path}' does not exist"])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{path} is not valid YAML: {err}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path} must hold a mapping of key: value, not {type(data).__name__}"])
+    return data
+
+
+def build_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Merge YAML and overrides (overrides win), validate everything, report all problems at once."""
+    flat = dict(read_yaml(yaml_path)) if yaml_path else {}
+    flat.update(overrides or {})
+    problems: list[str] = []
+    routed = _route_keys(flat, problems)
+    if os.environ.get("USE_MCA") == "1":
+        problems.append("USE_MCA=1 selects the Megatron-Core engine, which is not available yet; unset USE_MCA")
+    config = _validate_groups(routed, problems)
+    if config is not None:
+        problems.extend(_cross_checks(config, set(flat)))
+    if problems:
+        raise ConfigError(problems)
+    _warn_no_effect(config, set(flat))
+    return config
+
+
+def _route_keys(flat: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
+    routed: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+    known = list(KEY_TO_GROUP) + list(NOT_YET)
+    for key, value in flat.items():
+        if key in NOT_YET:
+            problems.append(f"'{key}': {NOT_YET[key]}; remove the key")
+        elif key == "stage" and value in NOT_YET_STAGES:
+            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use pt or sft")
+        elif key in KEY_TO_GROUP:
+            routed[KEY_TO_GROUP[key]][key] = value
+        else:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else "; see `tunesmith train --help` for all keys"
+            problems.append(f"unknown key '{key}'{hint}")
+    return routed
+
+
+def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> RunConfig | None:
+    groups = {}
+    for name, cls in GROUPS.items():
+        try:
+            groups[name] = cls(**routed[name])
+        except ValidationError as err:
+            for e in err.errors():
+                key = ".".join(str(p) for p in e["loc"])
+                shown = "<redacted>" if key in SECRET_KEYS else repr(e.get("input"))
+                problems.append(f"'{key}' = {shown}: {e['msg']}")
+    return RunConfig(**groups) if len(groups) == len(GROUPS) else None
+
+
+def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
+    problems = []
+    if cfg.model.bf16 and cfg.model.fp16:
+        problems.append("bf16 and fp16 are both true; choose one")
+    if cfg.model.pure_bf16 and cfg.model.fp16:
+        problems.append("pure_bf16 and fp16 are both true; choose one")
+    if cfg.train.do_train and not cfg.data.dataset:
+        problems.append("no training data: set dataset (names from dataset_info.json, e.g. dataset: identity)")
+    if cfg.train.eval_strategy != "no" and not (cfg.data.val_size or cfg.data.eval_dataset):
+        problems.append(f"eval_strategy: {cfg.train.eval_strategy} needs val_size or eval_dataset")
+    if cfg.data.interleave_probs and cfg.data.mix_strategy == "concat":
+        problems.append("interleave_probs needs mix_strategy interleave_under or interleave_over")
+    bad_sinks = [s for s in cfg.output.report_to if s not in ("none", "tensorboard", "wandb", "swanlab", "all")]
+    if bad_sinks:
+        problems.append(f"report_to: unknown sink(s) {bad_sinks}; use none, tensorboard, wandb or swanlab")
+    if cfg.model.enable_liger_kernel:
+        problems.extend(_check_liger())
+    return problems
+
+
+def _check_liger() -> list[str]:
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        return ["enable_liger_kernel: true but liger-kernel is not installed; pip install 'tunesmith[liger]'"]
+    return []
+
+
+def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
+    for ftype, keys in _ONLY_FOR.items():
+        idle = sorted(given & set(keys))
+        if idle and cfg.finetune.finetuning_type != ftype:
+            log.warning("%s only apply to finetuning_type: %s; they have no effect here", idle, ftype)
+    if "swanlab_api_key" in given:
+        log.warning("swanlab_api_key is set in the config; prefer the SWANLAB_API_KEY environment variable")
+
+
+def redacted(cfg: RunConfig) -> dict[str, Any]:
+    """The flat config with secrets replaced, for saving and logging."""
+    flat = cfg.flat()
+    return {k: ("<redacted>" if k in SECRET_KEYS and v else v) for k, v in flat.items()}
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(redacted(cfg), sort_keys=False, allow_unicode=True), encoding="utf-8")

@@ -1,0 +1,196 @@
+"""The typed run configuration: one pydantic model per concern, one RunConfig.
+
+Users write flat YAML with LLaMA-Factory's key names; `config/load.py` routes each
+key to the group that owns it. Every field carries a description: it is the text
+of `tunesmith train --help` and of docs/config.md.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def _split_names(value):
+    """'a,b' / ['a','b'] / None -> list of stripped names."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v).strip() for v in value]
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class ModelConfig(_Group):
+    model_name_or_path: str = Field(
+        "tiny:qwen3",
+        description="Hugging Face model id or local path; `tiny:qwen3` / `tiny:llama` build a tiny random model.",
+    )
+    adapter_name_or_path: str | None = Field(None, description="A LoRA adapter directory to load on top of the model.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub (off unless you trust it).")
+    cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
+    model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
+    flash_attn: Literal["auto", "sdpa", "eager", "fa2", "flex", "disabled"] = Field(
+        "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else sdpa; disabled = eager."
+    )
+    enable_liger_kernel: bool = Field(False, description="Use Liger kernels (fused RMSNorm, SwiGLU, RoPE, linear+CE).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, about 30% slower."
+    )
+    bf16: bool = Field(False, description="bf16 mixed precision: bf16 compute, fp32 weights and optimizer states.")
+    fp16: bool = Field(False, description="fp16 mixed precision with loss scaling.")
+    pure_bf16: bool = Field(False, description="Keep weights, gradients and optimizer states in bf16 (less memory).")
+
+
+class DataConfig(_Group):
+    dataset: list[str] = Field(default_factory=list, description="Dataset names from dataset_info.json, `a,b` mixes.")
+    eval_dataset: list[str] = Field(default_factory=list, description="Datasets used only for evaluation.")
+    dataset_dir: str = Field("data", description="Folder holding dataset_info.json and the data files.")
+    media_dir: str | None = Field(None, description="Folder media paths are relative to (default: dataset_dir).")
+    template: str = Field("auto", description="Chat template: auto (the tokenizer's own) or a name, see docs.")
+    enable_thinking: bool = Field(True, description="For reasoning templates (qwen3): render thinking blocks.")
+    cutoff_len: int = Field(2048, ge=8, description="Maximum tokens per sample; longer samples are truncated.")
+    max_samples: int | None = Field(None, ge=1, description="Keep at most this many samples of each dataset.")
+    val_size: float = Field(0.0, ge=0, description="Held-out eval share (<1) or count (>=1) of the training data.")
+    packing: bool | None = Field(
+        None, description="Pack samples into rows of cutoff_len tokens (no attention across samples). Default: on for pt."
+    )
+    neat_packing: bool = Field(False, description="LLaMA-Factory's packing without cross-attention; same as packing.")
+    train_on_prompt: bool = Field(False, description="Also compute loss on the prompt tokens.")
+    mask_history: bool = Field(False, description="Supervise only the last assistant turn.")
+    mix_strategy: Literal["concat", "interleave_under", "interleave_over"] = Field(
+        "concat", description="How several datasets are mixed."
+    )
+    interleave_probs: list[float] | None = Field(None, description="Sampling probabilities for interleave_* mixing.")
+    preprocessing_num_workers: int | None = Field(None, ge=1, description="Processes that tokenize the data.")
+    preprocessing_batch_size: int = Field(1000, ge=1, description="Rows per tokenization batch.")
+    dataloader_num_workers: int = Field(0, ge=0, description="Worker processes that collate batches.")
+    data_shared_file_system: bool = Field(False, description="Ranks share one file system for the data cache.")
+    tokenized_path: str | None = Field(None, description="Save the tokenized data here, or load it if it exists.")
+    overwrite_cache: bool = Field(False, description="Re-tokenize even if a cache with this fingerprint exists.")
+    skip_bad_samples: bool = Field(False, description="Skip (and count) bad records instead of stopping.")
+    identity_name: str = Field("Tunesmith Demo", description="Fills {{name}} in the identity dataset.")
+    identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
+
+    _split = field_validator("dataset", "eval_dataset", mode="before")(classmethod(lambda cls, v: _split_names(v)))
+
+
+class FinetuneConfig(_Group):
+    stage: Literal["pt", "sft"] = Field("sft", description="Training stage: pt (continued pretraining) or sft.")
+    finetuning_type: Literal["full", "freeze", "lora"] = Field("lora", description="Which parameters train.")
+    freeze_trainable_layers: int = Field(
+        2, description="freeze: train the last N layers (negative: the first -N layers)."
+    )
+    freeze_trainable_modules: list[str] = Field(
+        default_factory=lambda: ["all"], description="freeze: module names inside those layers that train, or all."
+    )
+    freeze_extra_modules: list[str] = Field(
+        default_factory=list, description="freeze: extra top-level modules that train (e.g. embed_tokens, lm_head)."
+    )
+    lora_rank: int = Field(8, ge=1, description="LoRA rank.")
+    lora_alpha: float | None = Field(None, description="LoRA alpha (default: 2 x rank).")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_target: list[str] = Field(
+        default_factory=lambda: ["all"], description="Modules that get LoRA: all (every linear layer) or names."
+    )
+    additional_target: list[str] = Field(default_factory=list, description="Extra modules trained in full with LoRA.")
+    use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
+    use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
+
+    _split = field_validator(
+        "freeze_trainable_modules", "freeze_extra_modules", "lora_target", "additional_target", mode="before"
+    )(classmethod(lambda cls, v: _split_names(v)))
+
+
+class TrainConfig(_Group):
+    do_train: bool = Field(True, description="Train (false: only prepare data and evaluate).")
+    per_device_train_batch_size: int = Field(1, ge=1, description="Rows per micro-batch on each device.")
+    per_device_eval_batch_size: int = Field(1, ge=1, description="Rows per evaluation batch.")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
+    num_train_epochs: float = Field(3.0, gt=0, description="Epochs to train (fractions allowed).")
+    max_steps: int = Field(-1, description="Optimiser steps to train; overrides num_train_epochs when > 0.")
+    learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="Learning-rate schedule after warmup."
+    )
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="Warmup as a share of all steps.")
+    warmup_steps: int = Field(0, ge=0, description="Warmup steps (overrides warmup_ratio when > 0).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (not applied to biases and norms).")
+    adam_beta1: float = Field(0.9, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, description="AdamW beta2.")
+    adam_epsilon: float = Field(1e-8, description="AdamW epsilon.")
+    optim: Literal["adamw_torch", "adamw_torch_fused"] = Field(
+        "adamw_torch", description="Optimiser (AdamW; the fused kernel is used on CUDA either way)."
+    )
+    max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
+    seed: int = Field(42, description="Seed for initialisation, shuffling and dropout.")
+    skip_nonfinite: bool = Field(False, description="Skip (and count) steps with a non-finite loss or gradient.")
+    eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
+    backend: Literal["auto", "single"] = Field("auto", description="Training engine; multi-GPU engines come later.")
+    ddp_timeout: int = Field(1800, description="Seconds before a collective times out.")
+
+
+class OutputConfig(_Group):
+    output_dir: str = Field("saves/run", description="Where checkpoints, logs and the final model go.")
+    overwrite_output_dir: bool = Field(False, description="Allow writing into an output_dir that holds a run.")
+    logging_steps: int = Field(10, ge=1, description="Log metrics every N steps.")
+    plot_loss: bool = Field(False, description="Write training_loss.png (and eval) to output_dir.")
+    report_to: list[str] = Field(
+        default_factory=lambda: ["none"], description="Metric sinks: none, tensorboard, wandb, swanlab."
+    )
+    run_name: str | None = Field(None, description="Run name for the metric sinks.")
+    save_strategy: Literal["steps", "epoch", "no"] = Field("steps", description="When to save checkpoints.")
+    save_steps: int = Field(500, ge=1, description="Save a checkpoint every N steps.")
+    save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    save_only_model: bool = Field(False, description="Save weights only, without optimizer state (no exact resume).")
+    resume_from_checkpoint: str | bool | None = Field(
+        None, description="A checkpoint path, or true for the newest complete one in output_dir."
+    )
+    use_swanlab: bool = Field(False, description="Also report to SwanLab.")
+    swanlab_project: str = Field("tunesmith", description="SwanLab project.")
+    swanlab_mode: Literal["cloud", "local", "offline", "disabled"] = Field("cloud", description="SwanLab mode.")
+    swanlab_api_key: str | None = Field(None, description="Prefer the SWANLAB_API_KEY environment variable.")
+
+    _split = field_validator("report_to", mode="before")(classmethod(lambda cls, v: _split_names(v)))
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "finetune": FinetuneConfig,
+    "train": TrainConfig,
+    "output": OutputConfig,
+}
+
+SECRET_KEYS = frozenset({"swanlab_api_key", "hf_hub_token", "ms_hub_token", "wandb_api_key"})
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @property
+    def packing(self) -> bool:
+        """Packing is on for pt unless turned off; neat_packing turns it on."""
+        if self.data.neat_packing:
+            return True
+        if self.data.packing is None:
+            return self.finetune.stage == "pt"
+        return self.data.packing
+
+    def flat(self) -> dict:
+        """The flat key -> value view that users write."""
+        out: dict = {}
+        for name in GROUPS:
+            out.update(getattr(self, name).model_dump())
+        return out

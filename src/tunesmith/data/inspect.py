@@ -1,0 +1,61 @@
+"""`tunesmith data`: counts, a length histogram and one rendered sample with its supervised span marked."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .render import IGNORE_INDEX
+
+
+def length_histogram(lengths: list[int], num_bins: int = 10) -> list[tuple[int, int, int]]:
+    """(low, high, count) bins covering [min, max] of lengths."""
+    if not lengths:
+        return []
+    low, high = min(lengths), max(lengths)
+    width = max(1, -(-(high - low + 1) // num_bins))
+    bins = [[low + i * width, low + (i + 1) * width - 1, 0] for i in range(num_bins)]
+    for n in lengths:
+        bins[min((n - low) // width, num_bins - 1)][2] += 1
+    return [tuple(b) for b in bins if b[2] or b[0] <= high]
+
+
+def marked_sample(tokenizer, input_ids: list[int], labels: list[int]) -> Text:
+    """The decoded sample; supervised tokens in bold green, the prompt dimmed."""
+    text = Text()
+    for tok, label in zip(input_ids, labels):
+        piece = tokenizer.decode([tok])
+        text.append(piece, style="bold green" if label != IGNORE_INDEX else "dim")
+    return text
+
+
+def print_inspection(console: Console, data, report: dict, tokenizer, index: int) -> None:
+    train = data.train
+    table = Table(title="datasets")
+    for col in ("dataset", "rows", "skipped"):
+        table.add_column(col)
+    for name, info in report.get("datasets", {}).items():
+        table.add_row(name, str(info.get("rows")), str(info.get("skipped", 0)))
+    console.print(table)
+    lengths = train["length"]
+    console.print(
+        f"{len(train)} samples, {sum(lengths):,} tokens (min {min(lengths)}, mean {sum(lengths) / len(lengths):.0f}, "
+        f"max {max(lengths)}); truncated: {report.get('num_truncated', 0)}; "
+        f"dropped without supervised tokens: {report.get('num_dropped_no_labels', 0)}"
+    )
+    hist = Table(title="length histogram (tokens)")
+    hist.add_column("tokens")
+    hist.add_column("samples", justify="right")
+    hist.add_column("")
+    top = max(c for _, _, c in length_histogram(lengths))
+    for low, high, count in length_histogram(lengths):
+        hist.add_row(f"{low}-{high}", str(count), "#" * round(30 * count / max(top, 1)))
+    console.print(hist)
+    if data.eval is not None:
+        console.print(f"eval: {len(data.eval)} samples")
+    row = train[index % len(train)]
+    num_labels = sum(1 for t in row["labels"] if t != IGNORE_INDEX)
+    console.print(f"\nsample {index % len(train)}: {len(row['input_ids'])} tokens, {num_labels} supervised "
+                  "([bold green]supervised[/], [dim]not supervised[/]):")
+    console.print(marked_sample(tokenizer, row["input_ids"], row["labels"]))

@@ -1,0 +1,132 @@
+"""dataset names -> tokenized train/eval datasets, through the fingerprinted cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config.schema import RunConfig
+from ..errors import DataError
+from . import cache
+from .loader import load_samples, split_eval
+from .registry import get_spec
+from .render import IGNORE_INDEX, RenderOptions, render_batch
+from .templates import resolve
+
+log = logging.getLogger("tunesmith")
+
+
+@dataclass
+class PreparedData:
+    train: object | None  # datasets.Dataset with input_ids, labels, length
+    eval: object | None
+    report: dict = field(default_factory=dict)
+
+
+def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
+    chat_template, kwargs = resolve(tokenizer, cfg.data.template)
+    return RenderOptions(
+        stage=cfg.finetune.stage,
+        chat_template=chat_template,
+        render_kwargs={**kwargs, "enable_thinking": cfg.data.enable_thinking},
+        cutoff_len=cfg.data.cutoff_len,
+        train_on_prompt=cfg.data.train_on_prompt,
+        mask_history=cfg.data.mask_history,
+    )
+
+
+def prepare_data(cfg: RunConfig, tokenizer) -> PreparedData:
+    opts = render_options(cfg, tokenizer)
+    train, report = None, {}
+    if cfg.data.dataset:
+        train, report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.dataset, cfg.data.tokenized_path)
+    eval_ds = None
+    if cfg.data.eval_dataset:
+        eval_ds, eval_report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.eval_dataset, None)
+        report["eval"] = eval_report
+    elif cfg.data.val_size and train is not None:
+        train, eval_ds = split_eval(train, cfg.data.val_size, cfg.train.seed)
+        report["eval"] = {"num_rows": len(eval_ds), "from": f"val_size={cfg.data.val_size}"}
+    return PreparedData(train, eval_ds, report)
+
+
+def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]) -> tuple[dict, list[Path]]:
+    specs = {name: get_spec(name, cfg.data.dataset_dir) for name in names}
+    paths = [Path(cfg.data.dataset_dir) / s.file_name for s in specs.values() if s.file_name]
+    options = {
+        "datasets": {name: spec.model_dump() for name, spec in specs.items()},
+        "render": {**opts.__dict__},
+        "tokenizer": cache.tokenizer_fingerprint(tokenizer),
+        "max_samples": cfg.data.max_samples,
+        "mix": [cfg.data.mix_strategy, cfg.data.interleave_probs],
+        "seed": cfg.train.seed,
+        "placeholders": _placeholders(cfg),
+        "skip_bad_samples": cfg.data.skip_bad_samples,
+    }
+    return options, paths
+
+
+def _placeholders(cfg: RunConfig) -> dict[str, str]:
+    return {"name": cfg.data.identity_name, "author": cfg.data.identity_author}
+
+
+def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], tokenized_path: str | None):
+    """Tokenized rows for `names`, from the cache when its fingerprint matches."""
+    if tokenized_path and Path(tokenized_path, "dataset_info.json").exists():
+        hit = cache.load_cached(Path(tokenized_path).name, Path(tokenized_path).parent)
+        if hit is None:
+            raise DataError(f"tokenized_path '{tokenized_path}' holds no tunesmith tokenized dataset; delete it")
+        log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
+        return hit[0], {**hit[1], "cache": "tokenized_path"}
+    options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names)
+    key = cache.fingerprint(options, paths)
+    hit = None if cfg.data.overwrite_cache else cache.load_cached(key)
+    if hit is not None:
+        return hit[0], {**hit[1], "cache": f"hit {key}"}
+    dataset, report = _tokenize(cfg, tokenizer, opts, names)
+    cache.save_cached(key, dataset, report)
+    if tokenized_path:
+        cache.save_cached(Path(tokenized_path).name, dataset, report, Path(tokenized_path).parent)
+    return dataset, {**report, "cache": f"miss {key}"}
+
+
+def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]):
+    samples, per_dataset = load_samples(
+        names,
+        dataset_dir=cfg.data.dataset_dir,
+        stage=cfg.finetune.stage,
+        mix_strategy=cfg.data.mix_strategy,
+        interleave_probs=cfg.data.interleave_probs,
+        max_samples=cfg.data.max_samples,
+        seed=cfg.train.seed,
+        skip_bad_samples=cfg.data.skip_bad_samples,
+        num_proc=cfg.data.preprocessing_num_workers,
+        placeholders=_placeholders(cfg),
+    )
+    tokenized = samples.map(
+        render_batch,
+        batched=True,
+        batch_size=cfg.data.preprocessing_batch_size,
+        fn_kwargs={"tokenizer": tokenizer, "opts": opts},
+        remove_columns=samples.column_names,
+        num_proc=cfg.data.preprocessing_num_workers,
+        desc="Tokenizing",
+    )
+    has_labels = tokenized.map(
+        lambda b: {"ok": [any(t != IGNORE_INDEX for t in labels[1:]) for labels in b["labels"]]},
+        batched=True,
+        desc="Checking labels",
+    )
+    num_without_labels = len(has_labels) - sum(has_labels["ok"])
+    kept = has_labels.filter(lambda b: b["ok"], batched=True).remove_columns("ok")
+    if len(kept) == 0:
+        raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
+    report = {
+        "datasets": per_dataset,
+        "num_rows": len(kept),
+        "num_truncated": int(sum(tokenized["num_truncated"])),
+        "num_dropped_no_labels": num_without_labels,
+        "num_tokens": int(sum(kept["length"])),
+    }
+    return kept.remove_columns(["num_truncated"]), report

@@ -1,0 +1,156 @@
+"""Sample -> input_ids and labels, through the model's own chat template.
+
+The template is never hand-copied: the conversation is rendered to text by
+`tokenizer.apply_chat_template`, tokenized once with offsets, and the supervised
+spans (assistant turns) are found by rendering the conversation up to each
+assistant turn. So the ids are exactly what `apply_chat_template` gives, and the
+labels follow the template whatever its format.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import DataError
+from .sample import where
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Everything that shapes the token ids; part of the cache fingerprint."""
+
+    stage: str = "sft"
+    chat_template: str | None = None
+    render_kwargs: dict = field(default_factory=dict)
+    cutoff_len: int = 2048
+    train_on_prompt: bool = False
+    mask_history: bool = False
+
+
+def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_generation_prompt=False) -> str:
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        chat_template=opts.chat_template,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **opts.render_kwargs,
+    )
+
+
+def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the [start, end) character span of every assistant turn in it.
+
+    A turn starts where the generation prompt before it ends and ends after the
+    template's end-of-turn marker. Templates that render history differently from
+    the last turn (Qwen3 drops history think blocks) are handled by locating the
+    turn's content and the end marker inside the full text.
+    """
+    full = render_text(tokenizer, messages, opts, tools=tools)
+    spans = []
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = render_text(tokenizer, messages[:k], opts, tools=tools, add_generation_prompt=True)
+        if not full.startswith(prefix):
+            raise DataError(
+                f"the chat template renders the conversation before assistant turn {k} differently on its own; "
+                "tunesmith cannot find the supervised span. Use a named template (e.g. template: chatml)."
+            )
+        upto = render_text(tokenizer, messages[: k + 1], opts, tools=tools)
+        end = len(upto) if full.startswith(upto) else _turn_end_in_history(full, len(prefix), upto, message)
+        spans.append((len(prefix), end))
+    return full, spans
+
+
+def _turn_end_in_history(full: str, start: int, upto: str, message: dict) -> int:
+    turn = upto[start:]
+    text = _text_of(message["content"]).strip()
+    # Reasoning templates drop a history turn's think block: look for the answer part too.
+    for content in dict.fromkeys([text, text.split("</think>")[-1].strip()]):
+        at = turn.rfind(content)
+        end_marker = turn[at + len(content) :] if at >= 0 else ""
+        pos = full.find(content, start)
+        if at >= 0 and pos >= 0 and full.startswith(end_marker, pos + len(content)):
+            return pos + len(content) + len(end_marker)
+    raise DataError(
+        "cannot locate an assistant turn of the conversation in the rendered text; "
+        "the chat template rewrites it. Use a named template (e.g. template: chatml)."
+    )
+
+
+def _text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
+    """input_ids, labels (-100 outside supervised spans), truncated flag."""
+    messages = sample["messages"]
+    if not messages or messages[-1]["role"] != "assistant":
+        raise DataError(f"{where(sample)}: the conversation must end with an assistant turn")
+    tools = json.loads(sample["tools"]) if sample.get("tools") else None
+    try:
+        text, spans = assistant_char_spans(tokenizer, messages, opts, tools)
+    except DataError as err:
+        raise DataError(f"{where(sample)}: {err}") from None
+    if opts.mask_history:
+        spans = spans[-1:]
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    if opts.train_on_prompt:
+        labels = list(ids)
+    else:
+        labels = [tok if _inside(start, spans) else IGNORE_INDEX for tok, (start, _) in zip(ids, enc["offset_mapping"])]
+    truncated = len(ids) > opts.cutoff_len
+    return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len], "num_truncated": int(truncated)}
+
+
+def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
+    return any(start <= pos < end for start, end in spans)
+
+
+def render_pt(sample: dict, tokenizer, opts: RenderOptions) -> dict:
+    """Plain text + EOS, every token supervised. Long texts are split, not cut, into cutoff_len pieces."""
+    messages = sample["messages"]
+    if not messages:
+        raise DataError(f"{where(sample)}: empty text")
+    text = _text_of(messages[0]["content"])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", False):
+        ids = [tokenizer.bos_token_id] + ids
+    ids = ids + [tokenizer.eos_token_id]
+    return {"input_ids": ids, "labels": list(ids), "num_truncated": 0}
+
+
+def split_long(row: dict, cutoff_len: int) -> list[dict]:
+    """pt rows longer than cutoff_len become several rows (no token lost)."""
+    ids, labels = row["input_ids"], row["labels"]
+    return [
+        {"input_ids": ids[i : i + cutoff_len], "labels": labels[i : i + cutoff_len]}
+        for i in range(0, len(ids), cutoff_len)
+    ]
+
+
+def render_batch(batch: dict, tokenizer, opts: RenderOptions) -> dict:
+    """`datasets.map(batched=True)` entry: one input row can give several pt rows."""
+    out = {"input_ids": [], "labels": [], "length": [], "num_truncated": [], "source": []}
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    for sample in rows:
+        if opts.stage == "pt":
+            pieces = split_long(render_pt(sample, tokenizer, opts), opts.cutoff_len)
+            flags = [0] * len(pieces)
+        else:
+            rendered = render_sft(sample, tokenizer, opts)
+            pieces, flags = [rendered], [rendered["num_truncated"]]
+        for piece, flag in zip(pieces, flags):
+            out["input_ids"].append(piece["input_ids"])
+            out["labels"].append(piece["labels"])
+            out["length"].append(len(piece["input_ids"]))
+            out["num_truncated"].append(flag)
+            out["source"].append(sample["source"])
+    return out

@@ -1,0 +1,56 @@
+"""The Sample: one training example in a format-independent shape.
+
+Every dataset format (alpaca, sharegpt, openai) is converted to this dict shape,
+which is what `datasets` stores between conversion and rendering:
+
+    {
+      "messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...],
+      "tools":    str,            # JSON text of tool definitions, "" when none
+      "images":   [str, ...],     # absolute media paths (rendered by the VLM issue)
+      "videos":   [str, ...],
+      "audios":   [str, ...],
+      "rejected": [ {role, content} ... ] | [],  # preference data: the rejected last turn(s)
+      "kto_tag":  bool | None,
+      "source":   str,            # dataset name, for error messages
+      "index":    int,            # row number in that dataset, for error messages
+    }
+
+For sft the last message is an assistant turn. For pt the text is
+messages[0]["content"].
+"""
+
+from __future__ import annotations
+
+ROLES = ("system", "user", "assistant", "tool")
+
+SAMPLE_COLUMNS = ("messages", "tools", "images", "videos", "audios", "rejected", "kto_tag", "source", "index")
+
+
+def make_sample(
+    messages: list[dict],
+    *,
+    source: str,
+    index: int,
+    tools: str = "",
+    images: list[str] | None = None,
+    videos: list[str] | None = None,
+    audios: list[str] | None = None,
+    rejected: list[dict] | None = None,
+    kto_tag: bool | None = None,
+) -> dict:
+    return {
+        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+        "tools": tools or "",
+        "images": list(images or []),
+        "videos": list(videos or []),
+        "audios": list(audios or []),
+        "rejected": [{"role": m["role"], "content": m["content"]} for m in (rejected or [])],
+        "kto_tag": kto_tag,
+        "source": source,
+        "index": int(index),
+    }
+
+
+def where(sample: dict) -> str:
+    """'dataset <name>, record <i>' for error messages."""
+    return f"dataset '{sample.get('source', '?')}', record {sample.get('index', '?')}"

@@ -1,0 +1,41 @@
+"""sft and pt: next-token cross-entropy on the supervised tokens.
+
+pt differs from sft only in the data (every token is a label), so both stages
+use this loss. With Liger installed and enabled, the fused linear+CE kernel
+computes the loss from hidden states without materialising the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..data.collate import SFTBatch
+from .losses import causal_lm_loss, token_nll
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    nll_sum: torch.Tensor  # for logging: sum of token NLLs in this micro-batch
+    num_label_tokens: int
+
+
+def forward_logits(model, batch: SFTBatch) -> torch.Tensor:
+    out = model(
+        input_ids=batch.input_ids_BT,
+        position_ids=batch.position_ids_BT,
+        attention_mask=None,
+        use_cache=False,
+    )
+    return out.logits
+
+
+def sft_loss(model, batch: SFTBatch, num_label_tokens: int, fused_ce=None) -> LossOutput:
+    """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step."""
+    if fused_ce is not None:
+        nll_sum = fused_ce(model, batch)
+        return LossOutput(nll_sum / num_label_tokens, nll_sum.detach(), batch.num_label_tokens)
+    nll_BT = token_nll(forward_logits(model, batch), batch.targets_BT)
+    return LossOutput(causal_lm_loss(nll_BT, num_label_tokens), nll_BT.sum().detach(), batch.num_label_tokens)

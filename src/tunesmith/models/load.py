@@ -1,0 +1,109 @@
+"""Model and tokenizer loading: dtype, attention kernel, kernels, checkpointing."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from ..config.schema import ModelConfig
+from ..errors import ModelError
+from .tiny import resolve_model_path
+
+log = logging.getLogger("tunesmith")
+
+
+def pick_device() -> torch.device:
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def attn_implementation(choice: str, device: torch.device) -> str:
+    """Map our flash_attn choice to transformers' attn_implementation name."""
+    has_fa2 = importlib.util.find_spec("flash_attn") is not None
+    if choice == "auto":
+        return "flash_attention_2" if has_fa2 and device.type == "cuda" else "sdpa"
+    if choice == "fa2":
+        if not has_fa2:
+            raise ModelError("flash_attn: fa2 needs the flash-attn package; pip install flash-attn, or use sdpa")
+        return "flash_attention_2"
+    return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
+
+
+def load_tokenizer(cfg: ModelConfig):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(cfg.model_name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=cfg.trust_remote_code, cache_dir=cfg.cache_dir, revision=cfg.model_revision
+        )
+    except OSError as err:
+        raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig, device: torch.device):
+    """The causal LM with fp32 master weights (bf16 under pure_bf16), on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(cfg.model_name_or_path)
+    dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
+    if cfg.enable_liger_kernel:
+        _apply_liger_for(path, cfg)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype,
+            attn_implementation=attn_implementation(cfg.flash_attn, device),
+            trust_remote_code=cfg.trust_remote_code,
+            cache_dir=cfg.cache_dir,
+            revision=cfg.model_revision,
+        )
+    except OSError as err:
+        raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    model.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    return model.to(device)
+
+
+def _apply_liger_for(path: str, cfg: ModelConfig) -> None:
+    """Patch the model class with Liger kernels before it is built."""
+    from transformers import AutoConfig
+
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        raise ModelError("enable_liger_kernel: true needs liger-kernel; pip install 'tunesmith[liger]'") from None
+    model_type = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code).model_type
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        raise ModelError(f"Liger kernels do not support model type '{model_type}'; set enable_liger_kernel: false")
+    # Our loss uses the fused linear+CE kernel itself (see models/kernels.py), so keep the model's forward.
+    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
+
+
+def _load_hint(name: str, err: Exception) -> str:
+    if Path(name).exists() or name.startswith("tiny:"):
+        return f"cannot load model '{name}': {err}"
+    return (
+        f"cannot load model '{name}': it is not a local folder and could not be fetched from the Hugging Face hub "
+        f"({type(err).__name__}). Check the name, your network, or download it and set model_name_or_path to the "
+        "local folder."
+    )
+
+
+def count_parameters(model) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total

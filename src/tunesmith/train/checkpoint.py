@@ -1,0 +1,116 @@
+"""Checkpoints: written under a temporary name and renamed, so a crash never
+leaves a half checkpoint that looks whole. `trainer_state.json` is the marker of a
+resumable checkpoint; it is written last, inside the temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import TunesmithError
+
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def rng_state() -> dict:
+    state = {
+        "python": _jsonable(random.getstate()),
+        "numpy": _jsonable(np.random.get_state()),
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _jsonable(obj):
+    if isinstance(obj, np.ndarray):
+        return {"ndarray": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, (tuple, list)):
+        return [_jsonable(o) for o in obj]
+    return obj
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npy = state["numpy"]
+    np.random.set_state((npy[0], np.array(npy[1]["ndarray"], dtype=npy[1]["dtype"]), *npy[2:]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def save_checkpoint(output_dir: Path, step: int, engine, tokenizer, trainer_state: dict, *, only_model: bool) -> Path:
+    final = Path(output_dir) / f"checkpoint-{step}"
+    tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    engine.export_hf(tmp, tokenizer)
+    if not only_model:
+        engine.save(tmp)
+        (tmp / "rng_state.json").write_text(json.dumps(rng_state()))
+        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete, resumable checkpoints, oldest first."""
+    if not Path(output_dir).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in Path(output_dir).iterdir() if (m := _CKPT.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found) if (p / "trainer_state.json").exists()]
+
+
+def resolve_resume(output_dir: Path, resume) -> Path | None:
+    if resume in (None, False, "false", ""):
+        return None
+    if resume is True or resume == "true":
+        found = list_checkpoints(output_dir)
+        if not found:
+            raise TunesmithError(f"resume_from_checkpoint: true, but {output_dir} has no complete checkpoint")
+        return found[-1]
+    path = Path(resume)
+    if not (path / "trainer_state.json").exists():
+        raise TunesmithError(
+            f"resume_from_checkpoint: {path} is not a resumable checkpoint (no trainer_state.json; saved with "
+            "save_only_model or incomplete). Use it as model_name_or_path to start a new run from its weights."
+        )
+    return path
+
+
+def load_model_weights(model, ckpt: Path) -> None:
+    """Load checkpoint weights into the (possibly PEFT-wrapped) model in place."""
+    from safetensors.torch import load_file
+
+    adapter = ckpt / "adapter_model.safetensors"
+    if adapter.exists():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(str(adapter)))
+        return
+    state = {}
+    for file in sorted(ckpt.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise TunesmithError(f"checkpoint {ckpt} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def rotate(output_dir: Path, keep: int | None) -> None:
+    if keep is None:
+        return
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,300 @@
+"""The one training loop: plan, step, log, evaluate, checkpoint, resume.
+
+Per optimiser step the loop first counts the label tokens of all its
+micro-batches, then runs them; each micro-batch loss is its token-NLL sum over
+that count, so batch 4 x accumulation 1 and batch 1 x accumulation 4 give the
+same loss and gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import set_seed
+
+from ..config.load import save_config
+from ..config.schema import RunConfig
+from ..data.pipeline import prepare_data, render_options
+from ..engines.single import NonFiniteError, SingleEngine
+from ..errors import TunesmithError
+from ..methods.sft import sft_loss
+from ..models.adapters import apply_finetuning, trainable_report
+from ..models.kernels import fused_ce_for
+from ..models.load import load_model, load_tokenizer, pick_device
+from . import checkpoint as ckpt
+from .metrics import build_sinks, plot_loss
+from .plan import EpochPlan, Position, eval_batches, micro_batch_loader
+from .progress import TrainProgress, print_data_report
+
+log = logging.getLogger("tunesmith")
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    global_step: int
+    step_losses: list[float] = field(default_factory=list)
+    eval_loss: float | None = None
+    interrupted: bool = False
+
+
+class _StopFlag:
+    """SIGTERM / first Ctrl-C ask for a checkpoint and a clean exit; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stop requested: saving a checkpoint after this step (Ctrl-C again to abort)")
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def prepare_output_dir(cfg: RunConfig) -> tuple[Path, Path | None]:
+    out = Path(cfg.output.output_dir)
+    resume = ckpt.resolve_resume(out, cfg.output.resume_from_checkpoint)
+    holds_run = out.is_dir() and any(out.iterdir())
+    if holds_run and resume is None and not cfg.output.overwrite_output_dir:
+        raise TunesmithError(
+            f"output_dir {out} already holds a run; set overwrite_output_dir: true, choose another output_dir, "
+            "or resume with resume_from_checkpoint: true"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out, resume
+
+
+def precision_of(cfg: RunConfig, device: torch.device) -> str:
+    if cfg.model.pure_bf16:
+        return "pure_bf16"
+    if cfg.model.fp16:
+        if device.type != "cuda":
+            raise TunesmithError("fp16 mixed precision needs a CUDA GPU; use bf16: true or fp32 on CPU")
+        return "fp16"
+    return "bf16" if cfg.model.bf16 else "fp32"
+
+
+def train(cfg: RunConfig) -> TrainResult:
+    output_dir, resume = prepare_output_dir(cfg)
+    save_config(cfg, output_dir / "tunesmith_config.yaml")
+    set_seed(cfg.train.seed)
+    device = pick_device()
+    tokenizer = load_tokenizer(cfg.model)
+    tokenizer.chat_template = render_options(cfg, tokenizer).chat_template or tokenizer.chat_template
+    data = prepare_data(cfg, tokenizer)
+    print_data_report(data.report, cfg)
+    model = apply_finetuning(load_model(cfg.model, device), cfg.finetune, cfg.model.adapter_name_or_path)
+    log.info(trainable_report(model))
+    plan = EpochPlan(
+        data.train["length"],
+        packing=cfg.packing,
+        cutoff_len=cfg.data.cutoff_len,
+        batch_size=cfg.train.per_device_train_batch_size,
+        grad_accum=cfg.train.gradient_accumulation_steps,
+        num_epochs=cfg.train.num_train_epochs,
+        max_steps=cfg.train.max_steps,
+        seed=cfg.train.seed,
+    )
+    engine = _build_engine(cfg, model, device, plan.total_steps)
+    runner = _Runner(cfg, engine, tokenizer, data, plan, output_dir, fused_ce_for(model, cfg.model))
+    return runner.run(resume)
+
+
+def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngine:
+    from .optim import build_optimizer, build_scheduler
+
+    optimizer = build_optimizer(model, cfg.train, device)
+    scheduler = build_scheduler(optimizer, cfg.train, total_steps)
+    return SingleEngine(
+        model, optimizer, scheduler, device,
+        precision=precision_of(cfg, device),
+        max_grad_norm=cfg.train.max_grad_norm,
+        skip_nonfinite=cfg.train.skip_nonfinite,
+    )
+
+
+class _Runner:
+    def __init__(self, cfg, engine, tokenizer, data, plan: EpochPlan, output_dir: Path, fused_ce):
+        self.cfg, self.engine, self.tokenizer, self.data, self.plan = cfg, engine, tokenizer, data, plan
+        self.output_dir = output_dir
+        self.fused_ce = fused_ce
+        self.pad_id = tokenizer.pad_token_id
+        self.state = {"global_step": 0, "epoch": 0, "micro_batch": 0, "num_skipped_steps": 0, "tokens_seen": 0}
+        self.result = TrainResult(output_dir, 0)
+
+    def loss_fn(self, num_label_tokens: int):
+        return lambda model, batch: sft_loss(model, batch, num_label_tokens, self.fused_ce)
+
+    def run(self, resume: Path | None) -> TrainResult:
+        if resume is not None:
+            self._restore(resume)
+        sinks = build_sinks(self.cfg, self.output_dir, append=resume is not None)
+        try:
+            with _StopFlag() as stop, TrainProgress(self.plan.total_steps, self.state["global_step"]) as bar:
+                self._train_steps(stop, bar, sinks)
+        finally:
+            for sink in sinks:
+                sink.close()
+        if not self.result.interrupted:
+            self._finish()
+        return self.result
+
+    def _restore(self, path: Path) -> None:
+        ckpt.load_model_weights(self.engine.model, path)
+        self.engine.load(path)
+        self.state.update(json.loads((path / "trainer_state.json").read_text()))
+        ckpt.set_rng_state(json.loads((path / "rng_state.json").read_text()))
+        log.info("resumed from %s at step %d", path, self.state["global_step"])
+
+    def _train_steps(self, stop: _StopFlag, bar, sinks) -> None:
+        position = Position(self.state["epoch"], self.state["micro_batch"])
+        window = _Window()
+        loader = None
+        while self.state["global_step"] < self.plan.total_steps:
+            if loader is None or position.micro_batch == 0:
+                loader = micro_batch_loader(
+                    self.data.train, self.plan, position.epoch, position.micro_batch, self.pad_id,
+                    self.cfg.data.dataloader_num_workers,
+                )
+            start, end = self.plan.step_slice(position)
+            batches = [next(loader) for _ in range(end - start)]
+            self._one_step(batches, window)
+            position = self.plan.advance(position)
+            self.state.update(epoch=position.epoch, micro_batch=position.micro_batch)
+            bar.update(self.state["global_step"], window.last_loss)
+            self._after_step(window, sinks, bar, epoch_ended=position.micro_batch == 0)
+            if stop.requested:
+                self._save()
+                self.result.interrupted = True
+                log.warning("stopped at step %d; resume with resume_from_checkpoint: true", self.state["global_step"])
+                return
+
+    def _one_step(self, batches, window) -> None:
+        num_label_tokens = sum(b.num_label_tokens for b in batches)
+        loss_fn = self.loss_fn(max(num_label_tokens, 1))
+        nll_sum = 0.0
+        for batch in batches:
+            out = self.engine.forward_backward(batch, loss_fn)
+            nll_sum += float(out.nll_sum)
+        step = self.state["global_step"] + 1
+        try:
+            result = self.engine.step()
+        except NonFiniteError as err:
+            raise TunesmithError(f"step {step}: {err}. Lower learning_rate, or set skip_nonfinite: true") from None
+        if result.skipped:
+            self.state["num_skipped_steps"] += 1
+            log.warning("step %d skipped: non-finite loss or gradient", step)
+        step_loss = nll_sum / max(num_label_tokens, 1)
+        self.state["global_step"] = step
+        num_tokens = sum(b.num_tokens for b in batches)
+        self.state["tokens_seen"] += num_tokens
+        self.result.step_losses.append(step_loss)
+        self.result.global_step = step
+        window.add(nll_sum, num_label_tokens, num_tokens, result.grad_norm, result.lr, step_loss)
+
+    def _after_step(self, window, sinks, bar, epoch_ended: bool) -> None:
+        step = self.state["global_step"]
+        last = step == self.plan.total_steps
+        if step % self.cfg.output.logging_steps == 0 or last:
+            metrics = window.flush(epoch=step / self.plan.steps_per_epoch)
+            bar.print_metrics(step, metrics)
+            for sink in sinks:
+                sink.log(metrics, step)
+        if self._due("eval", step, epoch_ended, last):
+            eval_loss = self.evaluate()
+            self.result.eval_loss = eval_loss
+            bar.print_metrics(step, {"eval_loss": eval_loss})
+            for sink in sinks:
+                sink.log({"eval_loss": eval_loss}, step)
+        if self._due("save", step, epoch_ended, last=False):
+            self._save()
+
+    def _due(self, what: str, step: int, epoch_ended: bool, last: bool) -> bool:
+        if what == "eval":
+            if self.data.eval is None or self.cfg.train.eval_strategy == "no":
+                return False
+            strategy, every = self.cfg.train.eval_strategy, self.cfg.train.eval_steps or self.cfg.output.logging_steps
+        else:
+            strategy, every = self.cfg.output.save_strategy, self.cfg.output.save_steps
+        if strategy == "steps":
+            return step % every == 0 or last
+        return strategy == "epoch" and (epoch_ended or last)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        batches = eval_batches(self.data.eval, self.cfg.train.per_device_eval_batch_size, self.pad_id)
+        nll, count = 0.0, 0
+        for i in range(len(batches)):
+            batch = batches[i]
+            out = self.engine.evaluate(batch, self.loss_fn(max(batch.num_label_tokens, 1)))
+            nll += float(out.nll_sum)
+            count += batch.num_label_tokens
+        return nll / max(count, 1)
+
+    def _save(self) -> None:
+        path = ckpt.save_checkpoint(
+            self.output_dir, self.state["global_step"], self.engine, self.tokenizer, dict(self.state),
+            only_model=self.cfg.output.save_only_model,
+        )
+        ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)
+        log.info("saved %s", path)
+
+    def _finish(self) -> None:
+        self.engine.export_hf(self.output_dir, self.tokenizer)
+        (self.output_dir / "train_summary.json").write_text(json.dumps({**self.state, "eval_loss": self.result.eval_loss}))
+        if self.cfg.output.plot_loss:
+            for png in plot_loss(self.output_dir):
+                log.info("wrote %s", png)
+        log.info("model saved to %s", self.output_dir)
+
+
+class _Window:
+    """Metrics accumulated between two logging steps."""
+
+    def __init__(self):
+        self.reset()
+        self.last_loss = float("nan")
+
+    def reset(self):
+        self.nll = 0.0
+        self.labels = 0
+        self.tokens = 0
+        self.grad_norms: list[float] = []
+        self.lr = 0.0
+        self.started = time.perf_counter()
+
+    def add(self, nll, labels, tokens, grad_norm, lr, step_loss):
+        self.nll += nll
+        self.labels += labels
+        self.tokens += tokens
+        self.grad_norms.append(grad_norm)
+        self.lr = lr
+        self.last_loss = step_loss
+
+    def flush(self, epoch: float) -> dict:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        metrics = {
+            "loss": self.nll / max(self.labels, 1),
+            "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
+            "lr": self.lr,
+            "epoch": round(epoch, 4),
+            "tokens_per_s": self.tokens / elapsed,
+        }
+        self.reset()
+        return metrics

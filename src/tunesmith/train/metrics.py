@@ -1,0 +1,139 @@
+"""Metric sinks (JSONL always; TensorBoard, wandb, SwanLab on request) and the loss plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from ..config.schema import RunConfig
+from ..errors import ConfigError
+
+log = logging.getLogger("tunesmith")
+
+
+class JsonlSink:
+    def __init__(self, path: Path, append: bool):
+        self.file = open(path, "a" if append else "w", encoding="utf-8")
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardSink:
+    def __init__(self, logdir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(logdir))
+
+    def log(self, metrics: dict, step: int) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, cfg: RunConfig):
+        import wandb
+
+        self.run = wandb.init(name=cfg.output.run_name, config=_public_config(cfg))
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class SwanlabSink:
+    def __init__(self, cfg: RunConfig):
+        import swanlab
+
+        key = os.environ.get("SWANLAB_API_KEY") or cfg.output.swanlab_api_key
+        if key and cfg.output.swanlab_mode == "cloud":
+            swanlab.login(api_key=key)
+        self.run = swanlab.init(
+            project=cfg.output.swanlab_project,
+            experiment_name=cfg.output.run_name,
+            mode=cfg.output.swanlab_mode,
+            config=_public_config(cfg),
+        )
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _public_config(cfg: RunConfig) -> dict:
+    from ..config.load import redacted
+
+    return redacted(cfg)
+
+
+def _needs(package: str, sink: str):
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError([f"report_to: {sink} needs the {package} package; pip install {package}"])
+
+
+def build_sinks(cfg: RunConfig, output_dir: Path, append: bool) -> list:
+    wanted = set(cfg.output.report_to)
+    if "all" in wanted:
+        wanted = {"tensorboard", "wandb", "swanlab"}
+    if cfg.output.use_swanlab:
+        wanted.add("swanlab")
+    sinks: list = [JsonlSink(output_dir / "metrics.jsonl", append)]
+    if "tensorboard" in wanted:
+        _needs("tensorboard", "tensorboard")
+        sinks.append(TensorBoardSink(output_dir / "runs"))
+    if "wandb" in wanted:
+        _needs("wandb", "wandb")
+        sinks.append(WandbSink(cfg))
+    if "swanlab" in wanted:
+        _needs("swanlab", "swanlab")
+        sinks.append(SwanlabSink(cfg))
+    return sinks
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot_loss(output_dir: Path) -> list[Path]:
+    """training_loss.png (and training_eval_loss.png when there was evaluation), from metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(output_dir / "metrics.jsonl")
+    written = []
+    for key, name in (("loss", "training_loss.png"), ("eval_loss", "training_eval_loss.png")):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(*zip(*points), marker="o" if len(points) < 30 else None, label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.set_title(f"{key} of {output_dir.name}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(output_dir / name, dpi=100)
+        plt.close(fig)
+        written.append(output_dir / name)
+    return written

@@ -1,0 +1,97 @@
+"""The data plan: which samples form each row, micro-batch and optimiser step.
+
+Rows (packed bins or single samples) are fixed once; each epoch shuffles them
+with a generator seeded by (seed, epoch), so the order is a pure function of the
+position — resume needs only (epoch, micro-batch index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..data.collate import collate_rows
+from ..data.packing import pack_indices
+
+
+@dataclass
+class Position:
+    epoch: int = 0
+    micro_batch: int = 0  # micro-batches of this epoch already consumed
+
+
+class EpochPlan:
+    def __init__(self, lengths: list[int], *, packing: bool, cutoff_len: int, batch_size: int, grad_accum: int,
+                 num_epochs: float, max_steps: int, seed: int):
+        self.rows = pack_indices(lengths, cutoff_len) if packing else [[i] for i in range(len(lengths))]
+        self.packing = packing
+        self.cutoff_len = cutoff_len
+        self.batch_size = batch_size
+        self.grad_accum = grad_accum
+        self.seed = seed
+        self.micro_batches_per_epoch = math.ceil(len(self.rows) / batch_size)
+        self.steps_per_epoch = math.ceil(self.micro_batches_per_epoch / grad_accum)
+        self.total_steps = max_steps if max_steps > 0 else max(1, math.ceil(num_epochs * self.steps_per_epoch))
+
+    def epoch_order(self, epoch: int) -> list[list[list[int]]]:
+        """Micro-batches of this epoch: each a list of rows, each row a list of sample indices."""
+        gen = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
+        order = torch.randperm(len(self.rows), generator=gen).tolist()
+        rows = [self.rows[i] for i in order]
+        return [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+
+    def step_slice(self, position: Position) -> tuple[int, int]:
+        """[start, end) micro-batches of the step that starts at `position`."""
+        end = min(position.micro_batch + self.grad_accum, self.micro_batches_per_epoch)
+        return position.micro_batch, end
+
+    def advance(self, position: Position) -> Position:
+        _, end = self.step_slice(position)
+        if end >= self.micro_batches_per_epoch:
+            return Position(position.epoch + 1, 0)
+        return Position(position.epoch, end)
+
+
+class _MicroBatches(Dataset):
+    """Item i = the collated micro-batch i of one epoch (collation runs in DataLoader workers)."""
+
+    def __init__(self, dataset, micro_batches, pad_id: int, row_length: int | None):
+        self.dataset = dataset
+        self.micro_batches = micro_batches
+        self.pad_id = pad_id
+        self.row_length = row_length
+
+    def __len__(self):
+        return len(self.micro_batches)
+
+    def __getitem__(self, i):
+        rows = self.micro_batches[i]
+        flat = [idx for row in rows for idx in row]
+        fetched = self.dataset[flat]
+        samples = iter([{"input_ids": a, "labels": b} for a, b in zip(fetched["input_ids"], fetched["labels"])])
+        return collate_rows([[next(samples) for _ in row] for row in rows], self.pad_id, length=self.row_length)
+
+
+def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id: int, num_workers: int):
+    """Iterator over the collated micro-batches of `epoch`, from micro-batch `start` on."""
+    micro_batches = plan.epoch_order(epoch)[start:]
+    row_length = plan.cutoff_len if plan.packing else None
+    loader = DataLoader(
+        _MicroBatches(dataset, micro_batches, pad_id, row_length),
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        # Its own generator: creating a loader must not consume the global RNG (dropout), or resume drifts.
+        generator=torch.Generator().manual_seed(plan.seed + epoch),
+    )
+    return iter(loader)
+
+
+def eval_batches(dataset, batch_size: int, pad_id: int):
+    order = [[i] for i in range(len(dataset))]
+    micro = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return _MicroBatches(dataset, micro, pad_id, None)

@@ -1,0 +1,55 @@
+"""Console output: the data report table and the progress bar (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+def print_data_report(report: dict, cfg) -> None:
+    table = Table(title="training data", show_lines=False)
+    table.add_column("dataset")
+    table.add_column("rows", justify="right")
+    table.add_column("skipped", justify="right")
+    for name, info in report.get("datasets", {}).items():
+        table.add_row(name, str(info.get("rows", "?")), str(info.get("skipped", 0)))
+    console.print(table)
+    console.print(
+        f"{report.get('num_rows', 0)} samples, {report.get('num_tokens', 0):,} tokens; "
+        f"truncated to cutoff_len={cfg.data.cutoff_len}: {report.get('num_truncated', 0)}; "
+        f"dropped (no supervised token left): {report.get('num_dropped_no_labels', 0)}; cache {report.get('cache', '?')}"
+    )
+    if "eval" in report:
+        console.print(f"eval: {report['eval'].get('num_rows', '?')} samples")
+
+
+class TrainProgress:
+    def __init__(self, total: int, done: int):
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("train", total=total, completed=done, loss=float("nan"))
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def update(self, step: int, loss: float) -> None:
+        self.progress.update(self.task, completed=step, loss=loss)
+
+    def print_metrics(self, step: int, metrics: dict) -> None:
+        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()]
+        self.progress.console.print(f"step {step}: " + "  ".join(parts))

@@ -1,0 +1,58 @@
+"""Shared fixtures. The tiny models are built once per test session into a temp cache."""
+
+from pathlib import Path
+
+import pytest
+
+from tunesmith.models.tiny import build_tiny
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tunesmith_cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_cache) -> Path:
+    return build_tiny("qwen3", tiny_cache)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_cache) -> Path:
+    return build_tiny("llama", tiny_cache)
+
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = REPO / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tiny_cache):
+    """Runs never touch ~/.cache: tiny models and tokenized data go to the session temp dir."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TUNESMITH_CACHE", str(tiny_cache))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    yield
+    mp.undo()
+
+
+def run_config(output_dir, **overrides):
+    """A RunConfig for a short CPU run on the shipped demo data."""
+    from tunesmith.config.load import build_config
+
+    base = {
+        "model_name_or_path": "tiny:qwen3",
+        "dataset": "alpaca_demo",
+        "dataset_dir": str(DATA_DIR),
+        "template": "chatml",
+        "cutoff_len": 128,
+        "max_samples": 64,
+        "finetuning_type": "full",
+        "learning_rate": 1e-3,
+        "max_steps": 4,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "output_dir": str(output_dir),
+    }
+    base.update(overrides)
+    return build_config(None, base)

@@ -1,0 +1,105 @@
+import pytest
+import yaml
+
+from tunesmith.config.load import build_config, parse_cli_items, save_config
+from tunesmith.errors import ConfigError
+
+
+def test_cli_items_yaml_keyvalue_and_flags():
+    path, over = parse_cli_items(["cfg.yaml", "learning_rate=1e-4", "--dataset", "a,b", "--packing", "--cutoff_len=512"])
+    assert path == "cfg.yaml"
+    assert over == {"learning_rate": "1e-4", "dataset": "a,b", "packing": True, "cutoff_len": 512}
+
+
+def test_yaml_then_overrides_win(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("dataset: identity\nlearning_rate: 1.0e-3\nstage: pt\n")
+    cfg = build_config(cfg_file, {"learning_rate": "2e-4"})
+    assert cfg.train.learning_rate == pytest.approx(2e-4)
+    assert cfg.data.dataset == ["identity"]
+    assert cfg.packing is True  # default for pt
+
+
+def test_packing_default_off_for_sft_and_neat_packing_turns_it_on():
+    assert build_config(None, {"dataset": "x"}).packing is False
+    assert build_config(None, {"dataset": "x", "neat_packing": True}).packing is True
+
+
+def test_all_problems_reported_at_once_with_suggestions():
+    with pytest.raises(ConfigError) as info:
+        build_config(None, {"datset": "x", "learning_rate": "fast", "tensor_model_parallel_size": 2,
+                            "stage": "dpo", "bf16": True, "fp16": True})
+    problems = info.value.problems
+    text = "\n".join(problems)
+    assert "did you mean 'dataset'" in text
+    assert "'learning_rate' = 'fast'" in text
+    assert "Megatron-Core engine is not available yet" in text
+    assert "stage: dpo" in text
+    assert len(problems) >= 4
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError, match="'cutoff_len' = 'long'"):
+        build_config(None, {"dataset": "x", "cutoff_len": "long"})
+
+
+def test_missing_dataset_and_eval_without_data():
+    with pytest.raises(ConfigError) as info:
+        build_config(None, {"eval_strategy": "steps"})
+    text = str(info.value)
+    assert "no training data" in text and "needs val_size or eval_dataset" in text
+
+
+def test_use_mca_env_refused(monkeypatch):
+    monkeypatch.setenv("USE_MCA", "1")
+    with pytest.raises(ConfigError, match="USE_MCA"):
+        build_config(None, {"dataset": "x"})
+
+
+def test_saved_config_redacts_secrets(tmp_path):
+    cfg = build_config(None, {"dataset": "x", "swanlab_api_key": "sk-secret-123"})
+    save_config(cfg, tmp_path / "c.yaml")
+    text = (tmp_path / "c.yaml").read_text()
+    assert "sk-secret-123" not in text
+    assert yaml.safe_load(text)["swanlab_api_key"] == "<redacted>"
+
+
+def test_llamafactory_style_yaml_is_accepted(tmp_path):
+    text = """
+model_name_or_path: Qwen/Qwen3-1.7B
+trust_remote_code: true
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+dataset: identity,alpaca_demo
+template: qwen3_nothink
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+output_dir: saves/qwen3-1.7b/lora/sft
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+"""
+    path = tmp_path / "lf.yaml"
+    path.write_text(text)
+    cfg = build_config(path)
+    assert cfg.finetune.lora_target == ["all"]
+    assert cfg.data.dataset == ["identity", "alpaca_demo"]
+    assert cfg.train.gradient_accumulation_steps == 8

@@ -1,0 +1,95 @@
+"""The renderer's ids equal apply_chat_template's, and labels cover exactly the assistant turns."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from tunesmith.data.render import IGNORE_INDEX, RenderOptions, render_pt, render_sft
+from tunesmith.data.sample import make_sample
+from tunesmith.data.templates import TEMPLATES, resolve
+from tunesmith.errors import DataError
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "And times 4?"},
+    {"role": "assistant", "content": "20"},
+]
+
+
+def _opts(tokenizer, name, **kw):
+    template, kwargs = resolve(tokenizer, name)
+    return RenderOptions(chat_template=template, render_kwargs=kwargs, **kw)
+
+
+def _supervised_text(tokenizer, out):
+    return tokenizer.decode([t for t, l in zip(out["input_ids"], out["labels"]) if l != IGNORE_INDEX])
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def tokenizer(request, tiny_qwen3, tiny_llama):
+    return AutoTokenizer.from_pretrained(tiny_qwen3 if request.param == "qwen3" else tiny_llama)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_ids_equal_apply_chat_template(tokenizer, name):
+    opts = _opts(tokenizer, name)
+    out = render_sft(make_sample(CONVERSATION, source="t", index=0), tokenizer, opts)
+    expected = tokenizer.apply_chat_template(
+        CONVERSATION, chat_template=opts.chat_template, tokenize=True, return_dict=False, **opts.render_kwargs
+    )
+    assert out["input_ids"] == list(expected)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_nothink", "chatml", "qwen"])
+def test_labels_cover_each_assistant_turn_and_its_end_marker(tiny_qwen3, name):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    out = render_sft(make_sample(CONVERSATION, source="t", index=0), tok, _opts(tok, name))
+    supervised = _supervised_text(tok, out)
+    assert "5<|im_end|>" in supervised and "20<|im_end|>" in supervised
+    assert "What is" not in supervised and "terse" not in supervised and "assistant" not in supervised
+
+
+def test_llama3_labels(tiny_llama):
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    out = render_sft(make_sample(CONVERSATION, source="t", index=0), tok, _opts(tok, "llama3"))
+    supervised = _supervised_text(tok, out)
+    assert "5<|eot_id|>" in supervised and "20<|eot_id|>" in supervised
+    assert "user" not in supervised
+
+
+def test_mask_history_and_train_on_prompt(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    sample = make_sample(CONVERSATION, source="t", index=0)
+    last_only = _supervised_text(tok, render_sft(sample, tok, _opts(tok, "chatml", mask_history=True)))
+    assert "20" in last_only and "5<|im_end|>" not in last_only
+    everything = render_sft(sample, tok, _opts(tok, "chatml", train_on_prompt=True))
+    assert everything["labels"] == everything["input_ids"]
+
+
+def test_qwen3_history_think_is_dropped_but_spans_still_found(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    convo = [dict(m) for m in CONVERSATION]
+    convo[2]["content"] = "<think>\nadd them\n</think>\n\n5"
+    out = render_sft(make_sample(convo, source="t", index=0), tok, _opts(tok, "qwen3"))
+    text = tok.decode(out["input_ids"])
+    assert "add them" not in text  # history reasoning dropped by the template
+    assert "5<|im_end|>" in _supervised_text(tok, out)
+
+
+def test_truncation_flagged(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    out = render_sft(make_sample(CONVERSATION, source="t", index=0), tok, _opts(tok, "chatml", cutoff_len=10))
+    assert len(out["input_ids"]) == 10 and out["num_truncated"] == 1
+
+
+def test_conversation_must_end_with_assistant(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    with pytest.raises(DataError, match="dataset 'demo', record 7.*must end with an assistant turn"):
+        render_sft(make_sample(CONVERSATION[:2], source="demo", index=7), tok, _opts(tok, "chatml"))
+
+
+def test_pt_supervises_everything_and_ends_with_eos(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    out = render_pt(make_sample([{"role": "user", "content": "plain text"}], source="t", index=0), tok, RenderOptions(stage="pt"))
+    assert out["labels"] == out["input_ids"] and out["input_ids"][-1] == tok.eos_token_id

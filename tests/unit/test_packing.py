@@ -1,0 +1,38 @@
+import random
+
+import torch
+
+from tunesmith.data.collate import collate_rows
+from tunesmith.data.packing import fill_ratio, pack_indices
+from tunesmith.data.render import IGNORE_INDEX
+
+
+def test_pack_indices_respects_capacity_and_keeps_every_sample():
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 100) for _ in range(500)]
+    bins = pack_indices(lengths, 128)
+    assert sorted(i for b in bins for i in b) == list(range(500))
+    assert all(sum(lengths[i] for i in b) <= 128 for b in bins)
+    assert fill_ratio(lengths, bins, 128) > 0.9
+
+
+def test_pack_indices_is_deterministic():
+    lengths = [3, 7, 1, 9, 4, 4, 8]
+    assert pack_indices(lengths, 10) == pack_indices(lengths, 10)
+
+
+def test_collate_resets_positions_and_shifts_targets_within_samples():
+    a = {"input_ids": [1, 2, 3], "labels": [IGNORE_INDEX, 2, 3]}
+    b = {"input_ids": [4, 5], "labels": [4, 5]}
+    batch = collate_rows([[a, b]], pad_id=0, pad_to_multiple=8)
+    assert batch.input_ids_BT.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]]
+    assert batch.position_ids_BT.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    # sample a's last token predicts nothing: never its neighbour's first token
+    assert batch.targets_BT.tolist() == [[2, 3, IGNORE_INDEX, 5, IGNORE_INDEX] + [IGNORE_INDEX] * 3]
+    assert batch.segment_ids_BT.tolist() == [[0, 0, 0, 1, 1, -1, -1, -1]]
+    assert batch.num_label_tokens == 3 and batch.num_samples == 2 and batch.num_tokens == 5
+
+
+def test_collate_fixed_length_rows():
+    batch = collate_rows([[{"input_ids": [1], "labels": [1]}]], pad_id=9, length=4)
+    assert batch.input_ids_BT.shape == torch.Size([1, 4])
