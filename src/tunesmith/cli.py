@@ -35,6 +35,9 @@ def _setup_logging() -> None:
     logging.getLogger("tunesmith").setLevel(level)
     for noisy in ("datasets", "transformers", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars; our own bar shows training
 
 
 def train_help() -> str:

@@ -113,13 +113,12 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]):
         num_proc=cfg.data.preprocessing_num_workers,
         desc="Tokenizing",
     )
-    has_labels = tokenized.map(
-        lambda b: {"ok": [any(t != IGNORE_INDEX for t in labels[1:]) for labels in b["labels"]]},
+    kept = tokenized.filter(
+        lambda b: [any(t != IGNORE_INDEX for t in labels[1:]) for labels in b["labels"]],
         batched=True,
-        desc="Checking labels",
+        desc="Dropping samples without supervised tokens",
     )
-    num_without_labels = len(has_labels) - sum(has_labels["ok"])
-    kept = has_labels.filter(lambda b: b["ok"], batched=True).remove_columns("ok")
+    num_without_labels = len(tokenized) - len(kept)
     if len(kept) == 0:
         raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
     report = {

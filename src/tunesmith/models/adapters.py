@@ -71,7 +71,7 @@ def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None):
         peft_model = get_peft_model(model, lora)
     except ValueError as err:
         raise ConfigError([f"lora_target {cfg.lora_target}: {err}"]) from None
-    if getattr(model, "is_gradient_checkpointing", False):
+    if getattr(model, "is_activation_checkpointing", False):
         peft_model.enable_input_require_grads()
     return peft_model
 

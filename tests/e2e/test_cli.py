@@ -1,0 +1,167 @@
+"""The real CLI on tiny models and the shipped demo data."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = str(REPO / "data")
+BASE = ["model_name_or_path=tiny:qwen3", f"dataset_dir={DATA}", "template=chatml", "cutoff_len=128"]
+
+
+def cli(*args, check=True, timeout=300):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunesmith", *map(str, args)],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_quickstart_learns_identity_and_answers(tmp_path):
+    out = tmp_path / "quick"
+    cli("train", "examples/quickstart.yaml", f"output_dir={out}", f"dataset_dir={DATA}")
+    for name in ("model.safetensors", "tokenizer_config.json", "metrics.jsonl", "training_loss.png",
+                 "tunesmith_config.yaml"):
+        assert (out / name).exists(), name
+    losses = [m["loss"] for m in metrics(out) if "loss" in m]
+    assert losses[-1] < 0.1 * losses[0]
+    answer = cli("chat", "--model", out, "--prompt", "Who are you?").stdout
+    assert "Tunesmith Demo" in answer and "tunesmith" in answer
+
+
+def test_train_without_yaml_lora_then_export_loads_in_plain_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, merged = tmp_path / "lora", tmp_path / "merged"
+    cli("train", *BASE, "--dataset", "identity,alpaca_demo", "--finetuning_type", "lora", "--lora_rank", "4",
+        "--max_samples", "32", "--max_steps", "3", "--learning_rate", "1e-3", "--output_dir", out)
+    assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
+    cli("export", "--model", out, "--export_dir", merged, "--export_dtype", "float32")
+    model = AutoModelForCausalLM.from_pretrained(merged)
+    tok = AutoTokenizer.from_pretrained(merged)
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"])
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(base, out)(**ids).logits
+        got = model(**ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_freeze_trains_only_the_last_layer(tmp_path, tiny_qwen3):
+    out = tmp_path / "freeze"
+    cli("train", *BASE, "dataset=alpaca_demo", "finetuning_type=freeze", "freeze_trainable_layers=1",
+        "max_samples=16", "max_steps=2", "learning_rate=1e-2", f"output_dir={out}")
+    before, after = load_file(str(tiny_qwen3 / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".layers.1." in k for k in changed)
+
+
+def test_pt_with_packing_loss_falls(tmp_path):
+    out = tmp_path / "pt"
+    cli("train", *BASE, "stage=pt", "dataset=pt_demo", "finetuning_type=full", "per_device_train_batch_size=4",
+        "max_steps=30", "learning_rate=3e-3", "logging_steps=5", f"output_dir={out}")
+    losses = [m["loss"] for m in metrics(out) if "loss" in m]
+    assert losses[-1] < losses[0] - 1.0
+    assert "packing: true" in (out / "tunesmith_config.yaml").read_text() or "neat_packing" in (out / "tunesmith_config.yaml").read_text()
+
+
+def test_eval_plot_and_tensorboard(tmp_path):
+    out = tmp_path / "eval"
+    cli("train", *BASE, "dataset=alpaca_demo", "max_samples=40", "val_size=0.2", "eval_strategy=steps",
+        "eval_steps=2", "max_steps=4", "plot_loss=true", "report_to=tensorboard", "finetuning_type=full",
+        f"output_dir={out}")
+    evals = [m["eval_loss"] for m in metrics(out) if "eval_loss" in m]
+    assert len(evals) == 2
+    assert (out / "training_loss.png").exists() and (out / "training_eval_loss.png").exists()
+    assert list((out / "runs").glob("events.out.tfevents.*"))
+
+
+def test_output_dir_holding_a_run_is_refused(tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    proc = cli("train", *BASE, "dataset=identity", "max_steps=1", f"output_dir={out}", check=False)
+    assert proc.returncode == 1 and "already holds a run" in proc.stderr
+
+
+def test_sigterm_saves_a_resumable_checkpoint_then_resume_true_continues(tmp_path):
+    out = tmp_path / "sig"
+    args = [*BASE, "dataset=alpaca_demo", "max_steps=100000", "logging_steps=1", "finetuning_type=full",
+            f"output_dir={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "tunesmith", "train", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (saved,) = list(out.glob("checkpoint-*"))
+    assert (saved / "trainer_state.json").exists() and (saved / "engine_state.pt").exists()
+    step = json.loads((saved / "trainer_state.json").read_text())["global_step"]
+    # a half-written checkpoint must never be picked
+    (out / f".tmp-checkpoint-{step + 50}").mkdir()
+    (out / f"checkpoint-{step + 99}").mkdir()  # no trainer_state.json: incomplete
+    cli("train", *args[:-3], f"max_steps={step + 2}", "logging_steps=1", "finetuning_type=full",
+        f"output_dir={out}", "resume_from_checkpoint=true")
+    assert [m["step"] for m in metrics(out) if "loss" in m][-2:] == [step + 1, step + 2]
+
+
+def test_data_inspect_and_clean(tmp_path):
+    proc = cli("data", *BASE, "dataset=sharegpt_demo", "--index", "3")
+    text = proc.stdout + proc.stderr
+    assert "sharegpt_demo" in text and "length histogram" in text and "supervised" in text
+    cleaned = cli("data", "clean").stdout
+    assert "removed" in cleaned
+
+
+def test_env_and_help():
+    env = cli("env").stdout
+    assert "torch" in env and "transformers" in env and "liger-kernel" in env
+    helptext = cli("train", "--help").stdout
+    for key in ("model_name_or_path", "cutoff_len", "lora_target", "save_total_limit", "gradient_accumulation_steps"):
+        assert key in helptext
+    assert "commands:" in cli("--help").stdout
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["dataset=no_such_set"], "no_such_set"),
+        (["dataset=identity", "template=qwen4"], "Unknown template 'qwen4'"),
+        (["dataset=identity", "cutoff_len=abc"], "'cutoff_len' = 'abc'"),
+        (["dataset=identity", "lora_rnk=8"], "did you mean 'lora_rank'"),
+    ],
+)
+def test_bad_input_gives_one_clear_error(tmp_path, args, expected):
+    proc = cli("train", *BASE, *args, "max_steps=1", f"output_dir={tmp_path / 'bad'}", check=False)
+    assert proc.returncode == 1
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"broken": {"file_name": "broken.jsonl"}}))
+    (tmp_path / "broken.jsonl").write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", oops}\n')
+    proc = cli("train", "model_name_or_path=tiny:qwen3", f"dataset_dir={tmp_path}", "dataset=broken",
+               "template=chatml", "max_steps=1", f"output_dir={tmp_path / 'o'}", check=False)
+    assert proc.returncode == 1
+    assert "broken.jsonl" in proc.stderr and "line 2" in proc.stderr
