@@ -1,0 +1,101 @@
+"""Loop options: precision, checkpointing, LoRA variants, limits, non-finite handling."""
+
+import pytest
+import torch
+
+from conftest import run_config
+from tunesmith.data.collate import collate_rows
+from tunesmith.engines.single import NonFiniteError, SingleEngine
+from tunesmith.errors import TunesmithError
+from tunesmith.methods.sft import LossOutput
+from tunesmith.train import checkpoint as ckpt
+from tunesmith.train.loop import train
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(bf16=True),
+        dict(gradient_checkpointing=True, finetuning_type="lora"),
+        dict(finetuning_type="lora", use_dora=True, lora_target="q_proj,v_proj"),
+        dict(model_name_or_path="tiny:llama", template="llama3"),
+        dict(flash_attn="eager", packing=True),
+        dict(lr_scheduler_type="constant_with_warmup", warmup_steps=2, weight_decay=0.1),
+    ],
+    ids=["bf16", "grad-ckpt-lora", "dora", "llama", "eager-packing", "schedule"],
+)
+def test_runs_and_learns(tmp_path, options):
+    result = train(run_config(tmp_path / "o", max_steps=6, learning_rate=3e-3, **options))
+    assert all(torch.isfinite(torch.tensor(result.step_losses)))
+    assert result.step_losses[-1] < result.step_losses[0]
+
+
+def test_save_total_limit_keeps_newest(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=6, save_strategy="steps", save_steps=2, save_total_limit=2))
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-4", "checkpoint-6"]
+
+
+def test_save_only_model_checkpoint_cannot_be_resumed(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=2, save_strategy="steps", save_steps=2, save_only_model=True))
+    assert (out / "checkpoint-2" / "model.safetensors").exists()
+    with pytest.raises(TunesmithError, match="not a resumable checkpoint"):
+        train(run_config(out, max_steps=4, resume_from_checkpoint=str(out / "checkpoint-2")))
+
+
+def _engine(model, skip):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return SingleEngine(model, opt, sched, torch.device("cpu"), precision="fp32", max_grad_norm=1.0,
+                        skip_nonfinite=skip)
+
+
+def _nan_loss(model, batch):
+    loss = model.weight.sum() * float("nan")
+    return LossOutput(loss, loss.detach(), 1)
+
+
+def test_nonfinite_stops_or_skips():
+    batch = collate_rows([[{"input_ids": [1, 2], "labels": [1, 2]}]], pad_id=0)
+    model = torch.nn.Linear(2, 2)
+    engine = _engine(model, skip=False)
+    engine.forward_backward(batch, _nan_loss)
+    with pytest.raises(NonFiniteError):
+        engine.step()
+    before = model.weight.detach().clone()
+    engine = _engine(model, skip=True)
+    engine.forward_backward(batch, _nan_loss)
+    assert engine.step().skipped
+    assert torch.equal(model.weight, before)
+
+
+def _nan_on_second_step(monkeypatch):
+    from tunesmith.train import loop
+
+    calls = {"n": 0}
+    real = loop.sft_loss
+
+    def flaky(model, batch, num_label_tokens, fused_ce=None):
+        calls["n"] += 1
+        out = real(model, batch, num_label_tokens, fused_ce)
+        if calls["n"] == 2:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(loop, "sft_loss", flaky)
+
+
+def test_nonfinite_in_the_loop_names_the_step(tmp_path, monkeypatch):
+    _nan_on_second_step(monkeypatch)
+    with pytest.raises(TunesmithError, match=r"step 2: non-finite"):
+        train(run_config(tmp_path / "o", max_steps=3))
+
+
+def test_skip_nonfinite_counts_skipped_steps(tmp_path, monkeypatch):
+    import json
+
+    _nan_on_second_step(monkeypatch)
+    result = train(run_config(tmp_path / "o", max_steps=3, skip_nonfinite=True))
+    assert result.global_step == 3
+    assert json.loads((tmp_path / "o" / "train_summary.json").read_text())["num_skipped_steps"] == 1
