@@ -165,3 +165,13 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
                "template=chatml", "max_steps=1", f"output_dir={tmp_path / 'o'}", check=False)
     assert proc.returncode == 1
     assert "broken.jsonl" in proc.stderr and "line 2" in proc.stderr
+
+
+def test_interactive_chat_streams_answers_and_keeps_history(tmp_path):
+    out = tmp_path / "tiny"
+    cli("train", *BASE, "dataset=identity", "max_steps=1", "finetuning_type=full", f"output_dir={out}")
+    proc = subprocess.run([sys.executable, "-m", "tunesmith", "chat", "--model", str(out), "--max_new_tokens", "5"],
+                          input="hello\nclear\nwho are you?\nexit\n", capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Assistant: ") == 2
