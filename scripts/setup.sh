@@ -52,6 +52,13 @@ then
     export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
 
+if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    "$PYTHON" -m ensurepip --upgrade >/dev/null 2>&1 || {
+        echo "setup.sh: '$PYTHON' has no pip; install it (e.g. apt-get install python3-pip) and rerun" >&2
+        exit 1
+    }
+fi
+
 echo "setup.sh: installing tunesmith from $ROOT into $("$PYTHON" -V 2>&1) ($(command -v "$PYTHON"))"
 "$PYTHON" -m pip install -e ".[dev]"
 

@@ -122,8 +122,7 @@ def build_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] 
     if os.environ.get("USE_MCA") == "1":
         problems.append("USE_MCA=1 selects the Megatron-Core engine, which is not available yet; unset USE_MCA")
     config = _validate_groups(routed, problems)
-    if config is not None:
-        problems.extend(_cross_checks(config, set(flat)))
+    problems.extend(_cross_checks(config, set(flat)))
     if problems:
         raise ConfigError(problems)
     _warn_no_effect(config, set(flat))
@@ -147,17 +146,23 @@ def _route_keys(flat: dict[str, Any], problems: list[str]) -> dict[str, dict[str
     return routed
 
 
-def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> RunConfig | None:
+def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> RunConfig:
+    """Validate each group; a bad key is reported and replaced by its default, so the
+    cross-checks still run on everything else and all problems come out at once."""
     groups = {}
     for name, cls in GROUPS.items():
+        values = dict(routed[name])
         try:
-            groups[name] = cls(**routed[name])
+            groups[name] = cls(**values)
+            continue
         except ValidationError as err:
             for e in err.errors():
                 key = ".".join(str(p) for p in e["loc"])
                 shown = "<redacted>" if key in SECRET_KEYS else repr(e.get("input"))
                 problems.append(f"'{key}' = {shown}: {e['msg']}")
-    return RunConfig(**groups) if len(groups) == len(GROUPS) else None
+                values.pop(str(e["loc"][0]) if e["loc"] else "", None)
+        groups[name] = cls(**values)
+    return RunConfig(**groups)
 
 
 def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:

@@ -77,6 +77,9 @@ class DataConfig(_Group):
     identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
 
     _split = field_validator("dataset", "eval_dataset", mode="before")(classmethod(lambda cls, v: _split_names(v)))
+    _probs = field_validator("interleave_probs", mode="before")(
+        classmethod(lambda cls, v: _split_names(v) if isinstance(v, str) else v)
+    )
 
 
 class FinetuneConfig(_Group):

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import DataError
+from .mm import check_placeholders, media_counts
 from .sample import where
 
 IGNORE_INDEX = -100
@@ -136,11 +137,23 @@ def split_long(row: dict, cutoff_len: int) -> list[dict]:
     ]
 
 
+def _refuse_media(sample: dict) -> None:
+    counts = {kind: n for kind, n in media_counts(sample).items() if n}
+    if counts:
+        check_placeholders(sample)
+        listed = ", ".join(f"{n} {kind}(s)" for kind, n in counts.items())
+        raise DataError(
+            f"{where(sample)} has {listed}, but the model is a text-only model: use a vision/audio-language model "
+            "(e.g. model_name_or_path: tiny:qwen2_5_vl) or drop the media columns from dataset_info.json"
+        )
+
+
 def render_batch(batch: dict, tokenizer, opts: RenderOptions) -> dict:
     """`datasets.map(batched=True)` entry: one input row can give several pt rows."""
     out = {"input_ids": [], "labels": [], "length": [], "num_truncated": [], "source": []}
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     for sample in rows:
+        _refuse_media(sample)
         if opts.stage == "pt":
             pieces = split_long(render_pt(sample, tokenizer, opts), opts.cutoff_len)
             flags = [0] * len(pieces)

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from threading import Thread
 
 import torch
 
+from ..data.templates import stop_tokens
 from ..models.load import pick_device
 from .load import load_for_inference
 
 
+_EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+
+
 def stop_token_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the generation config plus the tokenizer's eos."""
+    """EOS ids from the generation config, the tokenizer's eos and its chat template's end-of-turn tokens."""
     ids = model.generation_config.eos_token_id
     ids = list(ids) if isinstance(ids, (list, tuple)) else ([ids] if ids is not None else [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
+    for tok in tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, "auto")):
+        if tok is not None and tok not in ids:
+            ids.append(tok)
     return ids
+
+
+def strip_empty_think(text: str) -> str:
+    """Reasoning templates (qwen3) make the model open and close an empty think block: not worth showing."""
+    return _EMPTY_THINK.sub("", text)
 
 
 def generate(model, tokenizer, messages: list[dict], *, max_new_tokens: int, temperature: float, top_p: float,
@@ -34,7 +45,7 @@ def generate(model, tokenizer, messages: list[dict], *, max_new_tokens: int, tem
             streamer=streamer,
             **sampling,
         )
-    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    return strip_empty_think(tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)).strip()
 
 
 def run_chat(model_path: str, *, prompt: str | None, system: str | None, max_new_tokens: int, temperature: float,
@@ -71,11 +82,22 @@ def _interactive(model, tokenizer, base: list[dict], options: dict) -> None:
         worker = Thread(target=generate, args=(model, tokenizer, history), kwargs={**options, "streamer": streamer})
         worker.start()
         print("Assistant: ", end="", flush=True)
-        answer = "".join(_echo(piece) for piece in streamer)
+        answer = _stream(streamer)
         worker.join()
-        history.append({"role": "assistant", "content": answer.strip()})
+        history.append({"role": "assistant", "content": answer})
 
 
-def _echo(piece: str) -> str:
-    print(piece, end="", flush=True)
-    return piece
+def _stream(streamer) -> str:
+    """Print pieces as they come, holding back a leading think block until it closes (then drop it if empty)."""
+    text, shown = "", 0
+    for piece in streamer:
+        text += piece
+        head = text.lstrip()
+        opening = "<think>".startswith(head) or head.startswith("<think>")
+        if opening and "</think>" not in head:
+            continue
+        hidden = len(text) - len(strip_empty_think(text))
+        print(text[max(hidden, shown):], end="", flush=True)
+        shown = len(text)
+    print()
+    return strip_empty_think(text).strip()

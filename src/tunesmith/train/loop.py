@@ -21,6 +21,7 @@ from transformers import set_seed
 from ..config.load import save_config
 from ..config.schema import RunConfig
 from ..data.pipeline import prepare_data, render_options
+from ..data.templates import stop_tokens
 from ..engines.single import NonFiniteError, SingleEngine
 from ..errors import TunesmithError
 from ..methods.sft import sft_loss
@@ -67,10 +68,14 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+# Files that show an output_dir holds a finished or running training run (a config alone does not).
+_RUN_MARKERS = ("metrics.jsonl", "train_summary.json", "model.safetensors", "adapter_model.safetensors")
+
+
 def prepare_output_dir(cfg: RunConfig) -> tuple[Path, Path | None]:
     out = Path(cfg.output.output_dir)
     resume = ckpt.resolve_resume(out, cfg.output.resume_from_checkpoint)
-    holds_run = out.is_dir() and any(out.iterdir())
+    holds_run = out.is_dir() and any((out / name).exists() for name in _RUN_MARKERS) or bool(ckpt.list_checkpoints(out))
     if holds_run and resume is None and not cfg.output.overwrite_output_dir:
         raise TunesmithError(
             f"output_dir {out} already holds a run; set overwrite_output_dir: true, choose another output_dir, "
@@ -97,9 +102,12 @@ def train(cfg: RunConfig) -> TrainResult:
     device = pick_device()
     tokenizer = load_tokenizer(cfg.model)
     tokenizer.chat_template = render_options(cfg, tokenizer).chat_template or tokenizer.chat_template
+    stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     data = prepare_data(cfg, tokenizer)
     print_data_report(data.report, cfg)
-    model = apply_finetuning(load_model(cfg.model, device), cfg.finetune, cfg.model.adapter_name_or_path)
+    model = load_model(cfg.model, device)
+    _set_stop_tokens(model, stop_ids)
+    model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
     log.info(trainable_report(model))
     plan = EpochPlan(
         data.train["length"],
@@ -114,6 +122,13 @@ def train(cfg: RunConfig) -> TrainResult:
     engine = _build_engine(cfg, model, device, plan.total_steps)
     runner = _Runner(cfg, engine, tokenizer, data, plan, output_dir, fused_ce_for(model, cfg.model))
     return runner.run(resume)
+
+
+def _set_stop_tokens(model, stop_ids: list[int]) -> None:
+    """Saved models stop at the template's end-of-turn token in transformers, vLLM and `tunesmith chat`."""
+    current = model.generation_config.eos_token_id
+    current = list(current) if isinstance(current, (list, tuple)) else ([current] if current is not None else [])
+    model.generation_config.eos_token_id = current + [i for i in stop_ids if i not in current]
 
 
 def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngine:

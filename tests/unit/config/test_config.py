@@ -103,3 +103,15 @@ resume_from_checkpoint: null
     assert cfg.finetune.lora_target == ["all"]
     assert cfg.data.dataset == ["identity", "alpaca_demo"]
     assert cfg.train.gradient_accumulation_steps == 8
+
+
+def test_cross_checks_still_run_when_a_key_is_invalid():
+    with pytest.raises(ConfigError) as info:
+        build_config(None, {"dataset": "x", "cutoff_len": 2, "bf16": True, "fp16": True})
+    text = str(info.value)
+    assert "cutoff_len" in text and "bf16 and fp16" in text
+
+
+def test_interleave_probs_accepts_llamafactory_string():
+    cfg = build_config(None, {"dataset": "a,b", "mix_strategy": "interleave_under", "interleave_probs": "0.7,0.3"})
+    assert cfg.data.interleave_probs == [0.7, 0.3]

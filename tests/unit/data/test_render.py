@@ -93,3 +93,17 @@ def test_pt_supervises_everything_and_ends_with_eos(tiny_qwen3):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     out = render_pt(make_sample([{"role": "user", "content": "plain text"}], source="t", index=0), tok, RenderOptions(stage="pt"))
     assert out["labels"] == out["input_ids"] and out["input_ids"][-1] == tok.eos_token_id
+
+
+def test_text_model_refuses_media_records(tiny_qwen3):
+    from tunesmith.data.render import render_batch
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    sample = make_sample([{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "a cat"}],
+                         source="pics", index=4, images=["/data/cat.png"])
+    batch = {k: [v] for k, v in sample.items()}
+    with pytest.raises(DataError, match="dataset 'pics', record 4 has 1 image.*text-only model"):
+        render_batch(batch, tok, _opts(tok, "chatml"))
+    sample["images"] = ["/a.png", "/b.png"]
+    with pytest.raises(DataError, match="1 <image> placeholder.*but 2 image"):
+        render_batch({k: [v] for k, v in sample.items()}, tok, _opts(tok, "chatml"))
