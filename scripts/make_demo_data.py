@@ -184,8 +184,14 @@ def build_all() -> dict[str, str]:
         "sharegpt_demo.json": as_json(make_sharegpt_demo()),
         "pt_demo.json": as_json(make_pt_demo()),
         "openai_demo.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in make_openai_demo()),
-        "dataset_info.json": as_json(DATASET_INFO),
     }
+
+
+def merged_dataset_info(existing_text: str | None) -> str:
+    """The existing dataset_info.json with our entries added or replaced; other entries (multimodal demos) kept."""
+    info = json.loads(existing_text) if existing_text else {}
+    info.update(DATASET_INFO)
+    return json.dumps(info, ensure_ascii=False, indent=2) + "\n"
 
 
 def main() -> None:
@@ -193,7 +199,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data"))
     out = Path(parser.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
-    for file_name, text in build_all().items():
+    info_path = out / "dataset_info.json"
+    texts = build_all()
+    texts["dataset_info.json"] = merged_dataset_info(info_path.read_text(encoding="utf-8") if info_path.exists() else None)
+    for file_name, text in texts.items():
         (out / file_name).write_text(text, encoding="utf-8")
         print(f"wrote {out / file_name} ({len(text.encode('utf-8'))} bytes)")
 

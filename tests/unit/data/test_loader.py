@@ -85,7 +85,7 @@ def test_shipped_datasets_all_convert():
     info = load_dataset_info(data_dir)
     assert {"identity", "alpaca_demo", "sharegpt_demo", "pt_demo", "openai_demo"} <= set(info)
     placeholders = {"name": "Tuney", "author": "Ana"}
-    sft = [n for n in info if n != "pt_demo"]
+    sft = [n for n in _generator().DATASET_INFO if n != "pt_demo"]
     ds, report = load_samples(sft, dataset_dir=data_dir, stage="sft", placeholders=placeholders)
     assert all(r["skipped"] == 0 and r["rows"] > 0 for r in report.values())
     assert not any("{{" in m["content"] for msgs in ds["messages"] for m in msgs)
@@ -106,6 +106,8 @@ def test_generator_is_deterministic_and_matches_shipped_files():
     assert first == second
     for file_name, text in first.items():
         assert (REPO / "data" / file_name).read_text(encoding="utf-8") == text, f"regenerate data/{file_name}"
+    shipped = json.loads((REPO / "data" / "dataset_info.json").read_text(encoding="utf-8"))
+    assert {k: shipped[k] for k in gen.DATASET_INFO} == gen.DATASET_INFO
 
 
 def test_generated_answers_are_correct():
