@@ -6,6 +6,15 @@ tokens and chat template, yet builds in seconds with no network. `build_tiny`
 makes one: a byte-level BPE tokenizer trained on the small corpus below, and a
 2-layer, 64-wide Qwen3 or Llama model, saved as a normal Hugging Face folder.
 
+The multimodal ones (`is_multimodal`) are the same text model inside a real
+vision-/audio-language architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2-Audio,
+the Qwen2.5-Omni thinker) with a 1-2 layer vision or audio encoder, and their
+folder also holds the family's processor (image/video processor, Whisper feature
+extractor, the family's media tokens and chat template), so it loads through
+`AutoProcessor` and `AutoModelForMultimodalLM` (`AutoModelForImageTextToText`
+too, except for Qwen2-Audio). Their media budgets are small (a 56x84 image is 6
+visual tokens) so CPU tests stay fast.
+
 The folder is cached under `$TUNESMITH_CACHE/tiny/<arch>-<recipe hash>` (default
 `~/.cache/tunesmith`). The hash covers everything that shapes the result, so a
 changed recipe builds a new folder instead of reusing a stale one; a build is
@@ -65,6 +74,272 @@ ARCHS: dict[str, dict] = {
         "tie_word_embeddings": True,
     },
 }
+
+# --- Multimodal families ------------------------------------------------------
+# Chat templates written to reproduce the real models' formats (the processors'
+# chat_template.json on the Hub). Qwen2-VL and Qwen2.5-VL share one; Qwen3-VL is
+# the instruct model's (no <think> handling, no default system prompt); the
+# Qwen2-Audio and Qwen2.5-Omni ones put their media tokens where the real ones do.
+_QWEN2_VL_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_QWEN3_VL_MEDIA = r"""
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}"""
+
+_QWEN3_VL_TEMPLATE = r"""{%- macro system_text(content) %}
+    {%- if content is string %}
+        {{- content }}
+    {%- else %}
+        {%- for part in content %}
+            {%- if 'text' in part %}
+                {{- part.text }}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+{%- endmacro %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- system_text(messages[0].content) + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + system_text(messages[0].content) + '<|im_end|>\n' }}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}""" + _QWEN3_VL_MEDIA + r"""
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- elif message.content %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}""" + _QWEN3_VL_MEDIA + r"""
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+_QWEN2_AUDIO_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_QWEN2_5_OMNI_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% set image_count = namespace(value=0) %}"
+    "{% set video_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_bos|><|IMAGE|><|vision_eos|>"
+    "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "{% if add_audio_id %}Audio {{ audio_count.value }}: {% endif %}<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_bos|><|VIDEO|><|vision_eos|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# The special tokens in the real tokenizers' id order (<|endoftext|> first).
+_CHATML = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True)]
+_QWEN_TOOLS = [("<tool_call>", False), ("</tool_call>", False)]
+_QWEN_VL_SPECIAL = _CHATML + [
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
+    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
+    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True)] + _QWEN_TOOLS
+_QWEN3_VL_SPECIAL = _QWEN_VL_SPECIAL + [
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False)]
+_QWEN2_AUDIO_SPECIAL = _CHATML + [("<|AUDIO|>", True), ("<|audio_bos|>", True), ("<|audio_eos|>", True)]
+_QWEN2_5_OMNI_SPECIAL = _CHATML + [
+    ("<|AUDIO|>", True), ("<|audio_bos|>", True), ("<|audio_eos|>", True), ("<|box_end|>", True),
+    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_bos|>", True), ("<|vision_eos|>", True),
+    ("<|vision_pad|>", True), ("<|IMAGE|>", True), ("<|VIDEO|>", True)] + _QWEN_TOOLS
+_CHATML_ROLES = {"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>"}
+
+# Media budgets: images between 4 and 64 merged tokens (a 56x84 image is 2x3
+# merged 2x2 patches = 6 tokens); video frames the same per frame. Like the real
+# checkpoints, the video processors leave `cap_pixels_per_frame` unset (per-frame
+# budget for Qwen2-VL's, one budget over all frames for Qwen3-VL's).
+_VISION_PIXELS_14 = {"size": {"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28}}
+_VISION_PIXELS_16 = {"size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 32 * 32}}
+_NUM_MEL_BINS = 32
+
+# The text model of every multimodal arch: MODEL_SHAPE with mRoPE. mrope_section
+# splits head_dim / 2 = 8 rotary frequencies into (temporal, height, width);
+# Qwen3-VL interleaves them (real: 24/20/20 of 64), the others are contiguous (16/24/24).
+_MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]}
+_MROPE_INTERLEAVED = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2],
+                      "mrope_interleaved": True}
+
+MM_ARCHS: dict[str, dict] = {
+    "qwen2_vl": {
+        "config_class": "Qwen2VLConfig", "model_class": "Qwen2VLForConditionalGeneration",
+        "processor_class": "Qwen2VLProcessor", "chat_template_text": _QWEN2_VL_TEMPLATE,
+        "split": _SPLIT_QWEN, "special": _QWEN_VL_SPECIAL, "roles": _CHATML_ROLES, "extra_eos": ["<|endoftext|>"],
+        "tie_word_embeddings": False, "modalities": ["image", "video"],
+        "image_processor": {"class": "Qwen2VLImageProcessor", "patch_size": 14, **_VISION_PIXELS_14},
+        "video_processor": {"class": "Qwen2VLVideoProcessor", "patch_size": 14, **_VISION_PIXELS_14},
+        "rope": _MROPE,
+        "vision": {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14,
+                   "spatial_merge_size": 2, "temporal_patch_size": 2},
+    },
+    "qwen2_5_vl": {
+        "config_class": "Qwen2_5_VLConfig", "model_class": "Qwen2_5_VLForConditionalGeneration",
+        "processor_class": "Qwen2_5_VLProcessor", "chat_template_text": _QWEN2_VL_TEMPLATE,
+        "split": _SPLIT_QWEN, "special": _QWEN_VL_SPECIAL, "roles": _CHATML_ROLES, "extra_eos": ["<|endoftext|>"],
+        "tie_word_embeddings": False, "modalities": ["image", "video"],
+        "image_processor": {"class": "Qwen2VLImageProcessor", "patch_size": 14, **_VISION_PIXELS_14},
+        "video_processor": {"class": "Qwen2VLVideoProcessor", "patch_size": 14, **_VISION_PIXELS_14},
+        "rope": _MROPE,
+        # window_size 56 = 2x2 merged tokens per window, so a small image has several windows;
+        # block 1 attends fully, like the real model's every-8th block
+        "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14,
+                   "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+                   "fullatt_block_indexes": [1], "tokens_per_second": 2},
+    },
+    "qwen3_vl": {
+        "config_class": "Qwen3VLConfig", "model_class": "Qwen3VLForConditionalGeneration",
+        "processor_class": "Qwen3VLProcessor", "chat_template_text": _QWEN3_VL_TEMPLATE,
+        "split": _SPLIT_QWEN, "special": _QWEN3_VL_SPECIAL, "roles": _CHATML_ROLES, "extra_eos": ["<|endoftext|>"],
+        "tie_word_embeddings": False, "modalities": ["image", "video"],
+        "image_processor": {"class": "Qwen2VLImageProcessor", "patch_size": 16, **_VISION_PIXELS_16,
+                            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+        # Qwen3-VL's video budget counts all frames together (t x h x w)
+        "video_processor": {"class": "Qwen3VLVideoProcessor", "patch_size": 16,
+                            "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 4 * 64 * 32 * 32},
+                            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+        "rope": _MROPE_INTERLEAVED,
+        "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
+                   "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+                   "deepstack_visual_indexes": [0]},
+    },
+    "qwen2_audio": {
+        "config_class": "Qwen2AudioConfig", "model_class": "Qwen2AudioForConditionalGeneration",
+        "processor_class": "Qwen2AudioProcessor", "chat_template_text": _QWEN2_AUDIO_TEMPLATE,
+        "split": _SPLIT_QWEN, "special": _QWEN2_AUDIO_SPECIAL, "roles": _CHATML_ROLES, "extra_eos": ["<|endoftext|>"],
+        "tie_word_embeddings": False, "modalities": ["audio"],
+        "feature_extractor": {"class": "WhisperFeatureExtractor", "feature_size": _NUM_MEL_BINS},
+        "audio": {"num_mel_bins": _NUM_MEL_BINS, "encoder_layers": 1, "encoder_attention_heads": 2,
+                  "encoder_ffn_dim": 64, "d_model": 32},
+    },
+    "qwen2_5_omni": {
+        "config_class": "Qwen2_5OmniThinkerConfig", "model_class": "Qwen2_5OmniThinkerForConditionalGeneration",
+        "processor_class": "Qwen2_5OmniProcessor", "chat_template_text": _QWEN2_5_OMNI_TEMPLATE,
+        "split": _SPLIT_QWEN, "special": _QWEN2_5_OMNI_SPECIAL, "roles": _CHATML_ROLES, "extra_eos": ["<|endoftext|>"],
+        # the processor reads these from the tokenizer (as the real tokenizer_config.json has them)
+        "token_attrs": {"image_token": "<|IMAGE|>", "video_token": "<|VIDEO|>", "audio_token": "<|AUDIO|>",
+                        "vision_bos_token": "<|vision_bos|>", "vision_eos_token": "<|vision_eos|>",
+                        "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"},
+        "tie_word_embeddings": False, "modalities": ["image", "video", "audio"],
+        "image_processor": {"class": "Qwen2VLImageProcessor", "patch_size": 14, **_VISION_PIXELS_14},
+        "video_processor": {"class": "Qwen2VLVideoProcessor", "patch_size": 14, **_VISION_PIXELS_14},
+        "feature_extractor": {"class": "WhisperFeatureExtractor", "feature_size": _NUM_MEL_BINS},
+        "rope": _MROPE,
+        "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14,
+                   "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+                   "fullatt_block_indexes": [1]},
+        "audio": {"num_mel_bins": _NUM_MEL_BINS, "encoder_layers": 1, "encoder_attention_heads": 2,
+                  "encoder_ffn_dim": 64, "d_model": 32, "n_window": 100},
+    },
+}
+ARCHS.update(MM_ARCHS)
 
 MODEL_SHAPE = {
     "hidden_size": 64,
@@ -160,10 +435,20 @@ def _recipe(arch: str) -> dict:
         "seed": SEED,
         "vocab_size": VOCAB_SIZE,
         "corpus": CORPUS,
-        "chat_template": get_template(spec["template"]).chat_template,
+        "chat_template": _chat_template(spec),
         "shape": MODEL_SHAPE,
         **spec,
     }
+
+
+def _chat_template(spec: dict) -> str:
+    """A text arch names one of tunesmith's templates; a multimodal one carries its own Jinja."""
+    return spec["chat_template_text"] if "chat_template_text" in spec else get_template(spec["template"]).chat_template
+
+
+def is_multimodal(arch: str) -> bool:
+    """Whether tiny `arch` ("qwen2_vl", or "tiny:qwen2_vl") is a vision/audio-language model."""
+    return (arch[len(TINY_PREFIX):] if is_tiny(arch) else arch) in MM_ARCHS
 
 
 def recipe_hash(arch: str) -> str:
@@ -180,8 +465,9 @@ def _cache_root(cache_dir: str | Path | None) -> Path:
 def build_tiny(arch: str, cache_dir: str | Path | None = None) -> Path:
     """The folder of the tiny `arch` model, built on first use and cached after."""
     if arch not in ARCHS:
-        raise ModelError(f"Unknown tiny architecture '{arch}'. Known: {', '.join(sorted(ARCHS))} "
-                         f"(use e.g. model_name_or_path: tiny:qwen3).")
+        text_archs = sorted(set(ARCHS) - set(MM_ARCHS))
+        raise ModelError(f"Unknown tiny architecture '{arch}'. Known: {', '.join(text_archs)}; "
+                         f"multimodal: {', '.join(sorted(MM_ARCHS))} (use e.g. model_name_or_path: tiny:qwen3).")
     final = _cache_root(cache_dir) / "tiny" / f"{arch}-{recipe_hash(arch)}"
     if (final / "config.json").is_file():
         return final
@@ -209,7 +495,11 @@ def _build_into(arch: str, out: Path) -> None:
     hf_logging.disable_progress_bar()  # a progress bar for a 1 MB file is noise in test output
     try:
         tokenizer = _build_tokenizer(arch)
-        tokenizer.save_pretrained(out, save_jinja_files=False)  # template inside tokenizer_config.json
+        if is_multimodal(arch):
+            # the processor saves the tokenizer too (template in tokenizer_config.json and chat_template.jinja)
+            _build_processor(arch, tokenizer).save_pretrained(out)
+        else:
+            tokenizer.save_pretrained(out, save_jinja_files=False)  # template inside tokenizer_config.json
         model, generation_config = _build_model(arch, tokenizer)
         model.save_pretrained(out)
         generation_config.save_pretrained(out)
@@ -246,9 +536,10 @@ def _build_tokenizer(arch: str):
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=roles["bos"], eos_token=roles["eos"], pad_token=roles["pad"],
-        chat_template=get_template(spec["template"]).chat_template,
+        chat_template=_chat_template(spec),
         model_max_length=MODEL_SHAPE["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
+        **spec.get("token_attrs", {}),
     )
 
 
@@ -260,6 +551,15 @@ def _build_model(arch: str, tokenizer):
 
     spec = ARCHS[arch]
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in (spec["roles"]["eos"], *spec["extra_eos"])]
+    generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    if is_multimodal(arch):
+        config = _MM_CONFIG_BUILDERS[arch](spec, tokenizer)
+        model_class = getattr(transformers, spec["model_class"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            model = model_class._from_config(config, dtype=torch.float32)
+        return model, generation_config
     config = getattr(transformers, spec["config_class"])(
         vocab_size=len(tokenizer),
         tie_word_embeddings=spec["tie_word_embeddings"],
@@ -271,9 +571,107 @@ def _build_model(arch: str, tokenizer):
     with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
     return model, generation_config
+
+
+# --- multimodal builders -------------------------------------------------------
+
+def _build_processor(arch: str, tokenizer):
+    """The family's processor around `tokenizer`: image/video processors and/or a Whisper feature extractor."""
+    import transformers
+
+    spec = ARCHS[arch]
+    parts = {}
+    for key in ("image_processor", "video_processor", "feature_extractor"):
+        if key in spec:
+            kwargs = dict(spec[key])
+            component = getattr(transformers, kwargs.pop("class"))
+            if key != "feature_extractor":
+                kwargs.update(merge_size=2, temporal_patch_size=2)
+            parts[key] = component(**kwargs)
+    processor_class = getattr(transformers, spec["processor_class"])
+    return processor_class(tokenizer=tokenizer, chat_template=_chat_template(spec), **parts)
+
+
+def _text_config(spec: dict, tokenizer, **extra) -> dict:
+    """The language model's config: MODEL_SHAPE, the tokenizer's ids, and mRoPE where the family has it."""
+    shape = {k: v for k, v in MODEL_SHAPE.items() if k != "head_dim"}  # most derive it: hidden / heads = 16
+    shape.update(extra)
+    if "rope" in spec:
+        shape["rope_parameters"] = dict(spec["rope"])
+    return {
+        **shape,
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": spec["tie_word_embeddings"],
+    }
+
+
+def _ids(tokenizer, **tokens: str) -> dict[str, int]:
+    """{config key: token id}; every token must be a single known token (a typo must not become an id)."""
+    ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items()}
+    unknown = [tokens[k] for k, i in ids.items() if i is None or tokenizer.convert_ids_to_tokens(i) != tokens[k]]
+    if unknown:
+        raise ModelError(f"The tiny tokenizer lacks the tokens {unknown}.")
+    return ids
+
+
+def _qwen_vl_config(spec: dict, tokenizer):
+    import transformers
+
+    vision = dict(spec["vision"])
+    hidden = MODEL_SHAPE["hidden_size"]
+    if spec["config_class"] == "Qwen2VLConfig":
+        vision["hidden_size"] = hidden  # Qwen2-VL's merger projects embed_dim -> hidden_size
+    else:
+        vision["out_hidden_size"] = hidden
+    extra = {"head_dim": MODEL_SHAPE["head_dim"]} if spec["config_class"] == "Qwen3VLConfig" else {}
+    return getattr(transformers, spec["config_class"])(
+        text_config=_text_config(spec, tokenizer, **extra), vision_config=vision,
+        tie_word_embeddings=spec["tie_word_embeddings"],
+        **_ids(tokenizer, image_token_id="<|image_pad|>", video_token_id="<|video_pad|>",
+               vision_start_token_id="<|vision_start|>", vision_end_token_id="<|vision_end|>"),
+    )
+
+
+def _qwen2_audio_config(spec: dict, tokenizer):
+    from transformers import Qwen2AudioConfig
+
+    return Qwen2AudioConfig(
+        audio_config=dict(spec["audio"]),
+        text_config={"model_type": "qwen2", **_text_config(spec, tokenizer)},
+        tie_word_embeddings=spec["tie_word_embeddings"],
+        **_ids(tokenizer, audio_token_index="<|AUDIO|>"),
+    )
+
+
+def _qwen2_5_omni_thinker_config(spec: dict, tokenizer):
+    """The thinker alone (model_type qwen2_5_omni_thinker): the text-generating half of Qwen2.5-Omni."""
+    from transformers import Qwen2_5OmniThinkerConfig
+
+    hidden = MODEL_SHAPE["hidden_size"]
+    return Qwen2_5OmniThinkerConfig(
+        audio_config={**spec["audio"], "output_dim": hidden},
+        vision_config={**spec["vision"], "out_hidden_size": hidden},
+        text_config=_text_config(spec, tokenizer),
+        tie_word_embeddings=spec["tie_word_embeddings"],
+        **_ids(tokenizer, audio_token_index="<|AUDIO|>", image_token_index="<|IMAGE|>",
+               video_token_index="<|VIDEO|>", audio_start_token_id="<|audio_bos|>",
+               audio_end_token_id="<|audio_eos|>", vision_start_token_id="<|vision_bos|>",
+               vision_end_token_id="<|vision_eos|>"),
+        user_token_id=tokenizer.encode("user", add_special_tokens=False)[0],
+    )
+
+
+_MM_CONFIG_BUILDERS = {
+    "qwen2_vl": _qwen_vl_config,
+    "qwen2_5_vl": _qwen_vl_config,
+    "qwen3_vl": _qwen_vl_config,
+    "qwen2_audio": _qwen2_audio_config,
+    "qwen2_5_omni": _qwen2_5_omni_thinker_config,
+}
 
 
 def is_tiny(name: str) -> bool:
