@@ -26,16 +26,11 @@ _MEGATRON = (
     "use_distributed_optimizer overlap_grad_reduce overlap_param_gather recompute_granularity "
     "bias_activation_fusion apply_rope_fusion moe_grouped_gemm moe_token_dispatcher_type"
 ).split()
-_MEDIA = (
-    "image_max_pixels image_min_pixels video_max_pixels video_min_pixels video_fps video_maxlen "
-    "audio_sampling_rate use_audio_in_video freeze_vision_tower freeze_multi_modal_projector freeze_language_model"
-).split()
 _PREFERENCE = "pref_beta pref_loss pref_ftx pref_label_smoothing simpo_gamma kto_chosen_weight kto_rejected_weight".split()
 
 # Keys users bring from LLaMA-Factory whose feature tunesmith does not have yet.
 NOT_YET: dict[str, str] = {
     **{k: "the Megatron-Core engine is not available yet" for k in _MEGATRON},
-    **{k: "vision/audio-language fine-tuning is not available yet" for k in _MEDIA},
     **{k: "preference training (dpo/kto/orpo/simpo) is not available yet" for k in _PREFERENCE},
     "deepspeed": "the DeepSpeed engine is not available yet; train on one device (backend: single)",
     "fsdp": "the FSDP2 engine is not available yet; train on one device (backend: single)",

@@ -73,6 +73,14 @@ class DataConfig(_Group):
     tokenized_path: str | None = Field(None, description="Save the tokenized data here, or load it if it exists.")
     overwrite_cache: bool = Field(False, description="Re-tokenize even if a cache with this fingerprint exists.")
     skip_bad_samples: bool = Field(False, description="Skip (and count) bad records instead of stopping.")
+    image_max_pixels: int = Field(768 * 768, ge=1, description="Images are resized to at most this many pixels.")
+    image_min_pixels: int = Field(32 * 32, ge=1, description="Images are resized to at least this many pixels.")
+    video_max_pixels: int = Field(256 * 256, ge=1, description="Video frames are resized to at most this many pixels.")
+    video_min_pixels: int = Field(16 * 16, ge=1, description="Video frames are resized to at least this many pixels.")
+    video_fps: float = Field(2.0, gt=0, description="Frames sampled per second of video.")
+    video_maxlen: int = Field(128, ge=2, description="At most this many frames per video.")
+    audio_sampling_rate: int = Field(16000, ge=1000, description="Audio is resampled to this rate (Hz).")
+    use_audio_in_video: bool = Field(False, description="Also feed a video's own sound track (Qwen2.5-Omni).")
     identity_name: str = Field("Tunesmith Demo", description="Fills {{name}} in the identity dataset.")
     identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
 
@@ -103,6 +111,9 @@ class FinetuneConfig(_Group):
     additional_target: list[str] = Field(default_factory=list, description="Extra modules trained in full with LoRA.")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
+    freeze_vision_tower: bool = Field(True, description="Vision/audio-language models: keep the vision tower frozen.")
+    freeze_multi_modal_projector: bool = Field(True, description="Keep the projector (vision/audio -> LM) frozen.")
+    freeze_language_model: bool = Field(False, description="Keep the language model frozen (train only the media parts).")
 
     _split = field_validator(
         "freeze_trainable_modules", "freeze_extra_modules", "lora_target", "additional_target", mode="before"

@@ -13,7 +13,8 @@ sample predicts nothing), so packing never makes a sample predict its neighbour.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import json
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -29,21 +30,38 @@ class SFTBatch:
     num_label_tokens: int
     num_samples: int
     num_tokens: int  # real (non-padding) tokens
+    # Vision/audio-language batches: the processor's tensors for all media of the batch (in order),
+    # each sample's own grids (for mRoPE), and token types (1 image, 2 video, 0 otherwise).
+    media: dict = field(default_factory=dict)
+    media_per_sample: list = field(default_factory=list)
+    token_types_BT: torch.Tensor | None = None
 
     def to(self, device) -> "SFTBatch":
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, value in moved.items():
-            if isinstance(value, torch.Tensor):
-                moved[name] = value.to(device, non_blocking=True)
+        moved = {f.name: _to(getattr(self, f.name), device) for f in fields(self)}
         return SFTBatch(**moved)
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    return value
 
 
 def shifted_targets(labels: list[int]) -> list[int]:
     return list(labels[1:]) + [IGNORE_INDEX]
 
 
-def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, length: int | None = None) -> SFTBatch:
-    """rows: each a list of samples ({input_ids, labels}). Pads to `length` or the longest row."""
+def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, length: int | None = None,
+                 media=None) -> SFTBatch:
+    """rows: each a list of samples ({input_ids, labels[, mm_plan]}). Pads to `length` or the longest row.
+
+    With `media` (a models.processing.MediaProcessor) the samples' media are decoded and processed
+    here, once, in the DataLoader worker that calls this.
+    """
     widths = [sum(len(s["input_ids"]) for s in row) for row in rows]
     width = length or _round_up(max(widths), pad_to_multiple)
     shape = (len(rows), width)
@@ -62,7 +80,7 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
             segments[r, at : at + n] = sample_no
             at, sample_no = at + n, sample_no + 1
         positions[r, at:] = torch.arange(width - at)  # padding: its own segment
-    return SFTBatch(
+    batch = SFTBatch(
         input_ids_BT=input_ids,
         targets_BT=targets,
         position_ids_BT=positions,
@@ -71,6 +89,20 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
         num_samples=sample_no,
         num_tokens=sum(widths),
     )
+    if media is not None:
+        _add_media(batch, [s for row in rows for s in row], media)
+    return batch
+
+
+def _add_media(batch: SFTBatch, samples: list[dict], media) -> None:
+    empty = {"images": [], "videos": [], "audios": []}
+    plans = [json.loads(s["mm_plan"]) if s.get("mm_plan") else empty for s in samples]
+    batch.media, batch.media_per_sample = media.process(plans)
+    types = torch.zeros_like(batch.input_ids_BT)
+    for kind, code in (("image", 1), ("video", 2)):
+        if kind in media.token_ids:
+            types[batch.input_ids_BT == media.token_ids[kind]] = code
+    batch.token_types_BT = types
 
 
 def _round_up(n: int, multiple: int) -> int:

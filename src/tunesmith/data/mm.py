@@ -90,3 +90,47 @@ def expand_media_tokens(input_ids: list[int], labels: list[int], expansions: lis
                 f"the chat template rendered {used[e.token_id]} media token(s) for {len(e.replacements)} media item(s)"
             )
     return new_ids, new_labels
+
+
+def with_markers(text: str, markers: dict[str, str]) -> str:
+    """Plain text (pt stage): each placeholder becomes the family's media marker, e.g.
+    <|vision_start|><|image_pad|><|vision_end|>, which the expansion then fills."""
+    for kind, placeholder in PLACEHOLDERS.items():
+        if placeholder in text and kind not in markers:
+            raise DataError(f"this model takes no {kind} input")
+        text = text.replace(placeholder, markers.get(kind, placeholder))
+    return text
+
+
+def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: int) -> dict:
+    """A media sample: render with content parts, label assistant turns, expand media tokens."""
+    check_placeholders(sample)
+    try:
+        expansions, plan = media.plan(sample)
+    except DataError as err:
+        raise DataError(f"{where(sample)}: {err}") from None
+    if opts.stage == "pt":
+        text = with_markers(sample["messages"][0]["content"], media.markers) + tokenizer.eos_token
+        spans = [(0, len(text))]
+    else:
+        text, spans = spans_fn(tokenizer, to_content_parts(sample["messages"]), opts)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    labels = [t if opts.train_on_prompt or any(a <= s < b for a, b in spans) else ignore_index
+              for t, (s, _) in zip(ids, enc["offset_mapping"])]
+    try:
+        ids, labels = expand_media_tokens(ids, labels, expansions, ignore_index)
+    except DataError as err:
+        raise DataError(f"{where(sample)}: {err}") from None
+    media_ids = {e.token_id for e in expansions}
+    return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids}
+
+
+def truncate_mm(row: dict, cutoff_len: int) -> dict | None:
+    """Cut at cutoff_len unless that would cut into media tokens (the model needs all of them): then None."""
+    if len(row["input_ids"]) <= cutoff_len:
+        return {**row, "num_truncated": 0}
+    if any(t in row["media_ids"] for t in row["input_ids"][cutoff_len:]):
+        return None
+    return {**row, "input_ids": row["input_ids"][:cutoff_len], "labels": row["labels"][:cutoff_len],
+            "num_truncated": 1}

@@ -33,17 +33,19 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
         cutoff_len=cfg.data.cutoff_len,
         train_on_prompt=cfg.data.train_on_prompt,
         mask_history=cfg.data.mask_history,
+        skip_bad_samples=cfg.data.skip_bad_samples,
     )
 
 
-def prepare_data(cfg: RunConfig, tokenizer) -> PreparedData:
+def prepare_data(cfg: RunConfig, tokenizer, media=None) -> PreparedData:
+    """Tokenized train/eval data. `media` (models.processing.MediaProcessor) enables image/video/audio records."""
     opts = render_options(cfg, tokenizer)
     train, report = None, {}
     if cfg.data.dataset:
-        train, report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.dataset, cfg.data.tokenized_path)
+        train, report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.dataset, cfg.data.tokenized_path, media)
     eval_ds = None
     if cfg.data.eval_dataset:
-        eval_ds, eval_report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.eval_dataset, None)
+        eval_ds, eval_report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.eval_dataset, None, media)
         report["eval"] = eval_report
     elif cfg.data.val_size and train is not None:
         train, eval_ds = split_eval(train, cfg.data.val_size, cfg.train.seed)
@@ -51,7 +53,7 @@ def prepare_data(cfg: RunConfig, tokenizer) -> PreparedData:
     return PreparedData(train, eval_ds, report)
 
 
-def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]) -> tuple[dict, list[Path]]:
+def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media) -> tuple[dict, list[Path]]:
     specs = {name: get_spec(name, cfg.data.dataset_dir) for name in names}
     paths = [Path(cfg.data.dataset_dir) / s.file_name for s in specs.values() if s.file_name]
     options = {
@@ -63,15 +65,27 @@ def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: l
         "seed": cfg.train.seed,
         "placeholders": _placeholders(cfg),
         "skip_bad_samples": cfg.data.skip_bad_samples,
+        "media": _media_fingerprint(media),
     }
     return options, paths
+
+
+def _media_fingerprint(media) -> dict | None:
+    """Budgets, family and the processor's settings: all shape the planned media token counts."""
+    if media is None:
+        return None
+    proc = media.processor
+    subs = {name: getattr(proc, name).to_dict() for name in ("image_processor", "video_processor", "feature_extractor")
+            if getattr(proc, name, None) is not None}
+    return {"family": media.family.name, "budget": media.budget.__dict__, "processors": subs}
 
 
 def _placeholders(cfg: RunConfig) -> dict[str, str]:
     return {"name": cfg.data.identity_name, "author": cfg.data.identity_author}
 
 
-def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], tokenized_path: str | None):
+def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], tokenized_path: str | None,
+                      media=None):
     """Tokenized rows for `names`, from the cache when its fingerprint matches."""
     if tokenized_path and Path(tokenized_path, "dataset_info.json").exists():
         hit = cache.load_cached(Path(tokenized_path).name, Path(tokenized_path).parent)
@@ -79,19 +93,19 @@ def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: lis
             raise DataError(f"tokenized_path '{tokenized_path}' holds no tunesmith tokenized dataset; delete it")
         log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
         return hit[0], {**hit[1], "cache": "tokenized_path"}
-    options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names)
+    options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names, media)
     key = cache.fingerprint(options, paths)
     hit = None if cfg.data.overwrite_cache else cache.load_cached(key)
     if hit is not None:
         return hit[0], {**hit[1], "cache": f"hit {key}"}
-    dataset, report = _tokenize(cfg, tokenizer, opts, names)
+    dataset, report = _tokenize(cfg, tokenizer, opts, names, media)
     cache.save_cached(key, dataset, report)
     if tokenized_path:
         cache.save_cached(Path(tokenized_path).name, dataset, report, Path(tokenized_path).parent)
     return dataset, {**report, "cache": f"miss {key}"}
 
 
-def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]):
+def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media=None):
     samples, per_dataset = load_samples(
         names,
         dataset_dir=cfg.data.dataset_dir,
@@ -108,17 +122,24 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]):
         render_batch,
         batched=True,
         batch_size=cfg.data.preprocessing_batch_size,
-        fn_kwargs={"tokenizer": tokenizer, "opts": opts},
+        fn_kwargs={"tokenizer": tokenizer, "opts": opts, "media": media},
         remove_columns=samples.column_names,
         num_proc=cfg.data.preprocessing_num_workers,
         desc="Tokenizing",
     )
+    num_too_long = int(sum(tokenized["too_long"]))
+    bad = [reason for reason in tokenized["bad"] if reason]
+    for reason in bad[:5]:
+        log.warning("skipped: %s", reason)
     kept = tokenized.filter(
         lambda b: [any(t != IGNORE_INDEX for t in labels[1:]) for labels in b["labels"]],
         batched=True,
         desc="Dropping samples without supervised tokens",
     )
-    num_without_labels = len(tokenized) - len(kept)
+    num_without_labels = len(tokenized) - len(kept) - num_too_long - len(bad)
+    if num_too_long:
+        log.warning("%d media sample(s) longer than cutoff_len=%d dropped: cutting them would cut their media "
+                    "tokens; raise cutoff_len or lower the pixel budgets", num_too_long, cfg.data.cutoff_len)
     if len(kept) == 0:
         raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
     report = {
@@ -126,6 +147,9 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str]):
         "num_rows": len(kept),
         "num_truncated": int(sum(tokenized["num_truncated"])),
         "num_dropped_no_labels": num_without_labels,
+        "num_dropped_too_long": num_too_long,
+        "num_skipped_bad_media": len(bad),
         "num_tokens": int(sum(kept["length"])),
     }
-    return kept.remove_columns(["num_truncated"]), report
+    drop = ["num_truncated", "too_long", "bad"] + (["mm_plan"] if media is None else [])
+    return kept.remove_columns(drop), report

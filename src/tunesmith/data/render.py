@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import DataError
-from .mm import check_placeholders, media_counts
+from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
 from .sample import where
 
 IGNORE_INDEX = -100
@@ -29,6 +29,7 @@ class RenderOptions:
     cutoff_len: int = 2048
     train_on_prompt: bool = False
     mask_history: bool = False
+    skip_bad_samples: bool = False
 
 
 def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_generation_prompt=False) -> str:
@@ -148,22 +149,46 @@ def _refuse_media(sample: dict) -> None:
         )
 
 
-def render_batch(batch: dict, tokenizer, opts: RenderOptions) -> dict:
-    """`datasets.map(batched=True)` entry: one input row can give several pt rows."""
-    out = {"input_ids": [], "labels": [], "length": [], "num_truncated": [], "source": []}
-    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
-    for sample in rows:
-        _refuse_media(sample)
-        if opts.stage == "pt":
-            pieces = split_long(render_pt(sample, tokenizer, opts), opts.cutoff_len)
-            flags = [0] * len(pieces)
+def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
+    """`datasets.map(batched=True)` entry: one input row can give several pt rows.
+
+    `media` (a models.processing.MediaProcessor) handles records with images/videos/audios;
+    without it such records are refused. A media record longer than cutoff_len whose cut
+    would fall inside its media tokens is flagged `too_long` and dropped (and counted) later.
+    """
+    out = {key: [] for key in ("input_ids", "labels", "length", "num_truncated", "too_long", "bad", "mm_plan",
+                               "source")}
+
+    def emit(piece, truncated=0, too_long=0, plan="", bad=""):
+        out["input_ids"].append(piece["input_ids"])
+        out["labels"].append(piece["labels"])
+        out["length"].append(len(piece["input_ids"]))
+        out["num_truncated"].append(truncated)
+        out["too_long"].append(too_long)
+        out["bad"].append(bad)
+        out["mm_plan"].append(plan)
+        out["source"].append(sample["source"])
+
+    for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
+        if has_media(sample):
+            if media is None:
+                _refuse_media(sample)
+            try:
+                row = truncate_mm(render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX),
+                                  opts.cutoff_len)
+            except DataError as err:
+                if not opts.skip_bad_samples:
+                    raise
+                emit({"input_ids": [], "labels": []}, bad=str(err))
+                continue
+            if row is None:
+                emit({"input_ids": [], "labels": []}, too_long=1)
+            else:
+                emit(row, row["num_truncated"], plan=row["mm_plan"])
+        elif opts.stage == "pt":
+            for piece in split_long(render_pt(sample, tokenizer, opts), opts.cutoff_len):
+                emit(piece)
         else:
             rendered = render_sft(sample, tokenizer, opts)
-            pieces, flags = [rendered], [rendered["num_truncated"]]
-        for piece, flag in zip(pieces, flags):
-            out["input_ids"].append(piece["input_ids"])
-            out["labels"].append(piece["labels"])
-            out["length"].append(len(piece["input_ids"]))
-            out["num_truncated"].append(flag)
-            out["source"].append(sample["source"])
+            emit(rendered, rendered["num_truncated"])
     return out

@@ -49,7 +49,27 @@ _TEXT_MACRO = r"""
 {%- macro text(content) -%}
   {%- if content is string -%}{{- content -}}
   {%- elif content is iterable -%}
-    {%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+    {%- for part in content -%}
+      {%- if part.type == 'text' -%}{{- part.text -}}
+      {%- else -%}{{- raise_exception("this template cannot render " + part.type + " input") -}}
+      {%- endif -%}
+    {%- endfor -%}
+  {%- endif -%}
+{%- endmacro -%}
+"""
+
+# Qwen-VL models: image and video parts become the vision markers the processor expands.
+_QWEN_TEXT_MACRO = r"""
+{%- macro text(content) -%}
+  {%- if content is string -%}{{- content -}}
+  {%- elif content is iterable -%}
+    {%- for part in content -%}
+      {%- if part.type == 'text' -%}{{- part.text -}}
+      {%- elif part.type == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+      {%- elif part.type == 'video' -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+      {%- else -%}{{- raise_exception("this template cannot render " + part.type + " input") -}}
+      {%- endif -%}
+    {%- endfor -%}
   {%- endif -%}
 {%- endmacro -%}
 """
@@ -181,10 +201,10 @@ def _qwen(assistant: str, prompt: str, default_system: str = "''") -> str:
     """A Qwen-family template: system + tools, messages, generation prompt."""
     system = _QWEN_SYSTEM.replace("@DEFAULT_SYSTEM@", default_system)
     messages = _QWEN_MESSAGES.replace("@ASSISTANT@", assistant.strip("\n"))
-    return _join(_TEXT_MACRO, system, _QWEN_LAST_QUERY, messages, prompt)
+    return _join(_QWEN_TEXT_MACRO, system, _QWEN_LAST_QUERY, messages, prompt)
 
 
-_CHATML = _join(_TEXT_MACRO, _NO_TOOLS.replace("@NAME@", "chatml"), _CHATML_MESSAGES, _CHATML_PROMPT)
+_CHATML = _join(_QWEN_TEXT_MACRO, _NO_TOOLS.replace("@NAME@", "chatml"), _CHATML_MESSAGES, _CHATML_PROMPT)
 _LLAMA3 = _join(_TEXT_MACRO, _NO_TOOLS.replace("@NAME@", "llama3"), _LLAMA3_MESSAGES)
 _QWEN3 = _qwen(_QWEN3_ASSISTANT, _QWEN3_PROMPT)
 _QWEN3_NOTHINK = _qwen(_NOTHINK_ASSISTANT, _CHATML_PROMPT)

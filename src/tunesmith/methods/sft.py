@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.collate import SFTBatch
+from ..models.processing import model_inputs
 from .losses import causal_lm_loss, token_nll
 
 
@@ -23,13 +24,7 @@ class LossOutput:
 
 
 def forward_logits(model, batch: SFTBatch) -> torch.Tensor:
-    out = model(
-        input_ids=batch.input_ids_BT,
-        position_ids=batch.position_ids_BT,
-        attention_mask=None,
-        use_cache=False,
-    )
-    return out.logits
+    return model(**model_inputs(model, batch)).logits
 
 
 def sft_loss(model, batch: SFTBatch, num_label_tokens: int, fused_ce=None) -> LossOutput:

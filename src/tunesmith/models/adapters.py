@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import re
 
+import torch
+
 from ..config.schema import FinetuneConfig
 from ..errors import ConfigError
+from .families import family_of, module_groups
 
 log = logging.getLogger("tunesmith")
 
@@ -14,13 +17,56 @@ _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 def apply_finetuning(model, cfg: FinetuneConfig, adapter_path: str | None = None):
-    """Return the model ready to train (a PeftModel for LoRA)."""
+    """Return the model ready to train (a PeftModel for LoRA).
+
+    Vision/audio-language models: the parts named by freeze_vision_tower (also the audio
+    encoder), freeze_multi_modal_projector and freeze_language_model stay frozen in every
+    finetuning type, and never get LoRA adapters.
+    """
+    frozen = frozen_parameters(model, cfg)
+    if cfg.finetuning_type == "lora":
+        return _apply_lora(model, cfg, adapter_path, frozen)
     if cfg.finetuning_type == "full":
         model.requires_grad_(True)
-        return model
-    if cfg.finetuning_type == "freeze":
-        return _apply_freeze(model, cfg)
-    return _apply_lora(model, cfg, adapter_path)
+    else:
+        _apply_freeze(model, cfg)
+        _unfreeze_media_parts(model, cfg)
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
+    return model
+
+
+def frozen_parameters(model, cfg: FinetuneConfig) -> set[str]:
+    family = family_of(model.config)
+    if family is None:
+        if cfg.freeze_language_model:
+            raise ConfigError(["freeze_language_model: true needs a vision/audio-language model"])
+        return set()
+    groups = module_groups(model, family)
+    wanted = {
+        "vision_tower": cfg.freeze_vision_tower,
+        "audio_tower": cfg.freeze_vision_tower,
+        "projector": cfg.freeze_multi_modal_projector,
+        "language_model": cfg.freeze_language_model,
+    }
+    return {name for group, frozen in wanted.items() if frozen for name in groups.get(group, [])}
+
+
+def _unfreeze_media_parts(model, cfg: FinetuneConfig) -> None:
+    """freeze fine-tuning picks language-model layers; media parts train when their freeze_* flag is off."""
+    family = family_of(model.config)
+    if family is None:
+        return
+    groups = module_groups(model, family)
+    trainable = set()
+    if not cfg.freeze_vision_tower:
+        trainable |= set(groups.get("vision_tower", [])) | set(groups.get("audio_tower", []))
+    if not cfg.freeze_multi_modal_projector:
+        trainable |= set(groups.get("projector", []))
+    for name, param in model.named_parameters():
+        if name in trainable:
+            param.requires_grad_(True)
 
 
 def _num_layers(model) -> int:
@@ -51,12 +97,26 @@ def _apply_freeze(model, cfg: FinetuneConfig):
     return model
 
 
-def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None):
+def _lora_targets(model, cfg: FinetuneConfig, frozen: set[str]):
+    """'all' = every linear layer outside the frozen parts (and outside the output head)."""
+    if "all" not in cfg.lora_target:
+        return cfg.lora_target
+    if not frozen and family_of(model.config) is None:
+        return "all-linear"
+    output = model.get_output_embeddings()
+    names = [name for name, module in model.named_modules()
+             if isinstance(module, torch.nn.Linear) and module is not output and f"{name}.weight" not in frozen]
+    if not names:
+        raise ConfigError(["lora_target: all found no linear layer outside the frozen parts; unfreeze one"])
+    return names
+
+
+def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: set[str]):
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter_path:
         return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
-    targets = "all-linear" if "all" in cfg.lora_target else cfg.lora_target
+    targets = _lora_targets(model, cfg, frozen)
     lora = LoraConfig(
         task_type="CAUSAL_LM",
         r=cfg.lora_rank,
@@ -77,6 +137,18 @@ def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None):
 
 
 def trainable_report(model) -> str:
+    """Trainable / total parameters, per part for vision/audio-language models."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    return f"trainable params: {trainable:,} / {total:,} ({100 * trainable / max(total, 1):.2f}%)"
+    line = f"trainable params: {trainable:,} / {total:,} ({100 * trainable / max(total, 1):.2f}%)"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    family = family_of(base.config)
+    if family is None:
+        return line
+    params = dict(model.named_parameters())
+    parts = []
+    for group, names in module_groups(model, family).items():
+        n_train = sum(params[n].numel() for n in names if params[n].requires_grad)
+        n_all = sum(params[n].numel() for n in names)
+        parts.append(f"{group} {n_train:,}/{n_all:,}")
+    return line + "; " + ", ".join(parts)

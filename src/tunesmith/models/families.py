@@ -36,6 +36,8 @@ class Family:
         family has no such modality.
     uses_mrope: the language model takes (3, batch, seq) position ids (temporal,
         height, width), computed by the model's `get_rope_index`.
+    markers: (kind, text) the chat template writes around one media item; plain-text
+        (pt) samples get the same markers in place of their <image>/<video>/<audio>.
     """
 
     name: str
@@ -48,6 +50,7 @@ class Family:
     video_token: str | None
     audio_token: str | None
     uses_mrope: bool
+    markers: tuple[tuple[str, str], ...] = ()
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -67,6 +70,8 @@ _QWEN_VL = {
     "video_token": "<|video_pad|>",
     "audio_token": None,
     "uses_mrope": True,
+    "markers": (("image", "<|vision_start|><|image_pad|><|vision_end|>"),
+                ("video", "<|vision_start|><|video_pad|><|vision_end|>")),
 }
 
 # Qwen3-VL's deepstack mergers project intermediate vision features into early
@@ -88,6 +93,7 @@ FAMILIES: dict[str, Family] = {
             audio_tower=("model.audio_tower",),
             image_token=None, video_token=None, audio_token="<|AUDIO|>",
             uses_mrope=False,
+            markers=(("audio", "<|audio_bos|><|AUDIO|><|audio_eos|>"),),
         ),
         # The Qwen2.5-Omni thinker alone (Qwen2_5OmniThinkerForConditionalGeneration,
         # model_type qwen2_5_omni_thinker): what is fine-tuned. Its audio encoder
@@ -101,6 +107,9 @@ FAMILIES: dict[str, Family] = {
             audio_tower=("model.audio_tower",),
             image_token="<|IMAGE|>", video_token="<|VIDEO|>", audio_token="<|AUDIO|>",
             uses_mrope=True,
+            markers=(("image", "<|vision_bos|><|IMAGE|><|vision_eos|>"),
+                     ("audio", "<|audio_bos|><|AUDIO|><|audio_eos|>"),
+                     ("video", "<|vision_bos|><|VIDEO|><|vision_eos|>")),
         ),
     )
 }

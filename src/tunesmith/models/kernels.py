@@ -21,10 +21,11 @@ def fused_ce_for(model, cfg: ModelConfig):
     loss = LigerFusedLinearCrossEntropyLoss(reduction="sum", ignore_index=-100)
 
     def nll_sum(model, batch):
+        from .processing import model_inputs
+
         base = _base_model(model)
-        hidden = base.get_decoder()(
-            input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT, attention_mask=None, use_cache=False
-        ).last_hidden_state
+        # `base.model` is the decoder for causal LMs and the media-merging inner model for VLMs.
+        hidden = base.model(**model_inputs(base, batch)).last_hidden_state
         weight = base.get_output_embeddings().weight
         return loss(weight, hidden.reshape(-1, hidden.shape[-1]), batch.targets_BT.reshape(-1)).float()
 

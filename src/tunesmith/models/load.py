@@ -11,6 +11,7 @@ import torch
 
 from ..config.schema import ModelConfig
 from ..errors import ModelError
+from .families import family_of
 from .tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")
@@ -51,16 +52,48 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
-def load_model(cfg: ModelConfig, device: torch.device):
-    """The causal LM with fp32 master weights (bf16 under pure_bf16), on `device`."""
-    from transformers import AutoModelForCausalLM
+def load_config(cfg: ModelConfig):
+    from transformers import AutoConfig
 
     path = resolve_model_path(cfg.model_name_or_path)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, cache_dir=cfg.cache_dir,
+                                          revision=cfg.model_revision)
+    except (OSError, ValueError) as err:
+        raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+
+
+def load_processor(cfg: ModelConfig):
+    """The model's processor (tokenizer + image/video/audio processors) for vision/audio-language models."""
+    from transformers import AutoProcessor
+
+    path = resolve_model_path(cfg.model_name_or_path)
+    try:
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=cfg.trust_remote_code,
+                                                  cache_dir=cfg.cache_dir, revision=cfg.model_revision)
+    except (OSError, ValueError) as err:
+        raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    if processor.tokenizer.pad_token_id is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return processor
+
+
+def auto_model_class(config):
+    """Causal LMs load with AutoModelForCausalLM; vision/audio-language models with AutoModelForMultimodalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForMultimodalLM
+
+    return AutoModelForMultimodalLM if family_of(config) is not None else AutoModelForCausalLM
+
+
+def load_model(cfg: ModelConfig, device: torch.device):
+    """The model with fp32 master weights (bf16 under pure_bf16), on `device`."""
+    path = resolve_model_path(cfg.model_name_or_path)
+    model_class = auto_model_class(load_config(cfg))
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
     if cfg.enable_liger_kernel:
         _apply_liger_for(path, cfg)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = model_class.from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=attn_implementation(cfg.flash_attn, device),
@@ -107,3 +140,19 @@ def count_parameters(model) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
+
+
+def load_preprocessing(cfg):
+    """(tokenizer, what to save beside the weights, MediaProcessor or None) for a RunConfig.
+
+    Vision/audio-language models bring their processor; everything else only a tokenizer.
+    """
+    from .processing import MediaBudget, MediaProcessor
+
+    family = family_of(load_config(cfg.model))
+    if family is None:
+        tokenizer = load_tokenizer(cfg.model)
+        return tokenizer, tokenizer, None
+    processor = load_processor(cfg.model)
+    media = MediaProcessor(processor, family, MediaBudget.from_config(cfg.data))
+    return processor.tokenizer, processor, media

@@ -27,7 +27,7 @@ from ..errors import TunesmithError
 from ..methods.sft import sft_loss
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.kernels import fused_ce_for
-from ..models.load import load_model, load_tokenizer, pick_device
+from ..models.load import load_model, load_preprocessing, pick_device
 from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss
 from .plan import EpochPlan, Position, eval_batches, micro_batch_loader
@@ -100,10 +100,13 @@ def train(cfg: RunConfig) -> TrainResult:
     save_config(cfg, output_dir / "tunesmith_config.yaml")
     set_seed(cfg.train.seed)
     device = pick_device()
-    tokenizer = load_tokenizer(cfg.model)
-    tokenizer.chat_template = render_options(cfg, tokenizer).chat_template or tokenizer.chat_template
+    tokenizer, saver, media = load_preprocessing(cfg)
+    chat_template = render_options(cfg, tokenizer).chat_template
+    tokenizer.chat_template = chat_template
+    if saver is not tokenizer:
+        saver.chat_template = chat_template
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
-    data = prepare_data(cfg, tokenizer)
+    data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
     model = load_model(cfg.model, device)
     _set_stop_tokens(model, stop_ids)
@@ -120,7 +123,7 @@ def train(cfg: RunConfig) -> TrainResult:
         seed=cfg.train.seed,
     )
     engine = _build_engine(cfg, model, device, plan.total_steps)
-    runner = _Runner(cfg, engine, tokenizer, data, plan, output_dir, fused_ce_for(model, cfg.model))
+    runner = _Runner(cfg, engine, saver, data, plan, output_dir, fused_ce_for(model, cfg.model), media)
     return runner.run(resume)
 
 
@@ -145,11 +148,12 @@ def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngi
 
 
 class _Runner:
-    def __init__(self, cfg, engine, tokenizer, data, plan: EpochPlan, output_dir: Path, fused_ce):
-        self.cfg, self.engine, self.tokenizer, self.data, self.plan = cfg, engine, tokenizer, data, plan
+    def __init__(self, cfg, engine, saver, data, plan: EpochPlan, output_dir: Path, fused_ce, media):
+        self.cfg, self.engine, self.saver, self.data, self.plan = cfg, engine, saver, data, plan
         self.output_dir = output_dir
         self.fused_ce = fused_ce
-        self.pad_id = tokenizer.pad_token_id
+        self.media = media
+        self.pad_id = getattr(saver, "tokenizer", saver).pad_token_id
         self.state = {"global_step": 0, "epoch": 0, "micro_batch": 0, "num_skipped_steps": 0, "tokens_seen": 0}
         self.result = TrainResult(output_dir, 0)
 
@@ -185,7 +189,7 @@ class _Runner:
             if loader is None or position.micro_batch == 0:
                 loader = micro_batch_loader(
                     self.data.train, self.plan, position.epoch, position.micro_batch, self.pad_id,
-                    self.cfg.data.dataloader_num_workers,
+                    self.cfg.data.dataloader_num_workers, self.media,
                 )
             start, end = self.plan.step_slice(position)
             batches = [next(loader) for _ in range(end - start)]
@@ -253,7 +257,7 @@ class _Runner:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        batches = eval_batches(self.data.eval, self.cfg.train.per_device_eval_batch_size, self.pad_id)
+        batches = eval_batches(self.data.eval, self.cfg.train.per_device_eval_batch_size, self.pad_id, self.media)
         nll, count = 0.0, 0
         for i in range(len(batches)):
             batch = batches[i]
@@ -264,14 +268,14 @@ class _Runner:
 
     def _save(self) -> None:
         path = ckpt.save_checkpoint(
-            self.output_dir, self.state["global_step"], self.engine, self.tokenizer, dict(self.state),
+            self.output_dir, self.state["global_step"], self.engine, self.saver, dict(self.state),
             only_model=self.cfg.output.save_only_model,
         )
         ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)
         log.info("saved %s", path)
 
     def _finish(self) -> None:
-        self.engine.export_hf(self.output_dir, self.tokenizer)
+        self.engine.export_hf(self.output_dir, self.saver)
         (self.output_dir / "train_summary.json").write_text(json.dumps({**self.state, "eval_loss": self.result.eval_loss}))
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir):

@@ -20,7 +20,9 @@ def print_data_report(report: dict, cfg) -> None:
     console.print(
         f"{report.get('num_rows', 0)} samples, {report.get('num_tokens', 0):,} tokens; "
         f"truncated to cutoff_len={cfg.data.cutoff_len}: {report.get('num_truncated', 0)}; "
-        f"dropped (no supervised token left): {report.get('num_dropped_no_labels', 0)}; cache {report.get('cache', '?')}"
+        f"dropped (no supervised token left): {report.get('num_dropped_no_labels', 0)}; "
+        f"dropped (media past cutoff_len): {report.get('num_dropped_too_long', 0)}; "
+        f"skipped (bad media): {report.get('num_skipped_bad_media', 0)}; cache {report.get('cache', '?')}"
     )
     if "eval" in report:
         console.print(f"eval: {report['eval'].get('num_rows', '?')} samples")

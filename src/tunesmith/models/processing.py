@@ -1,0 +1,335 @@
+"""Media for vision/audio-language models: plan at tokenization, process in the data workers.
+
+Planning reads only media headers (image size, video frame count and fps, audio
+length), computes the size each item will be resized to, and asks the model's
+own processor (`replace_image_token` / `replace_video_token` /
+`replace_audio_token`) what text each placeholder expands to, by handing it the
+grid sizes and metadata it would have computed. So token counts come from the
+processor's code, and each file is decoded exactly once: later, in the
+DataLoader workers, where `process` decodes it and runs the image / video /
+audio sub-processors.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..data import media
+from ..data.mm import Expansion
+from ..errors import DataError
+from .families import Family, family_of
+
+
+@dataclass(frozen=True)
+class MediaBudget:
+    image_max_pixels: int
+    image_min_pixels: int
+    video_max_pixels: int
+    video_min_pixels: int
+    video_fps: float
+    video_maxlen: int
+    sampling_rate: int
+    use_audio_in_video: bool
+
+    @classmethod
+    def from_config(cls, data_cfg) -> "MediaBudget":
+        return cls(
+            data_cfg.image_max_pixels, data_cfg.image_min_pixels, data_cfg.video_max_pixels,
+            data_cfg.video_min_pixels, data_cfg.video_fps, data_cfg.video_maxlen, data_cfg.audio_sampling_rate,
+            data_cfg.use_audio_in_video,
+        )
+
+
+class MediaProcessor:
+    """Wraps a Hugging Face processor with tunesmith's budgets. Picklable: it travels to data workers."""
+
+    def __init__(self, processor, family: Family, budget: MediaBudget):
+        self.processor = processor
+        self.family = family
+        self.budget = budget
+        self.markers = dict(family.markers)
+        tok = processor.tokenizer
+        self.token_ids = {
+            kind: tok.convert_tokens_to_ids(token)
+            for kind, token in (("image", family.image_token), ("video", family.video_token),
+                                ("audio", family.audio_token))
+            if token
+        }
+
+    # ---- tokenization time: headers only -------------------------------------------------------
+    def plan(self, sample: dict) -> tuple[list[Expansion], str]:
+        """Token expansions for the sample's media (in order) and the JSON plan the collator follows."""
+        unsupported = [k for k in ("image", "video", "audio") if sample.get(f"{k}s") and k not in self.token_ids]
+        if unsupported:
+            raise DataError(f"this model ({self.family.name}) takes no {unsupported[0]} input")
+        images = [self._plan_image(p) for p in sample.get("images") or []]
+        videos = [self._plan_video(p) for p in sample.get("videos") or []]
+        if sample.get("audios") and any("audio" in v for v in videos):
+            raise DataError("with use_audio_in_video, a record takes its audio from its videos: drop its audios list")
+        audios = [self._plan_audio(p) for p in sample.get("audios") or []]
+        texts = self._replacements(images, videos, audios)
+        tokenize = self.processor.tokenizer
+        expansions = [
+            Expansion(self.token_ids[kind], [tokenize(t, add_special_tokens=False)["input_ids"] for t in texts[kind]])
+            for kind in ("image", "video", "audio")
+            if texts[kind]
+        ]
+        return expansions, json.dumps({"images": images, "videos": videos, "audios": audios})
+
+    def _plan_image(self, path: str) -> dict:
+        info = media.probe_image(path)
+        w, h = media.resize_to_budget(info.width, info.height, self.budget.image_max_pixels, self.budget.image_min_pixels)
+        patches = self.processor.image_processor.get_number_of_image_patches(h, w, {})
+        return {"path": path, "size": [w, h], "patches": int(patches)}
+
+    def _plan_video(self, path: str) -> dict:
+        info = media.probe_video(path)
+        b = self.budget
+        multiple = getattr(self.processor.video_processor, "temporal_patch_size", 2)
+        indices = media.sample_frame_indices(info.num_frames, info.fps, b.video_fps, b.video_maxlen, multiple)
+        w, h = media.resize_to_budget(info.width, info.height, b.video_max_pixels, b.video_min_pixels)
+        patches = self.processor.video_processor.get_num_of_video_patches(len(indices), h, w, self._video_kwargs())
+        plan = {"path": path, "size": [w, h], "indices": indices, "source_fps": info.fps, "patches": int(patches),
+                "num_frames": info.num_frames, "duration": info.duration}
+        if b.use_audio_in_video and "audio" in self.token_ids:
+            if not info.has_audio:
+                raise DataError(f"use_audio_in_video: true but {path} has no sound track")
+            plan["audio"] = self._plan_audio(path)
+        return plan
+
+    def _plan_audio(self, path: str) -> dict:
+        info = media.probe_audio(path)
+        samples = media.resampled_length(info, self.budget.sampling_rate)
+        return {"path": path, "samples": samples, "tokens": audio_tokens(self.processor, samples)}
+
+    def _video_kwargs(self) -> dict:
+        """The processor's own default video kwargs (Omni sets its frame size there), as its __call__ uses them."""
+        proc = self.processor
+        merged = proc._merge_kwargs(tokenizer_init_kwargs=proc.tokenizer.init_kwargs)["videos_kwargs"]
+        kwargs = {k: v for k, v in merged.items() if k not in ("return_metadata", "return_tensors")}
+        if "cap_pixels_per_frame" in _video_kwarg_names(proc):
+            # Budgets are per frame (LLaMA-Factory's video_max_pixels); we resize before the processor does.
+            kwargs.setdefault("cap_pixels_per_frame", False)
+        return kwargs
+
+    def _replacements(self, images: list[dict], videos: list[dict], audios: list[dict]) -> dict[str, list[str]]:
+        proc = self.processor
+        texts = {"image": []}
+        if images:
+            merge = proc.image_processor.merge_size
+            image_inputs = {"image_grid_thw": torch.tensor([_grid(i["patches"], 1, merge) for i in images])}
+            texts["image"] = [proc.replace_image_token(image_inputs, image_idx=k) for k in range(len(images))]
+        texts["video"] = self._video_replacements(videos) if videos else []
+        audio_inputs = {"num_audio_tokens": [a["tokens"] for a in audios]}
+        texts["audio"] = [proc.replace_audio_token(audio_inputs, audio_idx=k) for k in range(len(audios))]
+        return texts
+
+    def _video_replacements(self, videos: list[dict]) -> list[str]:
+        proc = self.processor
+        vp = proc.video_processor
+        temporal = getattr(vp, "temporal_patch_size", 2)
+        grids = [_grid(v["patches"], len(v["indices"]) // temporal, vp.merge_size) for v in videos]
+        inputs = {
+            "video_grid_thw": torch.tensor(grids),
+            "video_metadata": [_metadata(v) for v in videos],
+            "video_second_per_grid": [temporal / _sampled_fps(v) for v in videos],
+        }
+        with_audio = [k for k, v in enumerate(videos) if "audio" in v]
+        extra = {
+            "load_audio_from_video": bool(with_audio),
+            "processed_audio": {"num_audio_tokens": [videos[k]["audio"]["tokens"] for k in with_audio]},
+            "video_to_audio_indices": [with_audio.index(k) if k in with_audio else None for k in range(len(videos))],
+            "position_id_per_seconds": getattr(proc, "position_id_per_seconds", 25),
+            "seconds_per_chunk": getattr(proc, "seconds_per_chunk", 2.0),
+        }
+        return [proc.replace_video_token(inputs, video_idx=k, **extra) for k in range(len(videos))]
+
+    # ---- data-worker time: decode once, run the sub-processors ----------------------------------
+    def process(self, plans: list[dict]) -> tuple[dict, list[dict]]:
+        """Model inputs for all media of a micro-batch (in order) and each sample's grids for mRoPE."""
+        images = [i for p in plans for i in p["images"]]
+        videos = [v for p in plans for v in p["videos"]]
+        audios = [a for p in plans for a in p["audios"] + [v["audio"] for v in p["videos"] if "audio" in v]]
+        inputs: dict = {}
+        if images:
+            inputs.update(self._process_images(images))
+        if videos:
+            inputs.update(self._process_videos(videos))
+        if audios:
+            inputs.update(self._process_audio(audios))
+        return inputs, _per_sample(plans, inputs)
+
+    def _process_images(self, images: list[dict]) -> dict:
+        b = self.budget
+        pil = [media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in images]
+        out = self.processor.image_processor(images=pil, return_tensors="pt")
+        _check_counts(out["image_grid_thw"], [i["patches"] for i in images], "image")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def _process_videos(self, videos: list[dict]) -> dict:
+        b = self.budget
+        frames, metadata = [], []
+        for v in videos:
+            got = media.load_video(v["path"], fps=b.video_fps, maxlen=b.video_maxlen, max_pixels=b.video_max_pixels,
+                                   min_pixels=b.video_min_pixels, multiple=_temporal(self.processor))
+            frames.append(got.frames)
+            metadata.append(_metadata(v))
+        kwargs = {"video_metadata": metadata, "do_sample_frames": False, **self._video_kwargs()}
+        kwargs = {k: val for k, val in kwargs.items() if k in _video_kwarg_names(self.processor) or k == "video_metadata"}
+        out = self.processor.video_processor(videos=frames, return_tensors="pt", **kwargs)
+        _check_counts(out["video_grid_thw"], [v["patches"] for v in videos], "video")
+        temporal = _temporal(self.processor)
+        seconds = torch.tensor([temporal / _sampled_fps(v) for v in videos], dtype=torch.float32)
+        return {"pixel_values_videos": out["pixel_values_videos"], "video_grid_thw": out["video_grid_thw"],
+                "second_per_grid_ts": seconds, "video_second_per_grid": seconds}
+
+    def _process_audio(self, audios: list[dict]) -> dict:
+        rate = self.budget.sampling_rate
+        waves = [_fit(media.load_audio(a["path"], rate), a["samples"]) for a in audios]
+        out = self.processor.feature_extractor(waves, sampling_rate=rate, return_attention_mask=True,
+                                               padding="max_length", return_tensors="pt")
+        return {"input_features": out["input_features"], "feature_attention_mask": out["attention_mask"]}
+
+
+def audio_tokens(processor, num_samples: int) -> int:
+    """Audio placeholder tokens for a clip, from the processor's own formula where it has one."""
+    if hasattr(processor, "_get_num_audio_tokens"):
+        return int(processor._get_num_audio_tokens(num_samples))
+    fe = processor.feature_extractor
+    frames = min(math.ceil(num_samples / fe.hop_length), fe.nb_max_frames)
+    # Qwen2-Audio: two stride-2 stages after the mel frames (its processor computes this inline).
+    return (((frames - 1) // 2 + 1) - 2) // 2 + 1
+
+
+def _grid(patches: int, t: int, merge: int) -> list[int]:
+    """A (t, h, w) grid with the right products: t*h*w = patches and h, w multiples of merge."""
+    per_frame = patches // max(t, 1)
+    return [max(t, 1), merge, per_frame // merge]
+
+
+def _metadata(video: dict):
+    from transformers.video_utils import VideoMetadata
+
+    w, h = video["size"]
+    return VideoMetadata(total_num_frames=video["num_frames"], fps=video["source_fps"], width=w, height=h,
+                         duration=video["duration"], frames_indices=list(video["indices"]))
+
+
+def _sampled_fps(video: dict) -> float:
+    return len(video["indices"]) / max(video["duration"], 1e-6)
+
+
+def _temporal(processor) -> int:
+    return getattr(processor.video_processor, "temporal_patch_size", 2)
+
+
+def _video_kwarg_names(processor) -> set[str]:
+    vp = processor.video_processor
+    names = set(getattr(vp, "valid_kwargs", object).__annotations__) if hasattr(vp, "valid_kwargs") else set()
+    return names | set(inspect.signature(vp.preprocess).parameters)
+
+
+def _fit(wave: np.ndarray, length: int) -> np.ndarray:
+    """Exactly the length planned at tokenization (decoders may add a few samples)."""
+    return wave[:length] if len(wave) >= length else np.pad(wave, (0, length - len(wave)))
+
+
+def _check_counts(grids: torch.Tensor, planned: list[int], kind: str) -> None:
+    got = grids.prod(-1).tolist()
+    if got != planned:
+        raise DataError(f"{kind} patches differ from the tokenization plan ({got} vs {planned}): the media files "
+                        "changed after tokenization; clear the cache with `tunesmith data clean`")
+
+
+def _per_sample(plans: list[dict], inputs: dict) -> list[dict]:
+    """Slice the batch-level grids back into each sample's own (for per-sample mRoPE positions)."""
+    out, i, v, a = [], 0, 0, 0
+    audio_lengths = inputs.get("feature_attention_mask")
+    for plan in plans:
+        ni, nv = len(plan["images"]), len(plan["videos"])
+        na = len(plan["audios"]) + sum("audio" in v for v in plan["videos"])
+        item = {}
+        if ni:
+            item["image_grid_thw"] = inputs["image_grid_thw"][i : i + ni]
+        if nv:
+            item["video_grid_thw"] = inputs["video_grid_thw"][v : v + nv]
+            item["second_per_grid_ts"] = inputs["second_per_grid_ts"][v : v + nv]
+        if na:
+            item["audio_feature_lengths"] = audio_lengths[a : a + na].sum(-1)
+            item["use_audio_in_video"] = any("audio" in video for video in plan["videos"])
+        i, v, a = i + ni, v + nv, a + na
+        out.append(item)
+    return out
+
+
+def mrope_position_ids(model, batch) -> torch.Tensor:
+    """[4, B, T] position ids: row 0 the per-sample text positions (so the mask keeps samples apart),
+    rows 1-3 each sample's own 3-D positions from the model's `compute_3d_position_ids`."""
+    inner = _rope_module(model)
+    text = batch.position_ids_BT
+    out = text.unsqueeze(0).repeat(4, 1, 1)
+    for b in range(text.shape[0]):
+        for seg in batch.segment_ids_BT[b].unique().tolist():
+            if seg < 0:
+                continue
+            cols = (batch.segment_ids_BT[b] == seg).nonzero().squeeze(-1)
+            ids = batch.input_ids_BT[b, cols].unsqueeze(0)
+            pos = _segment_positions(inner, ids, batch.media_per_sample[seg], batch.token_types_BT[b, cols].unsqueeze(0))
+            if pos is not None:
+                out[1:, b, cols] = pos[:, 0].to(out.dtype)
+    return out
+
+
+def _rope_module(model):
+    for module in model.modules():
+        if hasattr(module, "compute_3d_position_ids"):
+            return module
+    raise DataError(f"{type(model).__name__} has no compute_3d_position_ids: it does not use mRoPE")
+
+
+def _segment_positions(inner, ids, grids: dict, token_types) -> torch.Tensor | None:
+    if not grids:
+        return None
+    fn = inner.compute_3d_position_ids
+    offered = {
+        "input_ids": ids, "inputs_embeds": None, "attention_mask": torch.ones_like(ids), "cache": None,
+        "mm_token_type_ids": token_types, "image_grid_thw": grids.get("image_grid_thw"),
+        "video_grid_thw": grids.get("video_grid_thw"), "second_per_grid_ts": grids.get("second_per_grid_ts"),
+        "video_second_per_grid": grids.get("second_per_grid_ts"),
+        "audio_feature_lengths": grids.get("audio_feature_lengths"),
+        "use_audio_in_video": grids.get("use_audio_in_video", False),
+    }
+    params = inspect.signature(fn).parameters
+    pos = fn(**{k: v for k, v in offered.items() if k in params})
+    inner.rope_deltas = None  # no state may leak into the next forward or a later generate()
+    return pos
+
+
+def forward_inputs(model, batch) -> dict:
+    """The model's media keyword arguments that its forward() takes, plus mRoPE positions when it uses them."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    inputs = {k: v for k, v in batch.media.items() if k in params}
+    if "use_audio_in_video" in params:
+        inputs["use_audio_in_video"] = any(g.get("use_audio_in_video") for g in batch.media_per_sample)
+    return inputs
+
+
+def model_inputs(model, batch) -> dict:
+    """Keyword arguments of the model's forward for a batch: ids, per-sample positions, media."""
+    inputs = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT, "attention_mask": None,
+              "use_cache": False}
+    if batch.token_types_BT is None:
+        return inputs
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    family = family_of(base.config)
+    inputs.update(forward_inputs(model, batch))
+    if family is not None and family.uses_mrope:
+        inputs["position_ids"] = mrope_position_ids(base, batch)
+    return inputs
