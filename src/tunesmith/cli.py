@@ -15,7 +15,7 @@ commands:
   train   [cfg.yaml] [key=value ...] [--key value ...]   fine-tune a model (see `tunesmith train --help`)
   data    [cfg.yaml] [key=value ...] [--index N]         inspect a dataset: counts, lengths, one rendered sample
   data clean                                             remove the tokenized-data caches
-  chat    --model DIR [--prompt TEXT]                    talk to a trained model (interactive without --prompt)
+  chat    --model DIR [--prompt TEXT] [--image F]...     talk to a trained model (interactive without --prompt)
   export  --model DIR --export_dir OUT                   merge LoRA and write a standalone Hugging Face model
   env                                                    versions, GPUs and usable optional features
 
@@ -90,12 +90,12 @@ def cmd_data(items: list[str]) -> int:
         items = items[:at] + items[at + 2 :]
     from .data.inspect import print_inspection
     from .data.pipeline import prepare_data
-    from .models.load import load_tokenizer
+    from .models.load import load_preprocessing
     from .train.progress import console
 
     cfg = _config_from(items)
-    tokenizer = load_tokenizer(cfg.model)
-    data = prepare_data(cfg, tokenizer)
+    tokenizer, _, media = load_preprocessing(cfg)
+    data = prepare_data(cfg, tokenizer, media)
     print_inspection(console, data, data.report, tokenizer, index)
     return 0
 
@@ -109,11 +109,15 @@ def cmd_chat(argv: list[str]) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=256, help="longest answer in tokens")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), >0 samples")
     parser.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling when temperature > 0")
+    parser.add_argument("--image", action="append", default=[], help="an image for the first message (repeatable)")
+    parser.add_argument("--video", action="append", default=[], help="a video for the first message (repeatable)")
+    parser.add_argument("--audio", action="append", default=[], help="an audio clip for the first message (repeatable)")
     args = parser.parse_args(argv)
     from .infer.chat import run_chat
 
     run_chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
-             temperature=args.temperature, top_p=args.top_p)
+             temperature=args.temperature, top_p=args.top_p,
+             media={"images": args.image, "videos": args.video, "audios": args.audio})
     return 0
 
 

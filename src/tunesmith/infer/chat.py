@@ -7,9 +7,11 @@ from threading import Thread
 
 import torch
 
+from ..data.mm import to_content_parts
 from ..data.templates import stop_tokens
 from ..models.load import pick_device
 from .load import load_for_inference
+from .media import MediaInputs
 
 
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
@@ -30,40 +32,57 @@ def strip_empty_think(text: str) -> str:
     return _EMPTY_THINK.sub("", text)
 
 
-def generate(model, tokenizer, messages: list[dict], *, max_new_tokens: int, temperature: float, top_p: float,
-             streamer=None) -> str:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                        return_tensors="pt")
-    ids = {k: v.to(model.device) for k, v in ids.items()}
+def _tokenizer_of(preprocessor):
+    return getattr(preprocessor, "tokenizer", preprocessor)
+
+
+def model_inputs(preprocessor, messages: list[dict], media: MediaInputs | None) -> dict:
+    """Prompt tensors for generate(): the tokenizer's chat template, or the processor with decoded media."""
+    if not hasattr(preprocessor, "image_processor") and not hasattr(preprocessor, "feature_extractor"):
+        return preprocessor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True, return_tensors="pt")
+    text = preprocessor.apply_chat_template(to_content_parts(messages), add_generation_prompt=True, tokenize=False)
+    kwargs = media.processor_kwargs() if media else {}
+    return preprocessor(text=[text], return_tensors="pt", **kwargs)
+
+
+def generate(model, preprocessor, messages: list[dict], *, max_new_tokens: int, temperature: float, top_p: float,
+             streamer=None, media: MediaInputs | None = None) -> str:
+    tokenizer = _tokenizer_of(preprocessor)
+    inputs = {k: v.to(model.device) if hasattr(v, "to") else v
+              for k, v in model_inputs(preprocessor, messages, media).items()}
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
     with torch.no_grad():
         out = model.generate(
-            **ids,
+            **inputs,
             max_new_tokens=max_new_tokens,
             eos_token_id=stop_token_ids(model, tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             streamer=streamer,
             **sampling,
         )
-    return strip_empty_think(tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)).strip()
+    return strip_empty_think(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)).strip()
 
 
 def run_chat(model_path: str, *, prompt: str | None, system: str | None, max_new_tokens: int, temperature: float,
-             top_p: float) -> str | None:
-    model, tokenizer = load_for_inference(model_path, device=pick_device())
+             top_p: float, media: dict | None = None) -> str | None:
+    model, preprocessor = load_for_inference(model_path, device=pick_device())
+    attached = MediaInputs.load(model_path, **(media or {}))
     base = [{"role": "system", "content": system}] if system else []
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     if prompt is not None:
-        answer = generate(model, tokenizer, base + [{"role": "user", "content": prompt}], **options)
+        messages = base + [{"role": "user", "content": attached.placeholders() + prompt}]
+        answer = generate(model, preprocessor, messages, media=attached, **options)
         print(answer)
         return answer
-    _interactive(model, tokenizer, base, options)
+    _interactive(model, preprocessor, base, options, attached)
     return None
 
 
-def _interactive(model, tokenizer, base: list[dict], options: dict) -> None:
+def _interactive(model, preprocessor, base: list[dict], options: dict, attached: MediaInputs) -> None:
     from transformers import TextIteratorStreamer
 
+    tokenizer = _tokenizer_of(preprocessor)
     history = list(base)
     print("tunesmith chat: type a message; 'clear' resets the history, 'exit' quits.")
     while True:
@@ -77,9 +96,11 @@ def _interactive(model, tokenizer, base: list[dict], options: dict) -> None:
         if query == "clear":
             history = list(base)
             continue
-        history.append({"role": "user", "content": query})
+        first = not any(m["role"] == "user" for m in history)
+        history.append({"role": "user", "content": (attached.placeholders() if first else "") + query})
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        worker = Thread(target=generate, args=(model, tokenizer, history), kwargs={**options, "streamer": streamer})
+        worker = Thread(target=generate, args=(model, preprocessor, history),
+                        kwargs={**options, "streamer": streamer, "media": attached})
         worker.start()
         print("Assistant: ", end="", flush=True)
         answer = _stream(streamer)

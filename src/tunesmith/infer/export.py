@@ -16,9 +16,9 @@ def export_model(model_path: str, export_dir: str, *, dtype: str = "bfloat16", m
     out = Path(export_dir)
     if out.exists() and any(out.iterdir()):
         raise TunesmithError(f"export_dir {out} is not empty; choose a new folder")
-    model, tokenizer = load_for_inference(model_path, device=torch.device("cpu"), merge=True)
+    model, preprocessor = load_for_inference(model_path, device=torch.device("cpu"), merge=True)
     model = model.to(DTYPES[dtype])
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True, max_shard_size=max_shard_size)
-    tokenizer.save_pretrained(str(out))
+    preprocessor.save_pretrained(str(out))
     return out

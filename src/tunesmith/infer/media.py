@@ -1,0 +1,63 @@
+"""Media given on the command line (`tunesmith chat --image/--video/--audio`), decoded with the run's budgets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..config.schema import DataConfig
+from ..data import media as M
+from ..errors import DataError
+
+
+@dataclass
+class MediaInputs:
+    images: list = field(default_factory=list)
+    videos: list = field(default_factory=list)  # VideoFrames
+    audios: list = field(default_factory=list)
+    sampling_rate: int = 16000
+
+    @classmethod
+    def load(cls, model_path: str, images=(), videos=(), audios=()) -> "MediaInputs":
+        """Decode with the pixel/fps/sample-rate budgets the model was trained with (its saved config)."""
+        budget = _budget_of(model_path)
+        return cls(
+            images=[M.load_image(p, budget.image_max_pixels, budget.image_min_pixels) for p in images],
+            videos=[M.load_video(p, fps=budget.video_fps, maxlen=budget.video_maxlen,
+                                 max_pixels=budget.video_max_pixels, min_pixels=budget.video_min_pixels)
+                    for p in videos],
+            audios=[M.load_audio(p, budget.audio_sampling_rate) for p in audios],
+            sampling_rate=budget.audio_sampling_rate,
+        )
+
+    def placeholders(self) -> str:
+        return "<image>" * len(self.images) + "<video>" * len(self.videos) + "<audio>" * len(self.audios)
+
+    def processor_kwargs(self) -> dict:
+        kwargs: dict = {}
+        if self.images:
+            kwargs["images"] = self.images
+        if self.videos:
+            from transformers.video_utils import VideoMetadata
+
+            kwargs["videos"] = [v.frames for v in self.videos]
+            kwargs["videos_kwargs"] = {"do_sample_frames": False, "video_metadata": [
+                VideoMetadata(total_num_frames=len(v.indices), fps=len(v.indices) / max(v.duration, 1e-6),
+                              frames_indices=list(range(len(v.indices)))) for v in self.videos]}
+        if self.audios:
+            kwargs["audio"] = self.audios
+            kwargs["sampling_rate"] = self.sampling_rate
+        return kwargs
+
+
+def _budget_of(model_path: str) -> DataConfig:
+    saved = Path(model_path) / "tunesmith_config.yaml"
+    if not saved.exists():
+        return DataConfig()
+    try:
+        flat = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise DataError(f"{saved} is not valid YAML: {err}") from None
+    return DataConfig(**{k: v for k, v in flat.items() if k in DataConfig.model_fields})

@@ -1,0 +1,62 @@
+"""The real CLI with tiny vision/audio-language models on the shipped multimodal demos."""
+
+import json
+
+import pytest
+import torch
+
+from test_cli import DATA, cli, metrics
+
+MEDIA = f"{DATA}/mllm_demo_data"
+SMALL = ["image_max_pixels=16384", "video_max_pixels=4096", "cutoff_len=1024", f"dataset_dir={DATA}",
+         "max_steps=3", "logging_steps=1"]
+
+
+def _first(ext):
+    from pathlib import Path
+
+    return str(sorted(Path(MEDIA).glob(f"*.{ext}"))[0])
+
+
+@pytest.mark.parametrize("arch, datasets, flag, ext", [
+    ("qwen2_5_vl", "mllm_demo,identity", "--image", "png"),
+    ("qwen3_vl", "mllm_video_demo,mllm_demo", "--video", "mp4"),
+    ("qwen2_audio", "mllm_audio_demo", "--audio", "wav"),
+])
+def test_train_then_chat_about_media(tmp_path, arch, datasets, flag, ext):
+    out = tmp_path / arch
+    cli("train", f"model_name_or_path=tiny:{arch}", f"dataset={datasets}", "finetuning_type=lora", *SMALL,
+        f"output_dir={out}")
+    assert len([m for m in metrics(out) if "loss" in m]) == 3
+    answer = cli("chat", "--model", out, flag, _first(ext), "--prompt", "Describe it.", "--max_new_tokens", "4")
+    assert answer.returncode == 0 and answer.stdout.strip()
+
+
+def test_export_merged_vlm_loads_in_plain_transformers(tmp_path):
+    from transformers import AutoModelForMultimodalLM, AutoProcessor
+
+    out, merged = tmp_path / "lora", tmp_path / "merged"
+    cli("train", "model_name_or_path=tiny:qwen2_5_vl", "dataset=mllm_demo", "finetuning_type=lora",
+        "freeze_vision_tower=false", *SMALL, f"output_dir={out}")
+    cli("export", "--model", out, "--export_dir", merged, "--export_dtype", "float32")
+    model = AutoModelForMultimodalLM.from_pretrained(merged)
+    processor = AutoProcessor.from_pretrained(merged)
+    assert processor.image_processor is not None and model.config.model_type == "qwen2_5_vl"
+
+
+def test_data_inspect_shows_media_sample():
+    proc = cli("data", "model_name_or_path=tiny:qwen2_5_vl", "dataset=mllm_demo", *SMALL[:4])
+    assert "<|image_pad|>" in proc.stdout + proc.stderr
+
+
+def test_text_model_with_media_dataset_is_refused(tmp_path):
+    proc = cli("train", "model_name_or_path=tiny:qwen3", "dataset=mllm_demo", *SMALL, f"output_dir={tmp_path / 'x'}",
+               check=False)
+    assert proc.returncode == 1 and "text-only model" in proc.stderr and "record" in proc.stderr
+
+
+def test_trainable_parts_are_reported(tmp_path):
+    proc = cli("train", "model_name_or_path=tiny:qwen2_5_vl", "dataset=mllm_demo", "finetuning_type=full", *SMALL,
+               f"output_dir={tmp_path / 'r'}")
+    text = proc.stdout + proc.stderr
+    assert "vision_tower 0/" in text and "projector 0/" in text and "language_model" in text
