@@ -24,7 +24,7 @@ def test_pack_indices_is_deterministic():
 def test_collate_resets_positions_and_shifts_targets_within_samples():
     a = {"input_ids": [1, 2, 3], "labels": [IGNORE_INDEX, 2, 3]}
     b = {"input_ids": [4, 5], "labels": [4, 5]}
-    batch = collate_rows([[a, b]], pad_id=0, pad_to_multiple=8)
+    batch = collate_rows([[a, b]], pad_id=0, length=8)
     assert batch.input_ids_BT.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]]
     assert batch.position_ids_BT.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
     # sample a's last token predicts nothing: never its neighbour's first token
@@ -36,3 +36,9 @@ def test_collate_resets_positions_and_shifts_targets_within_samples():
 def test_collate_fixed_length_rows():
     batch = collate_rows([[{"input_ids": [1], "labels": [1]}]], pad_id=9, length=4)
     assert batch.input_ids_BT.shape == torch.Size([1, 4])
+
+
+def test_single_unpacked_row_is_not_padded_and_batches_pad_to_multiple():
+    a = {"input_ids": [1, 2, 3], "labels": [1, 2, 3]}
+    assert collate_rows([[a]], pad_id=0).input_ids_BT.shape == torch.Size([1, 3])
+    assert collate_rows([[a], [a]], pad_id=0).input_ids_BT.shape == torch.Size([2, 8])

@@ -63,7 +63,9 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
     here, once, in the DataLoader worker that calls this.
     """
     widths = [sum(len(s["input_ids"]) for s in row) for row in rows]
-    width = length or _round_up(max(widths), pad_to_multiple)
+    # A single unpacked row needs no padding: without a padding segment the model keeps the plain
+    # causal mask (flash kernels) instead of a per-sample block mask.
+    width = length or (widths[0] if len(rows) == 1 else _round_up(max(widths), pad_to_multiple))
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_id, dtype=torch.long)
     targets = torch.full(shape, IGNORE_INDEX, dtype=torch.long)

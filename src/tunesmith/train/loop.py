@@ -156,6 +156,7 @@ class _Runner:
         self.pad_id = getattr(saver, "tokenizer", saver).pad_token_id
         self.state = {"global_step": 0, "epoch": 0, "micro_batch": 0, "num_skipped_steps": 0, "tokens_seen": 0}
         self.result = TrainResult(output_dir, 0)
+        self.timing: dict = {}
 
     def loss_fn(self, num_label_tokens: int):
         return lambda model, batch: sft_loss(model, batch, num_label_tokens, self.fused_ce)
@@ -164,9 +165,13 @@ class _Runner:
         if resume is not None:
             self._restore(resume)
         sinks = build_sinks(self.cfg, self.output_dir, append=resume is not None)
+        started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
         try:
             with _StopFlag() as stop, TrainProgress(self.plan.total_steps, self.state["global_step"]) as bar:
                 self._train_steps(stop, bar, sinks)
+            seconds = time.perf_counter() - started
+            tokens = self.state["tokens_seen"] - tokens_before
+            self.timing = {"train_seconds": seconds, "train_tokens": tokens, "train_tokens_per_s": tokens / seconds}
         finally:
             for sink in sinks:
                 sink.close()
@@ -276,7 +281,10 @@ class _Runner:
 
     def _finish(self) -> None:
         self.engine.export_hf(self.output_dir, self.saver)
-        (self.output_dir / "train_summary.json").write_text(json.dumps({**self.state, "eval_loss": self.result.eval_loss}))
+        summary = {**self.state, "eval_loss": self.result.eval_loss, **self.timing}
+        if torch.cuda.is_available():
+            summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)
