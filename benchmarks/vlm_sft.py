@@ -92,13 +92,14 @@ def mfu(summary: dict, stats: dict, freeze_vision: bool) -> dict:
                                          + 3 * t["hidden_size"] * t["intermediate_size"])
     n_llm = attn_mlp + t["vocab_size"] * t["hidden_size"]  # lm_head does matmuls (tied input table excluded)
     seq = stats["tokens"] / stats["samples"]
-    llm = (6 * n_llm + 12 * t["num_hidden_layers"] * t["num_attention_heads"] * t["head_dim"] * seq) * stats["tokens"]
+    share = summary["train_tokens"] / stats["tokens"]  # runs shorter than an epoch see this share of the data
+    llm = (6 * n_llm + 12 * t["num_hidden_layers"] * t["num_attention_heads"] * t["head_dim"] * seq) * summary["train_tokens"]
     v = VISION
     n_vis = v["depth"] * (4 * v["hidden_size"] ** 2 + 2 * v["hidden_size"] * v["intermediate_size"])
     patches = stats["image_tokens"] * 4
     per_patch = (2 if freeze_vision else 6) * n_vis
     attn_factor = 4 if freeze_vision else 12
-    vision = per_patch * patches + attn_factor * v["depth"] * v["hidden_size"] * stats["patches_sq_sum"]
+    vision = share * (per_patch * patches + attn_factor * v["depth"] * v["hidden_size"] * stats["patches_sq_sum"])
     seconds = summary["train_seconds"]
     return {"llm_tflops": llm / seconds / 1e12, "vision_tflops": vision / seconds / 1e12,
             "mfu_llm": llm / seconds / PEAK, "mfu_total": (llm + vision) / seconds / PEAK}
