@@ -28,7 +28,8 @@ class _Group(BaseModel):
 class ModelConfig(_Group):
     model_name_or_path: str = Field(
         "tiny:qwen3",
-        description="Hugging Face model id or local path; `tiny:qwen3` / `tiny:llama` build a tiny random model.",
+        description="Hugging Face model id or local path; `tiny:<arch>` builds a tiny random model (qwen3, llama, "
+        "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen2_audio, qwen2_5_omni).",
     )
     adapter_name_or_path: str | None = Field(None, description="A LoRA adapter directory to load on top of the model.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off unless you trust it).")

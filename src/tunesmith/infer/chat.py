@@ -60,6 +60,7 @@ def generate(model, preprocessor, messages: list[dict], *, max_new_tokens: int, 
             pad_token_id=tokenizer.pad_token_id,
             streamer=streamer,
             **sampling,
+            **(media.generate_kwargs() if media else {}),
         )
     return strip_empty_think(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)).strip()
 

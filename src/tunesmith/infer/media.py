@@ -17,6 +17,7 @@ class MediaInputs:
     images: list = field(default_factory=list)
     videos: list = field(default_factory=list)  # VideoFrames
     audios: list = field(default_factory=list)
+    video_audios: list = field(default_factory=list)  # the videos' own sound tracks (use_audio_in_video)
     sampling_rate: int = 16000
 
     @classmethod
@@ -29,6 +30,7 @@ class MediaInputs:
                                  max_pixels=budget.video_max_pixels, min_pixels=budget.video_min_pixels)
                     for p in videos],
             audios=[M.load_audio(p, budget.audio_sampling_rate) for p in audios],
+            video_audios=[M.load_audio(p, budget.audio_sampling_rate) for p in videos] if budget.use_audio_in_video else [],
             sampling_rate=budget.audio_sampling_rate,
         )
 
@@ -46,10 +48,20 @@ class MediaInputs:
             kwargs["videos_kwargs"] = {"do_sample_frames": False, "video_metadata": [
                 VideoMetadata(total_num_frames=len(v.indices), fps=len(v.indices) / max(v.duration, 1e-6),
                               frames_indices=list(range(len(v.indices)))) for v in self.videos]}
-        if self.audios:
+        if self.video_audios:
+            # Qwen2.5-Omni: each video's sound track, interleaved with its frames by the processor.
+            kwargs["audio"] = self.video_audios
+            kwargs["audio_from_video_indices"] = list(range(len(self.video_audios)))
+            kwargs["load_audio_from_video"] = True
+            kwargs["fps"] = len(self.videos[0].indices) / max(self.videos[0].duration, 1e-6)
+            kwargs["sampling_rate"] = self.sampling_rate
+        elif self.audios:
             kwargs["audio"] = self.audios
             kwargs["sampling_rate"] = self.sampling_rate
         return kwargs
+
+    def generate_kwargs(self) -> dict:
+        return {"use_audio_in_video": True} if self.video_audios else {}
 
 
 def _budget_of(model_path: str) -> DataConfig:

@@ -69,15 +69,24 @@ def _unfreeze_media_parts(model, cfg: FinetuneConfig) -> None:
             param.requires_grad_(True)
 
 
-def _num_layers(model) -> int:
-    layers = {int(m.group(1)) for name, _ in model.named_parameters() if (m := _LAYER.search(name))}
+def _language_model_params(model) -> set[str] | None:
+    """Parameter names of the language model of a vision/audio-language model (None for a text model):
+    freeze picks its layers there, never in the vision or audio encoder's own `.layers.N.`."""
+    family = family_of(model.config)
+    return None if family is None else set(module_groups(model, family).get("language_model", []))
+
+
+def _num_layers(model, allowed: set[str] | None) -> int:
+    layers = {int(m.group(1)) for name, _ in model.named_parameters()
+              if (allowed is None or name in allowed) and (m := _LAYER.search(name))}
     if not layers:
         raise ConfigError(["finetuning_type: freeze found no '.layers.N.' blocks in this model; use lora or full"])
     return max(layers) + 1
 
 
 def _apply_freeze(model, cfg: FinetuneConfig):
-    n = _num_layers(model)
+    allowed = _language_model_params(model)
+    n = _num_layers(model, allowed)
     k = cfg.freeze_trainable_layers
     if k == 0 or abs(k) > n:
         raise ConfigError([f"freeze_trainable_layers: {k} must be between -{n} and {n} (not 0) for this {n}-layer model"])
@@ -85,7 +94,7 @@ def _apply_freeze(model, cfg: FinetuneConfig):
     modules = cfg.freeze_trainable_modules
     matched_extra: set[str] = set()
     for name, param in model.named_parameters():
-        m = _LAYER.search(name)
+        m = _LAYER.search(name) if allowed is None or name in allowed else None
         in_layer = m is not None and int(m.group(1)) in trainable_layers
         module_ok = "all" in modules or any(f".{mod}." in name for mod in modules)
         extra = [e for e in cfg.freeze_extra_modules if e in name.split(".")]
@@ -148,6 +157,8 @@ def trainable_report(model) -> str:
     params = dict(model.named_parameters())
     parts = []
     for group, names in module_groups(model, family).items():
+        if not names:
+            continue
         n_train = sum(params[n].numel() for n in names if params[n].requires_grad)
         n_all = sum(params[n].numel() for n in names)
         parts.append(f"{group} {n_train:,}/{n_all:,}")

@@ -62,10 +62,18 @@ def load_config(cfg: ModelConfig):
 
     path = resolve_model_path(cfg.model_name_or_path)
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, cache_dir=cfg.cache_dir,
-                                          revision=cfg.model_revision)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, cache_dir=cfg.cache_dir,
+                                            revision=cfg.model_revision)
     except (OSError, ValueError) as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    if config.model_type == "qwen2_5_omni":
+        raise ModelError(
+            f"{cfg.model_name_or_path} is a full Qwen2.5-Omni checkpoint (thinker + talker); tunesmith fine-tunes the "
+            "thinker alone and cannot load it from the full checkpoint yet. Save the thinker once with "
+            "`Qwen2_5OmniForConditionalGeneration.from_pretrained(PATH).thinker.save_pretrained(OUT)` plus "
+            "`AutoProcessor.from_pretrained(PATH).save_pretrained(OUT)`, then set model_name_or_path: OUT"
+        )
+    return config
 
 
 def load_processor(cfg: ModelConfig):

@@ -93,3 +93,16 @@ def test_our_mrope_positions_equal_the_models_own(arch, datasets):
         theirs = model(input_ids=batch.input_ids_BT, attention_mask=torch.ones_like(batch.input_ids_BT),
                        mm_token_type_ids=batch.token_types_BT, use_cache=False, **native).logits
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_freeze_picks_language_model_layers_not_the_audio_encoders():
+    from tunesmith.config.load import build_config
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(build_tiny("qwen2_audio"))
+    config.audio_config.encoder_layers = 4  # more encoder layers than language-model layers (2)
+    model = AutoModelForMultimodalLM.from_config(config)
+    cfg = build_config(None, {"dataset": "x", "finetuning_type": "freeze", "freeze_trainable_layers": 1}).finetune
+    names = {n for n, p in apply_finetuning(model, cfg).named_parameters() if p.requires_grad}
+    assert names and all(n.startswith("model.language_model.layers.1.") for n in names)
