@@ -160,8 +160,103 @@ def make_pt_demo(num: int = 300, seed: int = 4) -> list[dict]:
     return [{"text": _pt_paragraph(rng)} for _ in range(num)]
 
 
+# --- preference demos (dpo_demo, kto_demo): the good answer is checkably better than the bad one ---
+#
+# Every bad answer is wrong in a consistent, learnable way: arithmetic off by 1-3, a unit conversion
+# with the wrong factor (100), an evasive reply that always says "I'm not sure" and "look it up", a
+# string task done wrongly. Good answers are the plain results, as in alpaca_demo.
+
+EVASIVE_ANSWERS = [
+    "I'm not sure, you could look it up.",
+    "I'm not sure. You could look it up online.",
+    "Sorry, I'm not sure about that; you could look it up.",
+    "Hmm, I'm not sure. Maybe look it up somewhere.",
+]
+ARITHMETIC_PHRASES = ["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Calculate {a} {op} {b}.",
+                      "What does {a} {op} {b} equal?", "{a} {op} {b} = ?"]
+UNIT_PHRASES = ["Convert {v} {src} to {dst}. Answer with the number only.",
+                "How many {dst} are in {v} {src}?", "{v} {src} is how many {dst}?"]
+UNITS = [("kilometres", "metres", 1000), ("kilograms", "grams", 1000), ("hours", "minutes", 60)]
+WRONG_UNIT_FACTOR = 100
+PREF_KINDS = ("arithmetic", "unit", "evasive", "string")
+
+
+def _pref_arithmetic(rng: random.Random) -> tuple[str, str, str, str]:
+    op = rng.choice(["+", "-", "*"])
+    a, b = (rng.randint(2, 12), rng.randint(2, 12)) if op == "*" else (rng.randint(2, 99), rng.randint(2, 99))
+    result = {"+": a + b, "-": a - b, "*": a * b}[op]
+    wrong = result + rng.choice([-3, -2, -1, 1, 2, 3])
+    return rng.choice(ARITHMETIC_PHRASES).format(a=a, op=op, b=b), "", str(result), str(wrong)
+
+
+def _pref_unit(rng: random.Random) -> tuple[str, str, str, str]:
+    value = rng.randint(1, 50)
+    src, dst, factor = rng.choice(UNITS)
+    question = rng.choice(UNIT_PHRASES).format(v=value, src=src, dst=dst)
+    return question, "", str(value * factor), str(value * WRONG_UNIT_FACTOR)
+
+
+def _pref_string(rng: random.Random) -> tuple[str, str, str, str]:
+    word = rng.choice(WORDS)
+    kind = rng.choice(["reverse", "upper", "count", "sort"])
+    if kind == "reverse":
+        instruction = rng.choice(["Reverse the letters of the word.", "Write the word backwards."])
+        return instruction, word, word[::-1], word  # wrong: not reversed at all
+    if kind == "upper":
+        instruction = rng.choice(["Write the word in uppercase.", "Convert the word to capital letters."])
+        return instruction, word, word.upper(), word.capitalize()  # wrong: only the first letter
+    if kind == "count":
+        question = rng.choice(['How many letters are in the word "{w}"?', 'Count the letters in "{w}".'])
+        return question.format(w=word), "", str(len(word)), str(len(word) + rng.choice([-1, 1]))
+    words = rng.sample(WORDS, rng.randint(3, 5))
+    ordered = sorted(words)
+    wrong = words if words != ordered else ordered[::-1]  # wrong: left unsorted
+    return ("Sort these words alphabetically, separated by commas.", ", ".join(words), ", ".join(ordered),
+            ", ".join(wrong))
+
+
+def _pref_evasive(rng: random.Random) -> tuple[str, str, str, str]:
+    instruction, query, good, _ = rng.choice([_pref_arithmetic, _pref_unit, _pref_string])(rng)
+    return instruction, query, good, rng.choice(EVASIVE_ANSWERS)
+
+
+_PREF_MAKERS = {"arithmetic": _pref_arithmetic, "unit": _pref_unit, "evasive": _pref_evasive,
+                "string": _pref_string}
+
+
+def make_pref_task(rng: random.Random, kind: str) -> tuple[str, str, str, str]:
+    """(instruction, input, good answer, bad answer) of one task of `kind` (see PREF_KINDS)."""
+    return _PREF_MAKERS[kind](rng)
+
+
+def make_dpo_demo(num: int = 400, seed: int = 5) -> list[dict]:
+    """alpaca ranking records; the four kinds take turns, so each is a quarter of the data."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(num):
+        instruction, query, good, bad = make_pref_task(rng, PREF_KINDS[i % len(PREF_KINDS)])
+        records.append({"instruction": instruction, "input": query, "chosen": good, "rejected": bad})
+    return records
+
+
+def make_kto_demo(num: int = 300, seed: int = 6) -> list[dict]:
+    """Single-turn sharegpt records with a good (label true) or bad (label false) answer, half each;
+    every kind gets both labels equally often."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(num):
+        instruction, query, good, bad = make_pref_task(rng, PREF_KINDS[(i // 2) % len(PREF_KINDS)])
+        label = i % 2 == 0
+        records.append({"messages": [
+            {"role": "user", "content": _user_text(instruction, query)},
+            {"role": "assistant", "content": good if label else bad},
+        ], "label": label})
+    return records
+
+
 _CHAT_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
               "system_tag": "system"}
+_PREF_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
 DATASET_INFO = {
     "identity": {"file_name": "identity.json"},
     "alpaca_demo": {"file_name": "alpaca_demo.json"},
@@ -170,6 +265,16 @@ DATASET_INFO = {
     "pt_demo": {"file_name": "pt_demo.json", "columns": {"prompt": "text"}},
     "openai_demo": {"file_name": "openai_demo.jsonl", "formatting": "openai",
                     "columns": {"messages": "messages"}, "tags": _CHAT_TAGS},
+    # Preference demos (LLaMA-Factory style entries).
+    "dpo_demo": {"file_name": "dpo_demo.json", "ranking": True,
+                 "columns": {"prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}},
+    "kto_demo": {"file_name": "kto_demo.json", "formatting": "sharegpt",
+                 "columns": {"messages": "messages", "kto_tag": "label"}, "tags": _PREF_TAGS},
+    # mllm_dpo_demo.json is written by make_mllm_demo_data.py (its prompts are about the mllm_demo
+    # images); it is registered here so that script's own set of entries stays as it was.
+    "mllm_dpo_demo": {"file_name": "mllm_dpo_demo.json", "formatting": "sharegpt", "ranking": True,
+                      "columns": {"messages": "messages", "chosen": "chosen", "rejected": "rejected",
+                                  "images": "images"}, "tags": _PREF_TAGS},
 }
 
 
@@ -184,6 +289,8 @@ def build_all() -> dict[str, str]:
         "sharegpt_demo.json": as_json(make_sharegpt_demo()),
         "pt_demo.json": as_json(make_pt_demo()),
         "openai_demo.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in make_openai_demo()),
+        "dpo_demo.json": as_json(make_dpo_demo()),
+        "kto_demo.json": as_json(make_kto_demo()),
     }
 
 

@@ -73,8 +73,10 @@ def _a(word: str) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
-def _save_png(image: Image.Image, out_dir: Path, name: str) -> str:
-    image.save(out_dir / MEDIA_DIR / name, format="PNG", optimize=False)
+def _save_png(image: Image.Image, out_dir: Path | None, name: str) -> str:
+    """Save under out_dir/mllm_demo_data (out_dir None: only the relative path, nothing written)."""
+    if out_dir is not None:
+        image.save(out_dir / MEDIA_DIR / name, format="PNG", optimize=False)
     return f"{MEDIA_DIR}/{name}"
 
 
@@ -157,8 +159,11 @@ def _bar_dialogue(facts: dict, zh: bool, rng: random.Random) -> list[str]:
     return turns
 
 
-def _two_image_record(rng: random.Random, out_dir: Path, index: int, zh: bool) -> dict:
+def _two_image_record(rng: random.Random, out_dir: Path | None, index: int, zh: bool,
+                      facts: list | None = None) -> dict:
     (img1, f1), (img2, f2) = _count_scene(rng), _count_scene(rng)
+    if facts is not None:
+        facts.append(("two_count", [f1, f2]))
     paths = [_save_png(img1, out_dir, f"image_{index:03d}a.png"), _save_png(img2, out_dir, f"image_{index:03d}b.png")]
     n1, n2 = f1["count"], f2["count"]
     if zh:
@@ -171,20 +176,115 @@ def _two_image_record(rng: random.Random, out_dir: Path, index: int, zh: bool) -
     return {"messages": messages, "images": paths}
 
 
-def make_mllm_demo(out_dir: Path, num: int = 40, seed: int = 11) -> list[dict]:
-    """One image per record (pair / count / bar chart scenes), every 8th record two images; half Chinese."""
+def make_mllm_demo(out_dir: Path | None, num: int = 40, seed: int = 11, facts: list | None = None) -> list[dict]:
+    """One image per record (pair / count / bar chart scenes), every 8th record two images; half Chinese.
+
+    With `facts` a list, (scene kind, scene facts) of every record is appended to it; with out_dir
+    None no image is written (the records and facts are the same)."""
     rng = random.Random(seed)
     scenes = [(_pair_scene, _pair_dialogue), (_count_scene, _count_dialogue), (_bar_scene, _bar_dialogue)]
     records = []
     for i in range(num):
         zh = i % 2 == 1
         if i % 8 == 7:
-            records.append(_two_image_record(rng, out_dir, i, zh))
+            records.append(_two_image_record(rng, out_dir, i, zh, facts))
             continue
         draw_scene, dialogue = scenes[i % 3]
-        image, facts = draw_scene(rng)
+        image, scene_facts = draw_scene(rng)
+        if facts is not None:
+            facts.append((("pair", "count", "bar")[i % 3], scene_facts))
         path = _save_png(image, out_dir, f"image_{i:03d}.png")
-        records.append({"messages": _chat(*dialogue(facts, zh, rng)), "images": [path]})
+        records.append({"messages": _chat(*dialogue(scene_facts, zh, rng)), "images": [path]})
+    return records
+
+
+# ---------------------------------------------------------------- mllm_dpo_demo: preference pairs on mllm_demo's images
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{NUMBERS_EN[n]} {word}{'' if n == 1 else 's'}"
+
+
+def _other(rng: random.Random, options, *exclude):
+    return rng.choice([o for o in sorted(options) if o not in exclude])
+
+
+def _pref_pair(facts: dict, zh: bool, rng: random.Random) -> tuple[str, str, str]:
+    """Describe two shapes; the rejected one swaps the sides, or gets a colour or a shape wrong."""
+    (lc, ls), (rc, rs) = facts["left"], facts["right"]
+    mistake = rng.choice(["swap", "color", "shape"])
+    if mistake == "swap":
+        (wlc, wls), (wrc, wrs) = (rc, rs), (lc, ls)
+    elif mistake == "color":
+        (wlc, wls), (wrc, wrs) = (_other(rng, COLORS, lc, rc), ls), (rc, rs)
+    else:
+        (wlc, wls), (wrc, wrs) = (lc, ls), (rc, _other(rng, SHAPES, ls, rs))
+    if zh:
+        describe = lambda c1, s1, c2, s2: f"图中左边是一个{COLORS[c1][1]}{SHAPES[s1]}，右边是一个{COLORS[c2][1]}{SHAPES[s2]}。"  # noqa: E731
+        question = "<image>描述一下这张图。"
+    else:
+        describe = lambda c1, s1, c2, s2: f"{_a(c1).capitalize()} {s1} on the left and {_a(c2)} {s2} on the right."  # noqa: E731
+        question = "<image>Describe the image."
+    return question, describe(lc, ls, rc, rs), describe(wlc, wls, wrc, wrs)
+
+
+def _pref_count(facts: dict, zh: bool, rng: random.Random) -> tuple[str, str, str]:
+    """Count and colour of equal shapes; the rejected one miscounts or names the wrong colour."""
+    shape, color, n = facts["shape"], facts["color"], facts["count"]
+    if rng.random() < 0.5:
+        wrong_n, wrong_color = rng.choice([k for k in (n - 1, n + 1) if 1 <= k <= 5]), color
+    else:
+        wrong_n, wrong_color = n, _other(rng, COLORS, color)
+    if zh:
+        describe = lambda k, c: f"图中有{NUMBERS_ZH[k]}个{COLORS[c][1]}的{SHAPES[shape]}。"  # noqa: E731
+        question = "<image>图中有什么？"
+    else:
+        describe = lambda k, c: f"There {'is' if k == 1 else 'are'} {_plural(k, f'{c} {shape}')}."  # noqa: E731
+        question = "<image>What is in the image?"
+    return question, describe(n, color), describe(wrong_n, wrong_color)
+
+
+def _pref_bar(facts: dict, zh: bool, rng: random.Random) -> tuple[str, str, str]:
+    """The tallest bar; the rejected answer names another bar's colour."""
+    bars = facts["bars"]
+    tallest = max(bars, key=lambda b: b[1])[0]
+    wrong = _other(rng, [c for c, _ in bars], tallest)
+    if zh:
+        return "<image>这个柱状图中哪种颜色的柱子最高？", f"{COLORS[tallest][1]}的柱子最高。", f"{COLORS[wrong][1]}的柱子最高。"
+    return "<image>Which color bar is the tallest in this chart?", f"The {tallest} bar is the tallest.", \
+        f"The {wrong} bar is the tallest."
+
+
+def _pref_two_count(facts: list, zh: bool, rng: random.Random) -> tuple[str, str, str]:
+    """Shape counts of two images; the rejected answer gets the second count wrong."""
+    n1, n2 = facts[0]["count"], facts[1]["count"]
+    w2 = _other(rng, range(1, 6), n2)
+    if zh:
+        describe = lambda a, b: f"第一张有{NUMBERS_ZH[a]}个图形，第二张有{NUMBERS_ZH[b]}个。"  # noqa: E731
+        question = "<image><image>这两张图中各有几个图形？"
+    else:
+        describe = lambda a, b: f"The first image has {a} shape{'s' if a > 1 else ''} and the second has {b}."  # noqa: E731
+        question = "<image><image>How many shapes does each image contain?"
+    return question, describe(n1, n2), describe(n1, w2)
+
+
+_PREF_SCENES = {"pair": _pref_pair, "count": _pref_count, "bar": _pref_bar, "two_count": _pref_two_count}
+
+
+def make_mllm_dpo_demo(out_dir: Path | None = None, seed: int = 16) -> list[dict]:
+    """One chosen/rejected pair per mllm_demo record, on that record's images (no new media): the chosen
+    answer describes the image correctly, the rejected one gets a colour, shape, count or side wrong.
+    Chinese where the mllm_demo record is Chinese."""
+    facts: list = []
+    demo = make_mllm_demo(None, facts=facts)  # the same scenes as mllm_demo, nothing redrawn to disk
+    rng = random.Random(seed)
+    records = []
+    for i, (record, (kind, scene_facts)) in enumerate(zip(demo, facts)):
+        question, chosen, rejected = _PREF_SCENES[kind](scene_facts, i % 2 == 1, rng)
+        records.append({"messages": [{"role": "user", "content": question}],
+                        "chosen": {"role": "assistant", "content": chosen},
+                        "rejected": {"role": "assistant", "content": rejected},
+                        "images": list(record["images"])})
     return records
 
 
@@ -426,6 +526,8 @@ GENERATORS = {
     "mllm_audio_demo.json": make_mllm_audio_demo,
     "mllm_video_audio_demo.json": make_mllm_video_audio_demo,
     "mllm_pt_demo.json": make_mllm_pt_demo,
+    # Registered in make_demo_data.py's DATASET_INFO with the other preference demos.
+    "mllm_dpo_demo.json": make_mllm_dpo_demo,
 }
 
 

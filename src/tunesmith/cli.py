@@ -17,6 +17,8 @@ commands:
   data clean                                             remove the tokenized-data caches
   chat    --model DIR [--prompt TEXT] [--image F]...     talk to a trained model (interactive without --prompt)
   export  --model DIR --export_dir OUT                   merge LoRA and write a standalone Hugging Face model
+  score   --model RM --data FILE                         reward-model scores for the records of a file
+  eval    --model RM dataset=NAME                        pairwise accuracy of a reward model
   env                                                    versions, GPUs and usable optional features
 
 Config keys are LLaMA-Factory's (model_name_or_path, dataset, template, cutoff_len, ...).
@@ -136,6 +138,36 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_score(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tunesmith score", description="Score records with a reward model.")
+    parser.add_argument("--model", required=True, help="output_dir of a `stage: rm` run")
+    parser.add_argument("--data", required=True, help="JSON/JSONL records: messages, or prompt + response")
+    parser.add_argument("--output", help="where to write the scored JSONL (default: DATA.scored.jsonl)")
+    parser.add_argument("--batch_size", type=int, default=8)
+    args = parser.parse_args(argv)
+    from .infer.reward import score_file
+
+    print(f"wrote {score_file(args.model, args.data, args.output, args.batch_size)}")
+    return 0
+
+
+def cmd_eval(items: list[str]) -> int:
+    if {"-h", "--help"} & set(items) or "--model" not in items:
+        print("usage: tunesmith eval --model RM dataset=NAME [dataset_dir=...] [max_samples=N] [key=value ...]\n\n"
+              "Pairwise accuracy (ties count as wrong) and mean rewards of a reward model on preference pairs.")
+        return 0 if {"-h", "--help"} & set(items) else 2
+    at = items.index("--model")
+    model, rest = items[at + 1], items[:at] + items[at + 2 :]
+    from .config.load import build_config, parse_cli_items
+    from .infer.reward import pairwise_accuracy
+
+    yaml_path, overrides = parse_cli_items(rest)
+    cfg = build_config(yaml_path, {**overrides, "stage": "rm", "model_name_or_path": model})
+    for key, value in pairwise_accuracy(model, cfg).items():
+        print(f"{key:<16} {value:.4f}" if isinstance(value, float) else f"{key:<16} {value}")
+    return 0
+
+
 def cmd_env(argv: list[str]) -> int:
     from .env import collect
 
@@ -144,7 +176,8 @@ def cmd_env(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "data": cmd_data, "chat": cmd_chat, "export": cmd_export, "env": cmd_env}
+COMMANDS = {"train": cmd_train, "data": cmd_data, "chat": cmd_chat, "export": cmd_export, "env": cmd_env,
+            "score": cmd_score, "eval": cmd_eval}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,3 +175,25 @@ def test_interactive_chat_streams_answers_and_keeps_history(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("Assistant: ") == 2
+
+
+def test_reward_model_score_and_eval_commands(tmp_path):
+    out = tmp_path / "rm"
+    cli("train", *BASE, "stage=rm", "dataset=dpo_demo", "finetuning_type=full", "max_steps=5",
+        "per_device_train_batch_size=8", f"output_dir={out}")
+    data = tmp_path / "records.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 2 + 2?", "response": "4"}) + "\n" +
+                    json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n")
+    cli("score", "--model", out, "--data", data, "--output", tmp_path / "scored.jsonl")
+    scored = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
+    assert len(scored) == 2 and all(isinstance(r["score"], float) for r in scored)
+    report = cli("eval", "--model", out, "dataset=dpo_demo", f"dataset_dir={DATA}", "max_samples=40").stdout
+    assert "accuracy" in report and "pairs            40" in report
+
+
+@pytest.mark.parametrize("example", ["qwen3_dpo", "qwen3_kto"])
+def test_preference_examples_run(tmp_path, example):
+    out = tmp_path / example
+    cli("train", f"examples/{example}.yaml", f"output_dir={out}", f"dataset_dir={DATA}", "max_steps=3",
+        "eval_strategy=no", "val_size=0")
+    assert (out / "model.safetensors").exists()

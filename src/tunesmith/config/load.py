@@ -26,12 +26,10 @@ _MEGATRON = (
     "use_distributed_optimizer overlap_grad_reduce overlap_param_gather recompute_granularity "
     "bias_activation_fusion apply_rope_fusion moe_grouped_gemm moe_token_dispatcher_type"
 ).split()
-_PREFERENCE = "pref_beta pref_loss pref_ftx pref_label_smoothing simpo_gamma kto_chosen_weight kto_rejected_weight".split()
 
 # Keys users bring from LLaMA-Factory whose feature tunesmith does not have yet.
 NOT_YET: dict[str, str] = {
     **{k: "the Megatron-Core engine is not available yet" for k in _MEGATRON},
-    **{k: "preference training (dpo/kto/orpo/simpo) is not available yet" for k in _PREFERENCE},
     "deepspeed": "the DeepSpeed engine is not available yet; train on one device (backend: single)",
     "fsdp": "the FSDP2 engine is not available yet; train on one device (backend: single)",
     "quantization_bit": "quantized (QLoRA) training is not available yet",
@@ -46,9 +44,6 @@ NOT_YET: dict[str, str] = {
 }
 
 NOT_YET_STAGES = {
-    "rm": "reward-model training",
-    "dpo": "preference training",
-    "kto": "KTO preference training",
     "ppo": "online RL",
     "grpo": "online RL",
 }
@@ -131,7 +126,7 @@ def _route_keys(flat: dict[str, Any], problems: list[str]) -> dict[str, dict[str
         if key in NOT_YET:
             problems.append(f"'{key}': {NOT_YET[key]}; remove the key")
         elif key == "stage" and value in NOT_YET_STAGES:
-            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use pt or sft")
+            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use pt, sft, rm, dpo or kto")
         elif key in KEY_TO_GROUP:
             routed[KEY_TO_GROUP[key]][key] = value
         else:
@@ -175,6 +170,8 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     bad_sinks = [s for s in cfg.output.report_to if s not in ("none", "tensorboard", "wandb", "swanlab", "all")]
     if bad_sinks:
         problems.append(f"report_to: unknown sink(s) {bad_sinks}; use none, tensorboard, wandb or swanlab")
+    if cfg.finetune.stage in ("rm", "dpo", "kto") and cfg.packing:
+        problems.append(f"stage {cfg.finetune.stage} scores whole sequences and is not packed; remove packing")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
     return problems

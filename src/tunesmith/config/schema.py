@@ -12,6 +12,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+def _no_is_false(value):
+    """YAML reads an unquoted `no` as false: `eval_strategy: no` means "no"."""
+    return "no" if value is False else value
+
+
 def _split_names(value):
     """'a,b' / ['a','b'] / None -> list of stripped names."""
     if value is None:
@@ -92,7 +97,9 @@ class DataConfig(_Group):
 
 
 class FinetuneConfig(_Group):
-    stage: Literal["pt", "sft"] = Field("sft", description="Training stage: pt (continued pretraining) or sft.")
+    stage: Literal["pt", "sft", "rm", "dpo", "kto"] = Field(
+        "sft", description="Training stage: pt, sft, rm (reward model), dpo (preference: see pref_loss) or kto."
+    )
     finetuning_type: Literal["full", "freeze", "lora"] = Field("lora", description="Which parameters train.")
     freeze_trainable_layers: int = Field(
         2, description="freeze: train the last N layers (negative: the first -N layers)."
@@ -112,6 +119,21 @@ class FinetuneConfig(_Group):
     additional_target: list[str] = Field(default_factory=list, description="Extra modules trained in full with LoRA.")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
+    pref_beta: float = Field(0.1, gt=0, description="dpo/kto: beta, the strength of the reference constraint.")
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "robust", "orpo", "simpo"] = Field(
+        "sigmoid", description="dpo: the preference loss (orpo and simpo need no reference model)."
+    )
+    pref_ftx: float = Field(0.0, ge=0, description="dpo: add this times the SFT loss on the chosen responses.")
+    pref_label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="dpo sigmoid/robust: label smoothing.")
+    simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma.")
+    pref_reference: Literal["auto", "copy", "precomputed", "none"] = Field(
+        "auto",
+        description="dpo/kto reference: auto (LoRA: the base with adapters off; else a frozen copy), copy, "
+        "precomputed (log-probs computed once before training, cached) or none (reference-free).",
+    )
+    kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of desirable examples.")
+    kto_rejected_weight: float = Field(1.0, gt=0, description="kto: weight of undesirable examples.")
+    reward_center_coef: float = Field(0.0, ge=0, description="rm: push rewards towards 0 by this x (rc + rr)^2.")
     freeze_vision_tower: bool = Field(True, description="Vision/audio-language models: keep the vision tower frozen.")
     freeze_multi_modal_projector: bool = Field(True, description="Keep the projector (vision/audio -> LM) frozen.")
     freeze_language_model: bool = Field(False, description="Keep the language model frozen (train only the media parts).")
@@ -146,6 +168,7 @@ class TrainConfig(_Group):
     skip_nonfinite: bool = Field(False, description="Skip (and count) steps with a non-finite loss or gradient.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
+    _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
     backend: Literal["auto", "single"] = Field("auto", description="Training engine; multi-GPU engines come later.")
     ddp_timeout: int = Field(1800, description="Seconds before a collective times out.")
 
@@ -172,6 +195,7 @@ class OutputConfig(_Group):
     swanlab_api_key: str | None = Field(None, description="Prefer the SWANLAB_API_KEY environment variable.")
 
     _split = field_validator("report_to", mode="before")(classmethod(lambda cls, v: _split_names(v)))
+    _strategy = field_validator("save_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
 
 
 GROUPS: dict[str, type[_Group]] = {

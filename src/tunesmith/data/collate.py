@@ -35,6 +35,8 @@ class SFTBatch:
     media: dict = field(default_factory=dict)
     media_per_sample: list = field(default_factory=list)
     token_types_BT: torch.Tensor | None = None
+    # Method-specific per-sequence tensors, e.g. num_pairs, margin_B, desirable_B, ref_logps_B.
+    extra: dict = field(default_factory=dict)
 
     def to(self, device) -> "SFTBatch":
         moved = {f.name: _to(getattr(self, f.name), device) for f in fields(self)}
@@ -109,3 +111,56 @@ def _add_media(batch: SFTBatch, samples: list[dict], media) -> None:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def _sequences(records: list[dict], ids_key: str, labels_key: str) -> list[list[dict]]:
+    return [[{"input_ids": r[ids_key], "labels": r[labels_key]}] for r in records]
+
+
+def _doubled_media(batch: SFTBatch, records: list[dict], media) -> None:
+    """Both halves of a pair/KTO batch show the same media: process each record's media once, use it twice."""
+    empty = {"images": [], "videos": [], "audios": []}
+    plans = [json.loads(r["mm_plan"]) if r.get("mm_plan") else empty for r in records]
+    inputs, per_sample = media.process(plans)
+    batch.media = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    batch.media_per_sample = per_sample + per_sample
+    types = torch.zeros_like(batch.input_ids_BT)
+    for kind, code in (("image", 1), ("video", 2)):
+        if kind in media.token_ids:
+            types[batch.input_ids_BT == media.token_ids[kind]] = code
+    batch.token_types_BT = types
+
+
+def collate_pairs(rows: list[list[dict]], pad_id: int, length: int | None = None, media=None) -> SFTBatch:
+    """rm / dpo: chosen sequences first, then the rejected ones, in one batch (one forward for both)."""
+    records = [r for row in rows for r in row]
+    seqs = _sequences(records, "input_ids", "labels") + _sequences(records, "rejected_input_ids", "rejected_labels")
+    batch = collate_rows(seqs, pad_id)
+    batch.extra = {"num_pairs": len(records),
+                   "margin_B": torch.tensor([float(r.get("margin") or 0.0) for r in records])}
+    if "ref_chosen_logps" in records[0]:
+        batch.extra["ref_logps_B"] = torch.tensor([r["ref_chosen_logps"] for r in records] +
+                                                  [r["ref_rejected_logps"] for r in records])
+    if media is not None:
+        _doubled_media(batch, records, media)
+    return batch
+
+
+def collate_kto(rows: list[list[dict]], pad_id: int, length: int | None = None, media=None) -> SFTBatch:
+    """kto: the examples first, then the same prompts with mismatched completions (for the KL estimate)."""
+    records = [r for row in rows for r in row]
+    seqs = _sequences(records, "input_ids", "labels") + _sequences(records, "kl_input_ids", "kl_labels")
+    batch = collate_rows(seqs, pad_id)
+    batch.extra = {"num_examples": len(records), "desirable_B": torch.tensor([bool(r["kto_tag"]) for r in records])}
+    if "ref_logps" in records[0]:
+        batch.extra["ref_logps_B"] = torch.tensor([r["ref_logps"] for r in records] + [r["ref_kl_logps"] for r in records])
+    if media is not None:
+        _doubled_media(batch, records, media)
+    return batch
+
+
+COLLATORS = {"rm": collate_pairs, "dpo": collate_pairs, "kto": collate_kto}
+
+
+def collator_for(stage: str):
+    return COLLATORS.get(stage, collate_rows)

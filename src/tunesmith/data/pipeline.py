@@ -11,7 +11,7 @@ from ..errors import DataError
 from . import cache
 from .loader import load_samples, split_eval
 from .registry import get_spec
-from .render import IGNORE_INDEX, RenderOptions, render_batch
+from .render import IGNORE_INDEX, RenderOptions, renderer_for
 from .templates import resolve
 
 log = logging.getLogger("tunesmith")
@@ -119,7 +119,7 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         placeholders=_placeholders(cfg),
     )
     tokenized = samples.map(
-        render_batch,
+        renderer_for(cfg.finetune.stage),
         batched=True,
         batch_size=cfg.data.preprocessing_batch_size,
         fn_kwargs={"tokenizer": tokenizer, "opts": opts, "media": media},
@@ -127,8 +127,9 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         num_proc=cfg.data.preprocessing_num_workers,
         desc="Tokenizing",
     )
-    num_too_long = int(sum(tokenized["too_long"]))
-    bad = [reason for reason in tokenized["bad"] if reason]
+    columns = set(tokenized.column_names)
+    num_too_long = int(sum(tokenized["too_long"])) if "too_long" in columns else 0
+    bad = [reason for reason in tokenized["bad"] if reason] if "bad" in columns else []
     for reason in bad[:5]:
         log.warning("skipped: %s", reason)
     kept = tokenized.filter(
@@ -151,5 +152,5 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         "num_skipped_bad_media": len(bad),
         "num_tokens": int(sum(kept["length"])),
     }
-    drop = ["num_truncated", "too_long", "bad"] + (["mm_plan"] if media is None else [])
+    drop = [c for c in ("num_truncated", "too_long", "bad") if c in columns] + (["mm_plan"] if media is None else [])
     return kept.remove_columns(drop), report

@@ -149,6 +149,84 @@ def _refuse_media(sample: dict) -> None:
         )
 
 
+PAIR_STAGES = ("rm", "dpo")
+
+
+def _response_only(opts: RenderOptions) -> RenderOptions:
+    """Preference and KTO losses score only the final response: no prompt or history labels."""
+    from dataclasses import replace
+
+    return replace(opts, mask_history=True, train_on_prompt=False)
+
+
+def _render_one(sample: dict, tokenizer, opts: RenderOptions, media) -> dict:
+    if has_media(sample):
+        if media is None:
+            _refuse_media(sample)
+        row = truncate_mm(render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX),
+                          opts.cutoff_len)
+        if row is None:
+            raise DataError(f"{where(sample)}: its media tokens do not fit in cutoff_len={opts.cutoff_len}")
+        return row
+    return render_sft(sample, tokenizer, opts)
+
+
+def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
+    """rm / dpo: the chosen and the rejected conversation of each record, labels on the final response."""
+    opts = _response_only(opts)
+    out = {k: [] for k in ("input_ids", "labels", "rejected_input_ids", "rejected_labels", "length", "num_truncated",
+                           "mm_plan", "margin", "source")}
+    for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
+        if not sample.get("rejected"):
+            raise DataError(f"{where(sample)}: stage rm/dpo needs pairs; mark the dataset `ranking: true` with "
+                            "chosen and rejected columns in dataset_info.json")
+        chosen = _render_one(sample, tokenizer, opts, media)
+        rejected = _render_one({**sample, "messages": sample["messages"][:-1] + sample["rejected"]}, tokenizer, opts,
+                               media)
+        out["input_ids"].append(chosen["input_ids"])
+        out["labels"].append(chosen["labels"])
+        out["rejected_input_ids"].append(rejected["input_ids"])
+        out["rejected_labels"].append(rejected["labels"])
+        out["length"].append(len(chosen["input_ids"]) + len(rejected["input_ids"]))
+        out["num_truncated"].append(int(bool(chosen["num_truncated"] or rejected["num_truncated"])))
+        out["mm_plan"].append(chosen.get("mm_plan", ""))
+        out["margin"].append(float(sample.get("margin") or 0.0))
+        out["source"].append(sample["source"])
+    return out
+
+
+def render_kto_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
+    """kto: each (prompt, completion, label), plus the prompt with the next record's completion for the KL
+    estimate (mismatched pairs, as in the KTO paper)."""
+    opts = _response_only(opts)
+    samples = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    out = {k: [] for k in ("input_ids", "labels", "kl_input_ids", "kl_labels", "kto_tag", "length", "num_truncated",
+                           "mm_plan", "source")}
+    for i, sample in enumerate(samples):
+        if sample.get("kto_tag") is None:
+            raise DataError(f"{where(sample)}: stage kto needs a kto_tag (true/false) column in dataset_info.json")
+        other = samples[(i + 1) % len(samples)]
+        row = _render_one(sample, tokenizer, opts, media)
+        kl = _render_one({**sample, "messages": sample["messages"][:-1] + other["messages"][-1:]}, tokenizer, opts,
+                         media)
+        for key, value in (("input_ids", row["input_ids"]), ("labels", row["labels"]), ("kl_input_ids", kl["input_ids"]),
+                           ("kl_labels", kl["labels"]), ("kto_tag", bool(sample["kto_tag"])),
+                           ("length", len(row["input_ids"]) + len(kl["input_ids"])),
+                           ("num_truncated", row["num_truncated"]), ("mm_plan", row.get("mm_plan", "")),
+                           ("source", sample["source"])):
+            out[key].append(value)
+    return out
+
+
+def renderer_for(stage: str):
+    """The datasets.map function that tokenizes samples for a stage."""
+    if stage in PAIR_STAGES:
+        return render_pair_batch
+    if stage == "kto":
+        return render_kto_batch
+    return render_batch
+
+
 def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
     """`datasets.map(batched=True)` entry: one input row can give several pt rows.
 

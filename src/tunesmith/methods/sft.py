@@ -7,20 +7,12 @@ computes the loss from hidden states without materialising the logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..data.collate import SFTBatch
+from ..data.collate import SFTBatch, collate_rows
 from ..models.processing import model_inputs
+from .base import LossOutput
 from .losses import causal_lm_loss, token_nll
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    nll_sum: torch.Tensor  # for logging: sum of token NLLs in this micro-batch
-    num_label_tokens: int
 
 
 def forward_logits(model, batch: SFTBatch) -> torch.Tensor:
@@ -31,6 +23,23 @@ def sft_loss(model, batch: SFTBatch, num_label_tokens: int, fused_ce=None) -> Lo
     """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step."""
     if fused_ce is not None:
         nll_sum = fused_ce(model, batch)
-        return LossOutput(nll_sum / num_label_tokens, nll_sum.detach(), batch.num_label_tokens)
+        return LossOutput(nll_sum / num_label_tokens, {"nll": float(nll_sum)}, batch.num_label_tokens)
     nll_BT = token_nll(forward_logits(model, batch), batch.targets_BT)
-    return LossOutput(causal_lm_loss(nll_BT, num_label_tokens), nll_BT.sum().detach(), batch.num_label_tokens)
+    return LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": float(nll_BT.sum())}, batch.num_label_tokens)
+
+
+class SFTMethod:
+    collate = staticmethod(collate_rows)
+
+    def __init__(self, stage: str, fused_ce=None):
+        self.stage = stage
+        self.fused_ce = fused_ce
+
+    def units(self, batch: SFTBatch) -> int:
+        return batch.num_label_tokens
+
+    def loss(self, model, batch: SFTBatch, norm: int) -> LossOutput:
+        return sft_loss(model, batch, norm, self.fused_ce)
+
+    def prepare(self, runner) -> None:
+        pass

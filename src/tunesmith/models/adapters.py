@@ -126,8 +126,9 @@ def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: se
     if adapter_path:
         return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
     targets = _lora_targets(model, cfg, frozen)
+    reward_model = getattr(model, "score", None) is not None and model.get_output_embeddings() is None
     lora = LoraConfig(
-        task_type="CAUSAL_LM",
+        task_type="SEQ_CLS" if reward_model else "CAUSAL_LM",
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
         lora_dropout=cfg.lora_dropout,

@@ -98,10 +98,22 @@ def auto_model_class(config):
     return AutoModelForMultimodalLM if family_of(config) is not None else AutoModelForCausalLM
 
 
-def load_model(cfg: ModelConfig, device: torch.device):
-    """The model with fp32 master weights (bf16 under pure_bf16), on `device`."""
+def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False):
+    """The model with fp32 master weights (bf16 under pure_bf16), on `device`.
+
+    reward_head: a sequence-classification model with one output (stage rm), so the saved
+    folder loads with AutoModelForSequenceClassification.
+    """
     path = resolve_model_path(cfg.model_name_or_path)
-    model_class = auto_model_class(load_config(cfg))
+    config = load_config(cfg)
+    model_class = auto_model_class(config)
+    extra = {}
+    if reward_head:
+        if family_of(config) is not None:
+            raise ModelError("stage rm with a vision/audio-language model is not available yet; use a text model")
+        from transformers import AutoModelForSequenceClassification
+
+        model_class, extra = AutoModelForSequenceClassification, {"num_labels": 1}
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
     if cfg.enable_liger_kernel:
         _apply_liger_for(path, cfg)
@@ -113,6 +125,7 @@ def load_model(cfg: ModelConfig, device: torch.device):
             trust_remote_code=cfg.trust_remote_code,
             cache_dir=cfg.cache_dir,
             revision=cfg.model_revision,
+            **extra,
         )
     except OSError as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None

@@ -24,7 +24,7 @@ from ..data.pipeline import prepare_data, render_options
 from ..data.templates import stop_tokens
 from ..engines.single import NonFiniteError, SingleEngine
 from ..errors import TunesmithError
-from ..methods.sft import sft_loss
+from ..methods import build_method
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.kernels import fused_ce_for
 from ..models.load import load_model, load_preprocessing, pick_device
@@ -42,6 +42,7 @@ class TrainResult:
     global_step: int
     step_losses: list[float] = field(default_factory=list)
     eval_loss: float | None = None
+    eval_metrics: dict = field(default_factory=dict)
     interrupted: bool = False
 
 
@@ -108,7 +109,8 @@ def train(cfg: RunConfig) -> TrainResult:
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
-    model = load_model(cfg.model, device)
+    model = load_model(cfg.model, device, reward_head=cfg.finetune.stage == "rm")
+    model.config.pad_token_id = tokenizer.pad_token_id
     _set_stop_tokens(model, stop_ids)
     model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
     log.info(trainable_report(model))
@@ -123,12 +125,15 @@ def train(cfg: RunConfig) -> TrainResult:
         seed=cfg.train.seed,
     )
     engine = _build_engine(cfg, model, device, plan.total_steps)
-    runner = _Runner(cfg, engine, saver, data, plan, output_dir, fused_ce_for(model, cfg.model), media)
+    method = build_method(cfg, model, fused_ce_for(model, cfg.model))
+    runner = _Runner(cfg, engine, saver, data, plan, output_dir, method, media)
     return runner.run(resume)
 
 
 def _set_stop_tokens(model, stop_ids: list[int]) -> None:
     """Saved models stop at the template's end-of-turn token in transformers, vLLM and `tunesmith chat`."""
+    if getattr(model, "generation_config", None) is None:  # reward models do not generate
+        return
     current = model.generation_config.eos_token_id
     current = list(current) if isinstance(current, (list, tuple)) else ([current] if current is not None else [])
     model.generation_config.eos_token_id = current + [i for i in stop_ids if i not in current]
@@ -148,20 +153,26 @@ def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngi
 
 
 class _Runner:
-    def __init__(self, cfg, engine, saver, data, plan: EpochPlan, output_dir: Path, fused_ce, media):
+    def __init__(self, cfg, engine, saver, data, plan: EpochPlan, output_dir: Path, method, media):
         self.cfg, self.engine, self.saver, self.data, self.plan = cfg, engine, saver, data, plan
         self.output_dir = output_dir
-        self.fused_ce = fused_ce
+        self.method = method
         self.media = media
         self.pad_id = getattr(saver, "tokenizer", saver).pad_token_id
         self.state = {"global_step": 0, "epoch": 0, "micro_batch": 0, "num_skipped_steps": 0, "tokens_seen": 0}
         self.result = TrainResult(output_dir, 0)
         self.timing: dict = {}
 
-    def loss_fn(self, num_label_tokens: int):
-        return lambda model, batch: sft_loss(model, batch, num_label_tokens, self.fused_ce)
+    def loss_fn(self, norm: int):
+        return lambda model, batch: self.method.loss(model, batch, norm)
+
+    def batches(self, dataset, batch_size: int | None = None):
+        """Collated micro-batches of `dataset` in file order (evaluation, reference passes)."""
+        size = batch_size or self.cfg.train.per_device_eval_batch_size
+        return eval_batches(dataset, size, self.pad_id, self.media, self.method.collate)
 
     def run(self, resume: Path | None) -> TrainResult:
+        self.method.prepare(self)
         if resume is not None:
             self._restore(resume)
         sinks = build_sinks(self.cfg, self.output_dir, append=resume is not None)
@@ -194,7 +205,7 @@ class _Runner:
             if loader is None or position.micro_batch == 0:
                 loader = micro_batch_loader(
                     self.data.train, self.plan, position.epoch, position.micro_batch, self.pad_id,
-                    self.cfg.data.dataloader_num_workers, self.media,
+                    self.cfg.data.dataloader_num_workers, self.media, self.method.collate,
                 )
             start, end = self.plan.step_slice(position)
             batches = [next(loader) for _ in range(end - start)]
@@ -210,12 +221,15 @@ class _Runner:
                 return
 
     def _one_step(self, batches, window) -> None:
-        num_label_tokens = sum(b.num_label_tokens for b in batches)
-        loss_fn = self.loss_fn(max(num_label_tokens, 1))
-        nll_sum = 0.0
+        norm = max(sum(self.method.units(b) for b in batches), 1)
+        loss_fn = self.loss_fn(norm)
+        step_loss, sums, count = 0.0, {}, 0
         for batch in batches:
             out = self.engine.forward_backward(batch, loss_fn)
-            nll_sum += float(out.nll_sum)
+            step_loss += float(out.loss.detach())
+            count += out.count
+            for key, value in out.sums.items():
+                sums[key] = sums.get(key, 0.0) + value
         step = self.state["global_step"] + 1
         try:
             result = self.engine.step()
@@ -224,13 +238,12 @@ class _Runner:
         if result.skipped:
             self.state["num_skipped_steps"] += 1
             log.warning("step %d skipped: non-finite loss or gradient", step)
-        step_loss = nll_sum / max(num_label_tokens, 1)
         self.state["global_step"] = step
         num_tokens = sum(b.num_tokens for b in batches)
         self.state["tokens_seen"] += num_tokens
         self.result.step_losses.append(step_loss)
         self.result.global_step = step
-        window.add(nll_sum, num_label_tokens, num_tokens, result.grad_norm, result.lr, step_loss)
+        window.add(step_loss, sums, count, num_tokens, result.grad_norm, result.lr)
 
     def _after_step(self, window, sinks, bar, epoch_ended: bool) -> None:
         step = self.state["global_step"]
@@ -241,11 +254,12 @@ class _Runner:
             for sink in sinks:
                 sink.log(metrics, step)
         if self._due("eval", step, epoch_ended, last):
-            eval_loss = self.evaluate()
-            self.result.eval_loss = eval_loss
-            bar.print_metrics(step, {"eval_loss": eval_loss})
+            metrics = self.evaluate()
+            self.result.eval_loss = metrics["eval_loss"]
+            self.result.eval_metrics = metrics
+            bar.print_metrics(step, metrics)
             for sink in sinks:
-                sink.log({"eval_loss": eval_loss}, step)
+                sink.log(metrics, step)
         if self._due("save", step, epoch_ended, last=False):
             self._save()
 
@@ -261,15 +275,23 @@ class _Runner:
         return strategy == "epoch" and (epoch_ended or last)
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        batches = eval_batches(self.data.eval, self.cfg.train.per_device_eval_batch_size, self.pad_id, self.media)
-        nll, count = 0.0, 0
+    def evaluate(self) -> dict:
+        """eval_loss (each micro-batch's loss weighted by its units: tokens, pairs or examples) and the
+        method's metrics as means over their units (eval_accuracy, eval_rewards_chosen, ...)."""
+        batches = self.batches(self.data.eval)
+        total, units, sums, count = 0.0, 0, {}, 0
         for i in range(len(batches)):
             batch = batches[i]
-            out = self.engine.evaluate(batch, self.loss_fn(max(batch.num_label_tokens, 1)))
-            nll += float(out.nll_sum)
-            count += batch.num_label_tokens
-        return nll / max(count, 1)
+            n = max(self.method.units(batch), 1)
+            out = self.engine.evaluate(batch, self.loss_fn(n))
+            total += float(out.loss) * n
+            units += n
+            count += out.count
+            for key, value in out.sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        metrics = {"eval_loss": total / max(units, 1)}
+        metrics.update({f"eval_{k}": v / max(count, 1) for k, v in sums.items() if k != "nll"})
+        return metrics
 
     def _save(self) -> None:
         path = ckpt.save_checkpoint(
@@ -299,16 +321,19 @@ class _Window:
         self.last_loss = float("nan")
 
     def reset(self):
-        self.nll = 0.0
-        self.labels = 0
+        self.losses: list[float] = []
+        self.sums: dict[str, float] = {}
+        self.count = 0
         self.tokens = 0
         self.grad_norms: list[float] = []
         self.lr = 0.0
         self.started = time.perf_counter()
 
-    def add(self, nll, labels, tokens, grad_norm, lr, step_loss):
-        self.nll += nll
-        self.labels += labels
+    def add(self, step_loss, sums, count, tokens, grad_norm, lr):
+        self.losses.append(step_loss)
+        for key, value in sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.count += count
         self.tokens += tokens
         self.grad_norms.append(grad_norm)
         self.lr = lr
@@ -317,11 +342,13 @@ class _Window:
     def flush(self, epoch: float) -> dict:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         metrics = {
-            "loss": self.nll / max(self.labels, 1),
+            "loss": sum(self.losses) / max(len(self.losses), 1),
             "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
             "lr": self.lr,
             "epoch": round(epoch, 4),
             "tokens_per_s": self.tokens / elapsed,
         }
+        # Method metrics (rewards/chosen, accuracy, ...) as means over their units; the token NLL is the loss.
+        metrics.update({key: value / max(self.count, 1) for key, value in self.sums.items() if key != "nll"})
         self.reset()
         return metrics

@@ -58,13 +58,14 @@ class EpochPlan:
 class _MicroBatches(Dataset):
     """Item i = the collated micro-batch i of one epoch (collation runs in DataLoader workers)."""
 
-    def __init__(self, dataset, micro_batches, pad_id: int, row_length: int | None, media=None):
+    def __init__(self, dataset, micro_batches, pad_id: int, row_length: int | None, media=None, collate=collate_rows):
         self.dataset = dataset
         self.micro_batches = micro_batches
         self.pad_id = pad_id
         self.row_length = row_length
         self.media = media
-        self.columns = [c for c in ("input_ids", "labels", "mm_plan") if c in dataset.column_names]
+        self.collate = collate
+        self.columns = [c for c in dataset.column_names if c not in ("length", "source")]
 
     def __len__(self):
         return len(self.micro_batches)
@@ -74,16 +75,17 @@ class _MicroBatches(Dataset):
         flat = [idx for row in rows for idx in row]
         fetched = self.dataset.select_columns(self.columns)[flat]
         samples = iter([dict(zip(self.columns, values)) for values in zip(*(fetched[c] for c in self.columns))])
-        return collate_rows([[next(samples) for _ in row] for row in rows], self.pad_id, length=self.row_length,
+        return self.collate([[next(samples) for _ in row] for row in rows], self.pad_id, length=self.row_length,
                             media=self.media)
 
 
-def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id: int, num_workers: int, media=None):
+def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id: int, num_workers: int, media=None,
+                       collate=collate_rows):
     """Iterator over the collated micro-batches of `epoch`, from micro-batch `start` on."""
     micro_batches = plan.epoch_order(epoch)[start:]
     row_length = plan.cutoff_len if plan.packing else None
     loader = DataLoader(
-        _MicroBatches(dataset, micro_batches, pad_id, row_length, media),
+        _MicroBatches(dataset, micro_batches, pad_id, row_length, media, collate),
         batch_size=None,
         shuffle=False,
         num_workers=num_workers,
@@ -94,7 +96,7 @@ def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id:
     return iter(loader)
 
 
-def eval_batches(dataset, batch_size: int, pad_id: int, media=None):
+def eval_batches(dataset, batch_size: int, pad_id: int, media=None, collate=collate_rows):
     order = [[i] for i in range(len(dataset))]
     micro = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    return _MicroBatches(dataset, micro, pad_id, None, media)
+    return _MicroBatches(dataset, micro, pad_id, None, media, collate)

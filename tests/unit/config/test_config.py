@@ -28,13 +28,13 @@ def test_packing_default_off_for_sft_and_neat_packing_turns_it_on():
 def test_all_problems_reported_at_once_with_suggestions():
     with pytest.raises(ConfigError) as info:
         build_config(None, {"datset": "x", "learning_rate": "fast", "tensor_model_parallel_size": 2,
-                            "stage": "dpo", "bf16": True, "fp16": True})
+                            "stage": "grpo", "bf16": True, "fp16": True})
     problems = info.value.problems
     text = "\n".join(problems)
     assert "did you mean 'dataset'" in text
     assert "'learning_rate' = 'fast'" in text
     assert "Megatron-Core engine is not available yet" in text
-    assert "stage: dpo" in text
+    assert "stage: grpo" in text
     assert len(problems) >= 4
 
 
@@ -115,3 +115,10 @@ def test_cross_checks_still_run_when_a_key_is_invalid():
 def test_interleave_probs_accepts_llamafactory_string():
     cfg = build_config(None, {"dataset": "a,b", "mix_strategy": "interleave_under", "interleave_probs": "0.7,0.3"})
     assert cfg.data.interleave_probs == [0.7, 0.3]
+
+
+def test_unquoted_no_strategy_means_no(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: x\nsave_strategy: no\neval_strategy: no\n")
+    cfg = build_config(path)
+    assert cfg.output.save_strategy == "no" and cfg.train.eval_strategy == "no"

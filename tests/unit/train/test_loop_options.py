@@ -7,7 +7,7 @@ from conftest import run_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.engines.single import NonFiniteError, SingleEngine
 from tunesmith.errors import TunesmithError
-from tunesmith.methods.sft import LossOutput
+from tunesmith.methods.base import LossOutput
 from tunesmith.train import checkpoint as ckpt
 from tunesmith.train.loop import train
 
@@ -53,7 +53,7 @@ def _engine(model, skip):
 
 def _nan_loss(model, batch):
     loss = model.weight.sum() * float("nan")
-    return LossOutput(loss, loss.detach(), 1)
+    return LossOutput(loss, {}, 1)
 
 
 def test_nonfinite_stops_or_skips():
@@ -71,10 +71,10 @@ def test_nonfinite_stops_or_skips():
 
 
 def _nan_on_second_step(monkeypatch):
-    from tunesmith.train import loop
+    from tunesmith.methods import sft
 
     calls = {"n": 0}
-    real = loop.sft_loss
+    real = sft.sft_loss
 
     def flaky(model, batch, num_label_tokens, fused_ce=None):
         calls["n"] += 1
@@ -83,7 +83,7 @@ def _nan_on_second_step(monkeypatch):
             out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(loop, "sft_loss", flaky)
+    monkeypatch.setattr(sft, "sft_loss", flaky)
 
 
 def test_nonfinite_in_the_loop_names_the_step(tmp_path, monkeypatch):

@@ -1,0 +1,83 @@
+"""`tunesmith score` (rewards for records in a file) and `tunesmith eval` (pairwise accuracy of a reward model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..data.collate import collate_pairs, collate_rows
+from ..data.render import RenderOptions, render_sft
+from ..data.sample import make_sample
+from ..data.sources import read_json_records
+from ..errors import DataError
+from ..methods.rm import sequence_rewards
+from ..models.load import pick_device
+
+
+def load_reward_model(path: str, device):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ..infer.load import is_adapter
+
+    if is_adapter(path):
+        from peft import AutoPeftModelForSequenceClassification
+
+        model = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    return model.to(device).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def _messages(record: dict, where: str) -> list[dict]:
+    if "messages" in record:
+        return record["messages"]
+    prompt = record.get("prompt", record.get("instruction"))
+    response = record.get("response", record.get("output"))
+    if prompt is None or response is None:
+        raise DataError(f"{where}: needs 'messages', or 'prompt' and 'response' (or 'instruction' and 'output'); "
+                        f"it has {sorted(record)}")
+    if record.get("input"):
+        prompt = f"{prompt}\n{record['input']}"
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+@torch.no_grad()
+def score_file(model_path: str, data: str, output: str | None, batch_size: int = 8) -> Path:
+    """Append a `score` to every record of a JSON/JSONL file; writes JSONL."""
+    device = pick_device()
+    model, tokenizer = load_reward_model(model_path, device)
+    records = read_json_records(Path(data))
+    opts = RenderOptions(cutoff_len=tokenizer.model_max_length if tokenizer.model_max_length < 1e6 else 4096)
+    rows = [render_sft(make_sample(_messages(r, f"{data}, record {i}"), source=data, index=i), tokenizer, opts)
+            for i, r in enumerate(records)]
+    scores: list[float] = []
+    for start in range(0, len(rows), batch_size):
+        batch = collate_rows([[r] for r in rows[start : start + batch_size]], tokenizer.pad_token_id).to(device)
+        scores += sequence_rewards(model, batch).tolist()
+    out = Path(output) if output else Path(data).with_suffix(".scored.jsonl")
+    with open(out, "w", encoding="utf-8") as f:
+        for record, score in zip(records, scores):
+            f.write(json.dumps({**record, "score": score}, ensure_ascii=False) + "\n")
+    return out
+
+
+@torch.no_grad()
+def pairwise_accuracy(model_path: str, cfg, batch_size: int = 8) -> dict:
+    """Accuracy (ties count as wrong) and mean rewards of a reward model on the pairs of cfg.data.dataset."""
+    from ..data.pipeline import prepare_data
+
+    device = pick_device()
+    model, tokenizer = load_reward_model(model_path, device)
+    pairs = prepare_data(cfg, tokenizer).train
+    records = [dict(zip(pairs.column_names, values)) for values in zip(*(pairs[c] for c in pairs.column_names))]
+    chosen, rejected = [], []
+    for start in range(0, len(records), batch_size):
+        part = records[start : start + batch_size]
+        rewards = sequence_rewards(model, collate_pairs([[r] for r in part], tokenizer.pad_token_id).to(device))
+        chosen += rewards[: len(part)].tolist()
+        rejected += rewards[len(part) :].tolist()
+    wins = sum(c > r for c, r in zip(chosen, rejected))
+    return {"pairs": len(chosen), "accuracy": wins / max(len(chosen), 1),
+            "reward_chosen": sum(chosen) / max(len(chosen), 1), "reward_rejected": sum(rejected) / max(len(rejected), 1)}
