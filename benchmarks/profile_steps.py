@@ -12,7 +12,7 @@ import torch
 
 from tunesmith.config.load import build_config, parse_cli_items
 from tunesmith.data.pipeline import prepare_data
-from tunesmith.methods.sft import sft_loss
+from tunesmith.methods import build_method
 from tunesmith.models.adapters import apply_finetuning
 from tunesmith.models.kernels import fused_ce_for
 from tunesmith.models.load import load_model, load_preprocessing, pick_device
@@ -32,15 +32,13 @@ def main() -> None:
     tokenizer, _, media = load_preprocessing(cfg)
     data = prepare_data(cfg, tokenizer, media)
     model = apply_finetuning(load_model(cfg.model, device), cfg.finetune)
-    plan = EpochPlan(data.train["length"], packing=cfg.packing, cutoff_len=cfg.data.cutoff_len,
-                     batch_size=cfg.train.per_device_train_batch_size, grad_accum=cfg.train.gradient_accumulation_steps,
-                     num_epochs=1, max_steps=-1, seed=0)
+    plan = EpochPlan.from_config(cfg, data.train["length"], num_epochs=1, max_steps=-1, seed=0)
     engine = _build_engine(cfg, model, device, plan.total_steps)
-    fused = fused_ce_for(model, cfg.model)
+    method = build_method(cfg, model, fused_ce_for(model, cfg.model))
     def batches():
         for epoch in range(1000):
             yield from micro_batch_loader(data.train, plan, epoch, 0, tokenizer.pad_token_id,
-                                          cfg.data.dataloader_num_workers, media)
+                                          cfg.data.dataloader_num_workers, media, method.collate)
 
     loader = batches()
     waits, computes, steps, tokens = 0.0, 0.0, 0.0, 0
@@ -52,7 +50,7 @@ def main() -> None:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
-        engine.forward_backward(batch, lambda m, b: sft_loss(m, b, max(b.num_label_tokens, 1), fused))
+        engine.forward_backward(batch, lambda m, b: method.loss(m, b, max(method.units(b), 1)))
         _sync()
         t2 = time.perf_counter()
         if (i + 1) % cfg.train.gradient_accumulation_steps == 0:

@@ -89,6 +89,7 @@ def render() -> str:
                 f"| {cell(field.description or '')} |"
             )
         lines.append("")
+    stages = ", ".join(f"`{s}`" for s in typing.get_args(GROUPS["finetune"].model_fields["stage"].annotation))
     lines += [
         "## Not available yet",
         "",
@@ -102,7 +103,7 @@ def render() -> str:
     lines += [f"| `{key}` | {cell(reason)} |" for key, reason in NOT_YET.items()]
     lines += [
         "",
-        "`stage` is `pt` or `sft`; these LLaMA-Factory stages are refused with a message that says so:",
+        f"`stage` is one of {stages}; these LLaMA-Factory stages are refused with a message that says so:",
         "",
         "| stage | not available yet |",
         "|---|---|",

@@ -197,3 +197,15 @@ def test_preference_examples_run(tmp_path, example):
     cli("train", f"examples/{example}.yaml", f"output_dir={out}", f"dataset_dir={DATA}", "max_steps=3",
         "eval_strategy=no", "val_size=0")
     assert (out / "model.safetensors").exists()
+
+
+def test_export_of_a_lora_reward_model_keeps_its_score_head(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    out, merged = tmp_path / "rm", tmp_path / "merged"
+    cli("train", *BASE, "stage=rm", "dataset=dpo_demo", "finetuning_type=lora", "max_steps=2",
+        "per_device_train_batch_size=4", f"output_dir={out}")
+    cli("export", "--model", out, "--export_dir", merged, "--export_dtype", "float32")
+    model = AutoModelForSequenceClassification.from_pretrained(merged)
+    assert "ForSequenceClassification" in model.config.architectures[0]
+    assert model.config.num_labels == 1

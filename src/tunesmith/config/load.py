@@ -40,12 +40,11 @@ NOT_YET: dict[str, str] = {
     "use_galore": "GaLore is not supported",
     "use_badam": "BAdam is not supported",
     "use_apollo": "APOLLO is not supported",
-    "reward_model": "online RL (ppo/grpo) is not available yet",
+    "reward_model": "set reward_funcs: [reward_model] and reward_model_path instead",
 }
 
 NOT_YET_STAGES = {
-    "ppo": "online RL",
-    "grpo": "online RL",
+    "ppo": "PPO with a value model",
 }
 
 # Keys that only matter for one finetuning_type: set elsewhere they do nothing, so we say so.
@@ -126,7 +125,7 @@ def _route_keys(flat: dict[str, Any], problems: list[str]) -> dict[str, dict[str
         if key in NOT_YET:
             problems.append(f"'{key}': {NOT_YET[key]}; remove the key")
         elif key == "stage" and value in NOT_YET_STAGES:
-            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use pt, sft, rm, dpo or kto")
+            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use pt, sft, rm, dpo, kto or grpo")
         elif key in KEY_TO_GROUP:
             routed[KEY_TO_GROUP[key]][key] = value
         else:

@@ -97,8 +97,9 @@ class DataConfig(_Group):
 
 
 class FinetuneConfig(_Group):
-    stage: Literal["pt", "sft", "rm", "dpo", "kto"] = Field(
-        "sft", description="Training stage: pt, sft, rm (reward model), dpo (preference: see pref_loss) or kto."
+    stage: Literal["pt", "sft", "rm", "dpo", "kto", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "reinforce"] = (
+        Field("sft", description="Training stage: pt, sft, rm (reward model), dpo (see pref_loss), kto, or online RL: "
+              "grpo and its presets dr_grpo, dapo, gspo, gspo_token, reinforce.")
     )
     finetuning_type: Literal["full", "freeze", "lora"] = Field("lora", description="Which parameters train.")
     freeze_trainable_layers: int = Field(
@@ -198,12 +199,53 @@ class OutputConfig(_Group):
     _strategy = field_validator("save_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
 
 
+class RLConfig(_Group):
+    """Online RL (stage grpo and its presets dr_grpo, dapo, gspo, gspo_token, reinforce)."""
+
+    num_generations: int = Field(8, ge=1, description="Responses sampled per prompt (the group size G).")
+    prompts_per_step: int = Field(16, ge=1, description="Prompts per optimiser step (rollout batch).")
+    max_new_tokens: int = Field(512, ge=1, description="Longest generated response, in tokens.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy); log-probs use it too.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce"] = Field("grpo", description="Advantage estimator.")
+    advantage_clip: float | None = Field(None, gt=0, description="Clip advantages to [-x, x].")
+    policy_loss: Literal["ppo_clip", "gspo", "gspo_token", "cispo", "reinforce"] = Field(
+        "ppo_clip", description="Policy loss."
+    )
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        Field("token-mean", description="How token losses are aggregated over the whole optimiser step.")
+    )
+    clip_ratio_low: float = Field(0.2, ge=0, description="Lower clip range of the importance ratio.")
+    clip_ratio_high: float = Field(0.2, ge=0, description="Upper clip range (DAPO clip-higher: 0.28).")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c for negative advantages.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch (1 = strictly on-policy).")
+    num_mini_batches: int = Field(1, ge=1, description="Optimiser steps per pass over a rollout batch.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the reference model (0 = off).")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    kl_in_reward: bool = Field(False, description="Subtract the KL from the reward instead of adding it to the loss.")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, draw more.")
+    max_resample_rounds: int = Field(3, ge=0, description="Dynamic sampling: extra draws before giving up.")
+    reward_funcs: list = Field(
+        default_factory=lambda: ["accuracy"],
+        description="Reward functions: names (accuracy, format, length, grounding, reward_model), "
+        "`module.path:function`, or {name, weight, ...} mappings; summed with their weights.",
+    )
+    reward_model_path: str | None = Field(None, description="A `stage: rm` output for the reward_model reward.")
+    eval_num_prompts: int = Field(64, ge=0, description="Held-out prompts scored greedily at each evaluation.")
+
+    _funcs = field_validator("reward_funcs", mode="before")(
+        classmethod(lambda cls, v: _split_names(v) if isinstance(v, str) else v)
+    )
+
+
 GROUPS: dict[str, type[_Group]] = {
     "model": ModelConfig,
     "data": DataConfig,
     "finetune": FinetuneConfig,
     "train": TrainConfig,
     "output": OutputConfig,
+    "rl": RLConfig,
 }
 
 SECRET_KEYS = frozenset({"swanlab_api_key", "hf_hub_token", "ms_hub_token", "wandb_api_key"})
@@ -217,6 +259,7 @@ class RunConfig(BaseModel):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
 
     @property
     def packing(self) -> bool:

@@ -46,6 +46,7 @@ SAMPLE_FEATURES = Features({
     "kto_tag": Value("bool"),
     "source": Value("string"),
     "index": Value("int64"),
+    "extra": Value("string"),
     _ERROR: Value("string"),
 })
 
@@ -150,7 +151,14 @@ def _build_sample(row, index, where, name, spec: DatasetSpec, stage, placeholder
         images=_media(row, spec, "images", where, media_dir),
         videos=_media(row, spec, "videos", where, media_dir),
         audios=_media(row, spec, "audios", where, media_dir),
+        extra=_extra_columns(row, spec),
     )
+
+
+def _extra_columns(row: dict, spec: DatasetSpec) -> dict:
+    """Columns no mapping consumes (an RL `answer`, a `target_box`, a reward `margin`): kept for later stages."""
+    used = {value for value in spec.columns.model_dump().values() if value}
+    return {k: v for k, v in row.items() if k not in used and not k.startswith("_") and v is not None}
 
 
 def fill_placeholders(text: str, placeholders: dict[str, str]) -> str:

@@ -190,7 +190,7 @@ def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -
         out["length"].append(len(chosen["input_ids"]) + len(rejected["input_ids"]))
         out["num_truncated"].append(int(bool(chosen["num_truncated"] or rejected["num_truncated"])))
         out["mm_plan"].append(chosen.get("mm_plan", ""))
-        out["margin"].append(float(sample.get("margin") or 0.0))
+        out["margin"].append(float(json.loads(sample.get("extra") or "{}").get("margin") or 0.0))
         out["source"].append(sample["source"])
     return out
 

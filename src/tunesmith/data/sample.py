@@ -13,6 +13,7 @@ which is what `datasets` stores between conversion and rendering:
       "kto_tag":  bool | None,
       "source":   str,            # dataset name, for error messages
       "index":    int,            # row number in that dataset, for error messages
+      "extra":    str,            # JSON of the row's other columns (RL answers, target boxes, margins)
     }
 
 For sft the last message is an assistant turn. For pt the text is
@@ -21,9 +22,11 @@ messages[0]["content"].
 
 from __future__ import annotations
 
+import json
+
 ROLES = ("system", "user", "assistant", "tool")
 
-SAMPLE_COLUMNS = ("messages", "tools", "images", "videos", "audios", "rejected", "kto_tag", "source", "index")
+SAMPLE_COLUMNS = ("messages", "tools", "images", "videos", "audios", "rejected", "kto_tag", "source", "index", "extra")
 
 
 def make_sample(
@@ -37,6 +40,7 @@ def make_sample(
     audios: list[str] | None = None,
     rejected: list[dict] | None = None,
     kto_tag: bool | None = None,
+    extra: dict | None = None,
 ) -> dict:
     return {
         "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
@@ -48,6 +52,7 @@ def make_sample(
         "kto_tag": kto_tag,
         "source": source,
         "index": int(index),
+        "extra": json.dumps(extra or {}, ensure_ascii=False, default=str),
     }
 
 

@@ -17,6 +17,28 @@ def is_adapter(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").exists()
 
 
+def _is_reward_model(path: str) -> bool:
+    """A `stage: rm` output: a sequence-classification folder or a SEQ_CLS LoRA adapter."""
+    adapter = Path(path) / "adapter_config.json"
+    if adapter.exists():
+        return json.loads(adapter.read_text()).get("task_type") == "SEQ_CLS"
+    config = Path(path) / "config.json"
+    return config.exists() and any(a.endswith("ForSequenceClassification")
+                                   for a in json.loads(config.read_text()).get("architectures") or [])
+
+
+def _model_class(config, path: str):
+    if _is_reward_model(path):
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification
+    return auto_model_class(config)
+
+
+def _head_kwargs(path: str) -> dict:
+    return {"num_labels": 1} if _is_reward_model(path) else {}
+
+
 def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = torch.float32, merge: bool = False):
     """(model, preprocessor): the processor for vision/audio-language models, else the tokenizer.
 
@@ -34,7 +56,7 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
         config = AutoConfig.from_pretrained(weights)
         multimodal = family_of(config) is not None
         preprocessor = (AutoProcessor if multimodal else AutoTokenizer).from_pretrained(path)
-        model = auto_model_class(config).from_pretrained(weights, dtype=dtype)
+        model = _model_class(config, path).from_pretrained(weights, dtype=dtype, **_head_kwargs(path))
         if is_adapter(path):
             from peft import PeftModel
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from ..data.templates import stop_tokens
 from ..engines.single import NonFiniteError, SingleEngine
 from ..errors import TunesmithError
 from ..methods import build_method
+from ..methods.grpo import RL_STAGES
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.kernels import fused_ce_for
 from ..models.load import load_model, load_preprocessing, pick_device
@@ -107,6 +109,8 @@ def train(cfg: RunConfig) -> TrainResult:
     if saver is not tokenizer:
         saver.chat_template = chat_template
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
+    if cfg.finetune.stage in RL_STAGES:
+        return _train_rl(cfg, device, tokenizer, saver, stop_ids, output_dir, resume)
     data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
     model = load_model(cfg.model, device, reward_head=cfg.finetune.stage == "rm")
@@ -114,20 +118,29 @@ def train(cfg: RunConfig) -> TrainResult:
     _set_stop_tokens(model, stop_ids)
     model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
     log.info(trainable_report(model))
-    plan = EpochPlan(
-        data.train["length"],
-        packing=cfg.packing,
-        cutoff_len=cfg.data.cutoff_len,
-        batch_size=cfg.train.per_device_train_batch_size,
-        grad_accum=cfg.train.gradient_accumulation_steps,
-        num_epochs=cfg.train.num_train_epochs,
-        max_steps=cfg.train.max_steps,
-        seed=cfg.train.seed,
-    )
+    plan = EpochPlan.from_config(cfg, data.train["length"])
     engine = _build_engine(cfg, model, device, plan.total_steps)
     method = build_method(cfg, model, fused_ce_for(model, cfg.model))
     runner = _Runner(cfg, engine, saver, data, plan, output_dir, method, media)
     return runner.run(resume)
+
+
+def _train_rl(cfg, device, tokenizer, saver, stop_ids, output_dir, resume) -> TrainResult:
+    from .rl_loop import apply_preset, prepare_prompts, run_rl
+
+    apply_preset(cfg)
+    prompts = prepare_prompts(cfg, tokenizer, cfg.data.dataset)
+    eval_prompts = prepare_prompts(cfg, tokenizer, cfg.data.eval_dataset) if cfg.data.eval_dataset else []
+    log.info("%d prompts for online RL (%d held out)", len(prompts), len(eval_prompts))
+    model = load_model(cfg.model, device)
+    _set_stop_tokens(model, stop_ids)
+    model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
+    log.info(trainable_report(model))
+    rl = cfg.rl
+    steps_per_epoch = math.ceil(len(prompts) / rl.prompts_per_step)
+    total = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(cfg.train.num_train_epochs * steps_per_epoch)
+    engine = _build_engine(cfg, model, device, total * rl.ppo_epochs * rl.num_mini_batches)
+    return run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, resume, total)
 
 
 def _set_stop_tokens(model, stop_ids: list[int]) -> None:

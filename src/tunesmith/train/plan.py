@@ -36,6 +36,14 @@ class EpochPlan:
         self.steps_per_epoch = math.ceil(self.micro_batches_per_epoch / grad_accum)
         self.total_steps = max_steps if max_steps > 0 else max(1, math.ceil(num_epochs * self.steps_per_epoch))
 
+    @classmethod
+    def from_config(cls, cfg, lengths: list[int], **overrides) -> "EpochPlan":
+        options = dict(packing=cfg.packing, cutoff_len=cfg.data.cutoff_len,
+                       batch_size=cfg.train.per_device_train_batch_size,
+                       grad_accum=cfg.train.gradient_accumulation_steps, num_epochs=cfg.train.num_train_epochs,
+                       max_steps=cfg.train.max_steps, seed=cfg.train.seed)
+        return cls(lengths, **{**options, **overrides})
+
     def epoch_order(self, epoch: int) -> list[list[list[int]]]:
         """Micro-batches of this epoch: each a list of rows, each row a list of sample indices."""
         gen = torch.Generator().manual_seed(self.seed * 1000003 + epoch)

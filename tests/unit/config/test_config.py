@@ -28,13 +28,13 @@ def test_packing_default_off_for_sft_and_neat_packing_turns_it_on():
 def test_all_problems_reported_at_once_with_suggestions():
     with pytest.raises(ConfigError) as info:
         build_config(None, {"datset": "x", "learning_rate": "fast", "tensor_model_parallel_size": 2,
-                            "stage": "grpo", "bf16": True, "fp16": True})
+                            "stage": "ppo", "bf16": True, "fp16": True})
     problems = info.value.problems
     text = "\n".join(problems)
     assert "did you mean 'dataset'" in text
     assert "'learning_rate' = 'fast'" in text
     assert "Megatron-Core engine is not available yet" in text
-    assert "stage: grpo" in text
+    assert "stage: ppo" in text
     assert len(problems) >= 4
 
 

@@ -143,7 +143,20 @@ def test_skip_bad_samples_counts_and_logs(num_proc, caplog):
         ds, skipped = _convert(records, formatting="sharegpt", skip=True, num_proc=num_proc)
     assert skipped == 3 and len(ds) == 3 and ds["index"] == [0, 2, 5]
     assert set(ds.column_names) == {"messages", "tools", "images", "videos", "audios", "rejected", "kto_tag",
-                                    "source", "index"}
+                                    "source", "index", "extra"}
     assert "record 1" in caplog.text
     with pytest.raises(DataError, match=r"record 1: .*\(2 more bad record"):
         _convert(records, formatting="sharegpt", skip=False, num_proc=num_proc)
+
+
+def test_unmapped_columns_travel_in_extra(tmp_path):
+    import json as _json
+
+    from datasets import Dataset
+
+    from tunesmith.data.formats import convert_rows
+    from tunesmith.data.registry import DatasetSpec
+
+    rows = Dataset.from_list([{"instruction": "What is 1 + 1?", "output": "2", "answer": "2", "margin": 0.5}])
+    ds, _ = convert_rows(rows, "x", DatasetSpec(file_name="x.json"), tmp_path, stage="sft")
+    assert _json.loads(ds[0]["extra"]) == {"answer": "2", "margin": 0.5}
