@@ -285,7 +285,10 @@ def run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, outpu
         for sink in sinks:
             sink.close()
     engine.export_hf(output_dir, saver)
-    (output_dir / "train_summary.json").write_text(json.dumps({**runner.state, **result.eval_metrics}, indent=1))
+    summary = {**runner.state, **result.eval_metrics}
+    if torch.cuda.is_available():
+        summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
     if cfg.output.plot_loss:
         plot_loss(output_dir)
     return result
