@@ -32,6 +32,8 @@ def _setup_logging() -> None:
     from .train.progress import console
 
     level = os.environ.get("TUNESMITH_LOG_LEVEL", "INFO").upper()
+    if int(os.environ.get("RANK", "0")) > 0:
+        level = "WARNING"  # one rank narrates; the others speak only up
     handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler], force=True)
     logging.getLogger("tunesmith").setLevel(level)
@@ -188,12 +190,35 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"tunesmith: unknown command '{argv[0]}'\n\n{USAGE}", file=sys.stderr)
         return 2
+    if argv[0] == "train" and not {"-h", "--help"} & set(argv):
+        from .launch import relaunch, wants_torchrun
+
+        if wants_torchrun():
+            return relaunch(argv)
     _setup_logging()
     try:
         return COMMANDS[argv[0]](argv[1:])
     except TunesmithError as err:
-        logging.getLogger("tunesmith").error("%s", err)
+        logging.getLogger("tunesmith").error("%s%s", _rank_prefix(), err)
         return 1
+    except Exception as err:
+        if "RANK" not in os.environ:
+            raise
+        # Under torchrun each failing rank says what failed once, with its rank, and exits.
+        import traceback
+
+        last = traceback.extract_tb(err.__traceback__)[-1]
+        logging.getLogger("tunesmith").error("%s%s: %s (at %s:%d)", _rank_prefix(), type(err).__name__, err,
+                                             last.filename, last.lineno)
+        return 1
+    finally:
+        from . import dist
+
+        dist.shutdown()
+
+
+def _rank_prefix() -> str:
+    return f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ _MEGATRON = (
 NOT_YET: dict[str, str] = {
     **{k: "the Megatron-Core engine is not available yet" for k in _MEGATRON},
     "deepspeed": "the DeepSpeed engine is not available yet; train on one device (backend: single)",
-    "fsdp": "the FSDP2 engine is not available yet; train on one device (backend: single)",
+    "fsdp": "HF Trainer-style fsdp strings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)",
     "quantization_bit": "quantized (QLoRA) training is not available yet",
     "quantization_method": "quantized (QLoRA) training is not available yet",
     "streaming": "streaming datasets are not available yet; use a local file or a hub dataset without streaming",

@@ -170,7 +170,11 @@ class TrainConfig(_Group):
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
-    backend: Literal["auto", "single"] = Field("auto", description="Training engine; multi-GPU engines come later.")
+    backend: Literal["auto", "single", "fsdp2"] = Field(
+        "auto", description="Training engine: auto (fsdp2 with more than one process, else single), single, fsdp2."
+    )
+    fsdp_offload: bool = Field(False, description="fsdp2: keep sharded parameters and optimizer states on the CPU.")
+    torch_compile: bool = Field(False, description="Compile each transformer block with torch.compile.")
     ddp_timeout: int = Field(1800, description="Seconds before a collective times out.")
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.schema import RunConfig
 from ..errors import DataError
+from .. import dist
 from . import cache
 from .loader import load_samples, split_eval
 from .registry import get_spec
@@ -98,14 +102,56 @@ def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: lis
     hit = None if cfg.data.overwrite_cache else cache.load_cached(key)
     if hit is not None:
         return hit[0], {**hit[1], "cache": f"hit {key}"}
-    dataset, report = _tokenize(cfg, tokenizer, opts, names, media)
-    cache.save_cached(key, dataset, report)
-    if tokenized_path:
+    if dist.world() > 1:
+        dataset, report = _tokenize_across_ranks(cfg, tokenizer, opts, names, media, key)
+    else:
+        dataset, report = _tokenize(cfg, tokenizer, opts, names, media)
+        cache.save_cached(key, dataset, report)
+    if tokenized_path and dist.is_main():
         cache.save_cached(Path(tokenized_path).name, dataset, report, Path(tokenized_path).parent)
     return dataset, {**report, "cache": f"miss {key}"}
 
 
-def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media=None):
+def _shard_of_this_rank(cfg: RunConfig) -> tuple[int, int]:
+    """(index, count): ranks split tokenization; without a shared file system, each node's ranks do."""
+    if cfg.data.data_shared_file_system:
+        return dist.rank(), dist.world()
+    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", str(dist.world())))
+
+
+def _tokenize_across_ranks(cfg, tokenizer, opts, names, media, key):
+    """Every rank tokenizes its own contiguous shard (no rank idles at a barrier while one does all the work),
+    then all of them read the assembled cache entry."""
+    index, count = _shard_of_this_rank(cfg)
+    shards = cache.tokenized_root() / f".{key}-shards"
+    part, report = _tokenize(cfg, tokenizer, opts, names, media, shard=(index, count))
+    part.save_to_disk(str(shards / str(index)))
+    (shards / f"{index}.json").write_text(json.dumps(report))
+    dist.barrier()
+    if index == 0:
+        from datasets import concatenate_datasets, load_from_disk
+
+        parts = [load_from_disk(str(shards / str(i))) for i in range(count)]
+        reports = [json.loads((shards / f"{i}.json").read_text()) for i in range(count)]
+        cache.save_cached(key, concatenate_datasets(parts), _merge_reports(reports))
+    dist.barrier()
+    if index == 0:
+        shutil.rmtree(shards, ignore_errors=True)
+    dataset, merged = cache.load_cached(key)
+    if len(dataset) == 0:
+        raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
+    return dataset, merged
+
+
+def _merge_reports(reports: list[dict]) -> dict:
+    merged = dict(reports[0])
+    for key, value in reports[0].items():
+        if isinstance(value, (int, float)):
+            merged[key] = sum(r[key] for r in reports)
+    return merged
+
+
+def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media=None, shard=None):
     samples, per_dataset = load_samples(
         names,
         dataset_dir=cfg.data.dataset_dir,
@@ -118,6 +164,8 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         num_proc=cfg.data.preprocessing_num_workers,
         placeholders=_placeholders(cfg),
     )
+    if shard is not None:
+        samples = samples.shard(num_shards=shard[1], index=shard[0], contiguous=True)
     tokenized = samples.map(
         renderer_for(cfg.finetune.stage),
         batched=True,
@@ -141,7 +189,7 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
     if num_too_long:
         log.warning("%d media sample(s) longer than cutoff_len=%d dropped: cutting them would cut their media "
                     "tokens; raise cutoff_len or lower the pixel budgets", num_too_long, cfg.data.cutoff_len)
-    if len(kept) == 0:
+    if len(kept) == 0 and shard is None:
         raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
     report = {
         "datasets": per_dataset,

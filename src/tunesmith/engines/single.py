@@ -28,6 +28,9 @@ class SingleEngine:
         self.max_grad_norm = max_grad_norm
         self.skip_nonfinite = skip_nonfinite
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        # Sharded engines average gradients over ranks; they set this to the world size so the
+        # average is the sum that the step's global normaliser expects.
+        self.loss_scale = 1
         self._nonfinite_loss = False
 
     def _autocast(self):
@@ -43,7 +46,8 @@ class SingleEngine:
             out = loss_fn(self.model, batch)
         if not torch.isfinite(out.loss.detach()):
             self._nonfinite_loss = True
-        loss = self.scaler.scale(out.loss) if self.scaler else out.loss
+        loss = out.loss * self.loss_scale if self.loss_scale != 1 else out.loss
+        loss = self.scaler.scale(loss) if self.scaler else loss
         loss.backward()
         return out
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import dist
 from ..errors import TunesmithError
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
@@ -50,18 +51,38 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(output_dir: Path, step: int, engine, tokenizer, trainer_state: dict, *, only_model: bool) -> Path:
+    """Every rank calls this (sharded engines save collectively); rank 0 owns the folder and the rename."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if dist.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
     engine.export_hf(tmp, tokenizer)
     if not only_model:
         engine.save(tmp)
-        (tmp / "rng_state.json").write_text(json.dumps(rng_state()))
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+        (tmp / _rng_file()).write_text(json.dumps(rng_state()))
+    dist.barrier()
+    if dist.is_main():
+        if not only_model:  # written last: the marker of a complete, resumable checkpoint
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    dist.barrier()
     return final
+
+
+def _rng_file() -> str:
+    return f"rng_state_{dist.rank()}.json" if dist.world() > 1 else "rng_state.json"
+
+
+def load_rng(ckpt: Path) -> None:
+    """This rank's RNG state; a checkpoint from another number of ranks falls back to rank 0's."""
+    path = ckpt / _rng_file()
+    if not path.exists():
+        candidates = [ckpt / "rng_state.json", ckpt / "rng_state_0.json"]
+        path = next((c for c in candidates if c.exists()), candidates[0])
+    set_rng_state(json.loads(path.read_text()))
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -110,7 +131,7 @@ def load_model_weights(model, ckpt: Path) -> None:
 
 
 def rotate(output_dir: Path, keep: int | None) -> None:
-    if keep is None:
+    if keep is None or not dist.is_main():
         return
     for old in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

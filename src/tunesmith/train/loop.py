@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
+from .. import dist
 from ..config.load import save_config
 from ..config.schema import RunConfig
 from ..data.pipeline import prepare_data, render_options
@@ -99,8 +100,11 @@ def precision_of(cfg: RunConfig, device: torch.device) -> str:
 
 
 def train(cfg: RunConfig) -> TrainResult:
-    output_dir, resume = prepare_output_dir(cfg)
-    save_config(cfg, output_dir / "tunesmith_config.yaml")
+    dist.init(cfg.train.ddp_timeout, force=cfg.train.backend == "fsdp2")
+    output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
+    dist.barrier()
+    if dist.is_main():
+        save_config(cfg, output_dir / "tunesmith_config.yaml")
     set_seed(cfg.train.seed)
     device = pick_device()
     tokenizer, saver, media = load_preprocessing(cfg)
@@ -152,17 +156,31 @@ def _set_stop_tokens(model, stop_ids: list[int]) -> None:
     model.generation_config.eos_token_id = current + [i for i in stop_ids if i not in current]
 
 
+def backend_of(cfg: RunConfig) -> str:
+    backend = cfg.train.backend
+    if backend == "auto":
+        return "fsdp2" if dist.world() > 1 else "single"
+    if backend == "single" and dist.world() > 1:
+        raise TunesmithError(f"backend: single runs one process, but {dist.world()} were launched; use fsdp2")
+    return backend
+
+
 def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngine:
+    """The engine the config names; sharding comes before the optimizer sees the parameters."""
     from .optim import build_optimizer, build_scheduler
 
+    precision = precision_of(cfg, device)
+    engine_class = SingleEngine
+    if backend_of(cfg) == "fsdp2":
+        from ..engines.fsdp2 import FSDP2Engine, parallelize
+
+        model = parallelize(model, precision=precision, cpu_offload=cfg.train.fsdp_offload,
+                            compile_blocks=cfg.train.torch_compile)
+        engine_class = FSDP2Engine
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)
-    return SingleEngine(
-        model, optimizer, scheduler, device,
-        precision=precision_of(cfg, device),
-        max_grad_norm=cfg.train.max_grad_norm,
-        skip_nonfinite=cfg.train.skip_nonfinite,
-    )
+    return engine_class(model, optimizer, scheduler, device, precision=precision,
+                        max_grad_norm=cfg.train.max_grad_norm, skip_nonfinite=cfg.train.skip_nonfinite)
 
 
 class _Runner:
@@ -188,7 +206,7 @@ class _Runner:
         self.method.prepare(self)
         if resume is not None:
             self._restore(resume)
-        sinks = build_sinks(self.cfg, self.output_dir, append=resume is not None)
+        sinks = build_sinks(self.cfg, self.output_dir, append=resume is not None) if dist.is_main() else []
         started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
         try:
             with _StopFlag() as stop, TrainProgress(self.plan.total_steps, self.state["global_step"]) as bar:
@@ -204,10 +222,11 @@ class _Runner:
         return self.result
 
     def _restore(self, path: Path) -> None:
-        ckpt.load_model_weights(self.engine.model, path)
+        if not getattr(self.engine, "loads_model_state", False):
+            ckpt.load_model_weights(self.engine.model, path)
         self.engine.load(path)
         self.state.update(json.loads((path / "trainer_state.json").read_text()))
-        ckpt.set_rng_state(json.loads((path / "rng_state.json").read_text()))
+        ckpt.load_rng(path)
         log.info("resumed from %s at step %d", path, self.state["global_step"])
 
     def _train_steps(self, stop: _StopFlag, bar, sinks) -> None:
@@ -218,7 +237,7 @@ class _Runner:
             if loader is None or position.micro_batch == 0:
                 loader = micro_batch_loader(
                     self.data.train, self.plan, position.epoch, position.micro_batch, self.pad_id,
-                    self.cfg.data.dataloader_num_workers, self.media, self.method.collate,
+                    self.cfg.data.dataloader_num_workers, self.media, self.method.collate, dist.rank(), dist.world(),
                 )
             start, end = self.plan.step_slice(position)
             batches = [next(loader) for _ in range(end - start)]
@@ -234,7 +253,7 @@ class _Runner:
                 return
 
     def _one_step(self, batches, window) -> None:
-        norm = max(sum(self.method.units(b) for b in batches), 1)
+        norm = max(dist.sum_int(sum(self.method.units(b) for b in batches)), 1)
         loss_fn = self.loss_fn(norm)
         step_loss, sums, count = 0.0, {}, 0
         for batch in batches:
@@ -243,6 +262,9 @@ class _Runner:
             count += out.count
             for key, value in out.sums.items():
                 sums[key] = sums.get(key, 0.0) + value
+        step_loss = dist.sum_float(step_loss)  # each rank holds its share of the step loss
+        count = dist.sum_int(count)
+        sums = {k: dist.sum_float(v) for k, v in sorted(sums.items())}
         step = self.state["global_step"] + 1
         try:
             result = self.engine.step()
@@ -252,7 +274,7 @@ class _Runner:
             self.state["num_skipped_steps"] += 1
             log.warning("step %d skipped: non-finite loss or gradient", step)
         self.state["global_step"] = step
-        num_tokens = sum(b.num_tokens for b in batches)
+        num_tokens = dist.sum_int(sum(b.num_tokens for b in batches))
         self.state["tokens_seen"] += num_tokens
         self.result.step_losses.append(step_loss)
         self.result.global_step = step
@@ -316,6 +338,8 @@ class _Runner:
 
     def _finish(self) -> None:
         self.engine.export_hf(self.output_dir, self.saver)
+        if not dist.is_main():
+            return
         summary = {**self.state, "eval_loss": self.result.eval_loss, **self.timing}
         if torch.cuda.is_available():
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .. import dist
 from ..data.collate import collate_rows
 from ..data.packing import pack_indices
 
@@ -25,14 +26,14 @@ class Position:
 
 class EpochPlan:
     def __init__(self, lengths: list[int], *, packing: bool, cutoff_len: int, batch_size: int, grad_accum: int,
-                 num_epochs: float, max_steps: int, seed: int):
+                 num_epochs: float, max_steps: int, seed: int, world: int = 1):
         self.rows = pack_indices(lengths, cutoff_len) if packing else [[i] for i in range(len(lengths))]
         self.packing = packing
         self.cutoff_len = cutoff_len
         self.batch_size = batch_size
         self.grad_accum = grad_accum
         self.seed = seed
-        self.micro_batches_per_epoch = math.ceil(len(self.rows) / batch_size)
+        self.micro_batches_per_epoch = math.ceil(math.ceil(len(self.rows) / batch_size) / world)
         self.steps_per_epoch = math.ceil(self.micro_batches_per_epoch / grad_accum)
         self.total_steps = max_steps if max_steps > 0 else max(1, math.ceil(num_epochs * self.steps_per_epoch))
 
@@ -41,7 +42,7 @@ class EpochPlan:
         options = dict(packing=cfg.packing, cutoff_len=cfg.data.cutoff_len,
                        batch_size=cfg.train.per_device_train_batch_size,
                        grad_accum=cfg.train.gradient_accumulation_steps, num_epochs=cfg.train.num_train_epochs,
-                       max_steps=cfg.train.max_steps, seed=cfg.train.seed)
+                       max_steps=cfg.train.max_steps, seed=cfg.train.seed, world=dist.world())
         return cls(lengths, **{**options, **overrides})
 
     def epoch_order(self, epoch: int) -> list[list[list[int]]]:
@@ -87,10 +88,20 @@ class _MicroBatches(Dataset):
                             media=self.media)
 
 
+def rank_share(micro_batches: list, rank: int, world: int) -> list:
+    """This rank's micro-batches: every world-th one. Padded by wrapping around so every rank runs the same
+    number of steps (an uneven count would leave ranks waiting in a collective)."""
+    if world == 1:
+        return micro_batches
+    per_rank = -(-len(micro_batches) // world)
+    padded = (micro_batches * (1 + per_rank * world // max(len(micro_batches), 1)))[: per_rank * world]
+    return padded[rank::world]
+
+
 def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id: int, num_workers: int, media=None,
-                       collate=collate_rows):
-    """Iterator over the collated micro-batches of `epoch`, from micro-batch `start` on."""
-    micro_batches = plan.epoch_order(epoch)[start:]
+                       collate=collate_rows, rank: int = 0, world: int = 1):
+    """Iterator over this rank's collated micro-batches of `epoch`, from micro-batch `start` on."""
+    micro_batches = rank_share(plan.epoch_order(epoch), rank, world)[start:]
     row_length = plan.cutoff_len if plan.packing else None
     loader = DataLoader(
         _MicroBatches(dataset, micro_batches, pad_id, row_length, media, collate),

@@ -10,6 +10,10 @@ console = Console(stderr=True)
 
 
 def print_data_report(report: dict, cfg) -> None:
+    from .. import dist
+
+    if not dist.is_main():
+        return
     table = Table(title="training data", show_lines=False)
     table.add_column("dataset")
     table.add_column("rows", justify="right")
@@ -29,7 +33,12 @@ def print_data_report(report: dict, cfg) -> None:
 
 
 class TrainProgress:
+    """The bar and metric lines, on the main rank only."""
+
     def __init__(self, total: int, done: int):
+        from .. import dist
+
+        self.enabled = dist.is_main()
         self.progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -43,15 +52,20 @@ class TrainProgress:
         self.task = self.progress.add_task("train", total=total, completed=done, loss=float("nan"))
 
     def __enter__(self):
-        self.progress.start()
+        if self.enabled:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc):
-        self.progress.stop()
+        if self.enabled:
+            self.progress.stop()
 
     def update(self, step: int, loss: float) -> None:
-        self.progress.update(self.task, completed=step, loss=loss)
+        if self.enabled:
+            self.progress.update(self.task, completed=step, loss=loss)
 
     def print_metrics(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
         parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()]
         self.progress.console.print(f"step {step}: " + "  ".join(parts))

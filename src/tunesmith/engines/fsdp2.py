@@ -1,0 +1,97 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters, gradients and optimizer states sharded per block.
+
+Parallelism is applied in one function, `parallelize`, in a fixed order:
+  1. activation checkpointing (already set on the model by models/load.py when asked for),
+  2. torch.compile of each block (when `torch_compile: true`),
+  3. sharding: every transformer block (language model and vision tower), then the root.
+FSDP averages gradients over ranks; the loop already divides every loss by the global
+normaliser of the whole optimiser step, so the engine scales the loss by the world size
+before backward and the average becomes the sum the normaliser expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from .single import SingleEngine
+
+_BLOCK_LISTS = ("layers", "blocks")  # ModuleLists that hold transformer blocks (LM layers, ViT blocks)
+
+
+def transformer_blocks(model) -> list[torch.nn.Module]:
+    """Every block of every `layers`/`blocks` ModuleList (language model, vision tower, audio encoder)."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in _BLOCK_LISTS:
+            found.extend(module)
+    return found
+
+
+def parallelize(model, *, precision: str, cpu_offload: bool, compile_blocks: bool) -> torch.nn.Module:
+    """Apply checkpointing (already on the model), compile, then FSDP2 sharding, in that order."""
+    blocks = transformer_blocks(model)
+    if compile_blocks:
+        for block in blocks:
+            block.compile()
+    policy = {}
+    if precision == "bf16":
+        policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        policy["offload_policy"] = CPUOffloadPolicy()
+    for block in blocks:
+        fully_shard(block, **policy)
+    fully_shard(model, **policy)
+    return model
+
+
+class FSDP2Engine(SingleEngine):
+    """The single-device engine's loop contract, on a sharded model; checkpoints through DCP."""
+
+    loads_model_state = True  # engine.load restores the (sharded) weights too
+
+    def __init__(self, model, optimizer, scheduler, device, *, precision: str, max_grad_norm: float,
+                 skip_nonfinite: bool):
+        # FSDP2 casts parameters for compute itself; autocast is not needed (and pure_bf16 keeps bf16 params).
+        super().__init__(model, optimizer, scheduler, device, precision="fp32" if precision == "bf16" else precision,
+                         max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite)
+        self.loss_scale = dist.get_world_size()
+
+    def save(self, path: Path) -> None:
+        state = {"model": get_model_state_dict(self.model),
+                 "optim": get_optimizer_state_dict(self.model, self.optimizer)}
+        dcp.save(state, checkpoint_id=str(Path(path) / "dcp"))
+        if dist.get_rank() == 0:
+            torch.save({"scheduler": self.scheduler.state_dict()}, Path(path) / "engine_state.pt")
+
+    def load(self, path: Path) -> None:
+        state = {"model": get_model_state_dict(self.model),
+                 "optim": get_optimizer_state_dict(self.model, self.optimizer)}
+        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))  # reshards to this world size
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        saved = torch.load(Path(path) / "engine_state.pt", map_location="cpu", weights_only=True)
+        self.scheduler.load_state_dict(saved["scheduler"])
+
+    def export_hf(self, path: Path, tokenizer) -> None:
+        """Gather the full weights (to CPU, rank 0) and write a normal Hugging Face folder."""
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            self.model.save_pretrained(str(path), state_dict=full, safe_serialization=True)
+            tokenizer.save_pretrained(str(path))
+        dist.barrier()
+
+    def full_state_for_rollout(self) -> dict:
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+

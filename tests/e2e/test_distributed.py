@@ -1,0 +1,62 @@
+"""Two CPU processes under torchrun (gloo): FSDP2 gives the single-process numbers; DCP state reshards."""
+
+import json
+import os
+
+import pytest
+
+from test_cli import BASE, cli, metrics
+
+COMMON = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=64", "logging_steps=1",
+          "learning_rate=1e-3"]
+
+
+def _two_ranks(monkeypatch):
+    monkeypatch.setenv("FORCE_TORCHRUN", "1")
+    monkeypatch.setenv("NPROC_PER_NODE", "2")
+    monkeypatch.setenv("MASTER_PORT", str(29600 + os.getpid() % 300))
+
+
+def _losses(out):
+    return [m["loss"] for m in metrics(out) if "loss" in m]
+
+
+@pytest.mark.slow
+def test_fsdp2_on_two_ranks_equals_one_process_and_resumes_on_one(tmp_path, monkeypatch):
+    single = tmp_path / "single"
+    cli("train", *COMMON, "max_steps=4", "per_device_train_batch_size=4", "save_strategy=no", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    sharded = tmp_path / "fsdp2"
+    cli("train", *COMMON, "max_steps=4", "per_device_train_batch_size=2", "save_steps=2", f"output_dir={sharded}")
+    assert _losses(sharded) == pytest.approx(_losses(single), rel=1e-5)
+    ckpt = sharded / "checkpoint-2"
+    assert (ckpt / "dcp").is_dir() and (ckpt / "rng_state_1.json").exists() and (ckpt / "model.safetensors").exists()
+    monkeypatch.delenv("FORCE_TORCHRUN")
+    cli("train", *COMMON, "max_steps=4", "per_device_train_batch_size=4", "backend=fsdp2", "save_strategy=no",
+        f"output_dir={sharded}", f"resume_from_checkpoint={ckpt}")
+    assert _losses(sharded)[-2:] == pytest.approx(_losses(single)[2:], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_an_error_in_the_ranks_is_reported_once_per_rank(tmp_path, monkeypatch):
+    _two_ranks(monkeypatch)
+    proc = cli("train", *COMMON, "max_steps=1", "freeze_extra_modules=nonexistent", "finetuning_type=freeze",
+               f"output_dir={tmp_path / 'bad'}", check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.count("rank 0:") == 1 and proc.stderr.count("rank 1:") == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_backend_single_refuses_several_processes():
+    from tunesmith.config.load import build_config
+    from tunesmith.errors import TunesmithError
+    from tunesmith.train import loop
+
+    cfg = build_config(None, {"dataset": "x", "backend": "single"})
+    old = loop.dist.world
+    loop.dist.world = lambda: 2
+    try:
+        with pytest.raises(TunesmithError, match="backend: single runs one process"):
+            loop.backend_of(cfg)
+    finally:
+        loop.dist.world = old
