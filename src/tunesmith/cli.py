@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -15,10 +16,12 @@ commands:
   train   [cfg.yaml] [key=value ...] [--key value ...]   fine-tune a model (see `tunesmith train --help`)
   data    [cfg.yaml] [key=value ...] [--index N]         inspect a dataset: counts, lengths, one rendered sample
   data clean                                             remove the tokenized-data caches
+  estimate [cfg.yaml] [key=value ...] [--gpus N]         memory per GPU a training config needs; warns if it won't fit
   chat    --model DIR [--prompt TEXT] [--image F]...     talk to a trained model (interactive without --prompt)
   export  --model DIR --export_dir OUT                   merge LoRA and write a standalone Hugging Face model
   score   --model RM --data FILE                         reward-model scores for the records of a file
   eval    --model RM dataset=NAME                        pairwise accuracy of a reward model
+  bench   --shape qwen3-1.7b [key=value ...]             synthetic throughput benchmark (tokens/s, MFU, memory)
   env                                                    versions, GPUs and usable optional features
 
 Config keys are LLaMA-Factory's (model_name_or_path, dataset, template, cutoff_len, ...).
@@ -104,6 +107,29 @@ def cmd_data(items: list[str]) -> int:
     return 0
 
 
+def cmd_estimate(items: list[str]) -> int:
+    if {"-h", "--help"} & set(items):
+        print("usage: tunesmith estimate [cfg.yaml] [key=value ...] [--gpus N] [--gpu-memory-gib G]\n\n"
+              "Memory per GPU a training config needs (weights, gradients, optimizer states, activations, logits), "
+              "counted on the meta device without loading weights. Takes the same keys as `tunesmith train`. "
+              "--gpus: GPUs to shard over (default: WORLD_SIZE / NPROC_PER_NODE / visible GPUs); "
+              "--gpu-memory-gib: memory per GPU (default: the first GPU's, else 141 for an H200).")
+        return 0
+    flags = {}
+    for flag in ("--gpus", "--gpu-memory-gib"):
+        if flag in items:
+            at = items.index(flag)
+            flags[flag], items = float(items[at + 1]), items[:at] + items[at + 2 :]
+    from .estimate import estimate_memory, print_estimate
+    from .train.progress import console
+
+    cfg = _config_from(items)
+    result = estimate_memory(cfg, num_gpus=int(flags["--gpus"]) if "--gpus" in flags else None,
+                             gpu_gib=flags.get("--gpu-memory-gib"))
+    print_estimate(console, cfg, result)
+    return 0
+
+
 def cmd_chat(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tunesmith chat", description="Talk to a trained model.")
     parser.add_argument("--model", "--model_name_or_path", dest="model", required=True,
@@ -170,6 +196,30 @@ def cmd_eval(items: list[str]) -> int:
     return 0
 
 
+def cmd_bench(items: list[str]) -> int:
+    if {"-h", "--help"} & set(items):
+        from . import bench
+
+        print(bench.__doc__)
+        return 0
+    options = {"--shape": "qwen3-1.7b", "--num_samples": "1000", "--min_len": "200", "--max_len": "2000"}
+    hf_baseline = "--hf_baseline" in items
+    items = [i for i in items if i != "--hf_baseline"]
+    for flag in options:
+        if flag in items:
+            at = items.index(flag)
+            options[flag] = items[at + 1]
+            items = items[:at] + items[at + 2 :]
+    from .bench import run
+    from .config.load import parse_cli_items
+
+    _, overrides = parse_cli_items(items)
+    result = run(options["--shape"], int(options["--num_samples"]), int(options["--min_len"]),
+                 int(options["--max_len"]), overrides, hf_baseline)
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
 def cmd_env(argv: list[str]) -> int:
     from .env import collect
 
@@ -179,7 +229,8 @@ def cmd_env(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": cmd_train, "data": cmd_data, "chat": cmd_chat, "export": cmd_export, "env": cmd_env,
-            "score": cmd_score, "eval": cmd_eval}
+            "score": cmd_score, "eval": cmd_eval, "bench": cmd_bench,
+            "estimate": cmd_estimate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"tunesmith: unknown command '{argv[0]}'\n\n{USAGE}", file=sys.stderr)
         return 2
-    if argv[0] == "train" and not {"-h", "--help"} & set(argv):
+    if argv[0] in ("train", "bench") and not {"-h", "--help"} & set(argv):
         from .launch import relaunch, wants_torchrun
 
         if wants_torchrun():

@@ -209,3 +209,24 @@ def test_export_of_a_lora_reward_model_keeps_its_score_head(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(merged)
     assert "ForSequenceClassification" in model.config.architectures[0]
     assert model.config.num_labels == 1
+
+
+def test_bench_reports_throughput_and_mfu_with_a_trainer_baseline():
+    proc = cli("bench", "--shape", "tiny", "--num_samples", "32", "--min_len", "20", "--max_len", "120",
+               "max_steps=3", "per_device_train_batch_size=4", "packing=true", "--hf_baseline")
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    result = json.loads(line[len("RESULT "):])
+    assert result["global_step"] == 3 and result["train_tokens_per_s"] > 0 and result["mfu"] > 0
+    assert result["hf_trainer"]["train_tokens_per_s"] > 0
+
+
+def test_bench_flops_formula():
+    from types import SimpleNamespace
+
+    from tunesmith.bench import flops_per_token
+
+    cfg = SimpleNamespace(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                          intermediate_size=16, vocab_size=10)
+    per_layer = 8 * 4 * (2 * 2 + 2 * 1) + 3 * 8 * 16  # q,k,v,o + gate/up/down
+    n = 2 * per_layer + 10 * 8
+    assert flops_per_token(cfg, 100) == 6 * n + 12 * 2 * 2 * 4 * 100

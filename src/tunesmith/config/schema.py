@@ -38,6 +38,8 @@ class ModelConfig(_Group):
     )
     adapter_name_or_path: str | None = Field(None, description="A LoRA adapter directory to load on top of the model.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off unless you trust it).")
+    random_init: bool = Field(False, description="Build the architecture of config.json with random weights "
+                              "(benchmarks; `tunesmith bench` sets it).")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
     flash_attn: Literal["auto", "sdpa", "eager", "fa2", "flex", "disabled"] = Field(

@@ -117,6 +117,9 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
     if cfg.enable_liger_kernel:
         _apply_liger_for(path, cfg)
+    if cfg.random_init:
+        config.num_labels = extra.get("num_labels", config.num_labels)
+        return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device)
     try:
         model = model_class.from_pretrained(
             path,
@@ -129,6 +132,16 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         )
     except OSError as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    return _finish_model(model, cfg, device)
+
+
+def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
+    """Random weights, created on the device (a 8B model in fp32 would take minutes on the CPU)."""
+    with torch.device(device):
+        return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg.flash_attn, device))
+
+
+def _finish_model(model, cfg: ModelConfig, device):
     model.config.use_cache = False
     linearize_patch_embeds(model)
     if cfg.gradient_checkpointing:

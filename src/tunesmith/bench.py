@@ -1,0 +1,165 @@
+"""`tunesmith bench`: a synthetic SFT workload on a random-initialised model of a named shape.
+
+    tunesmith bench --shape qwen3-1.7b --num_samples 1000 --min_len 200 --max_len 2000 [key=value ...] [--hf_baseline]
+
+Token ids are random (the speed of a step does not depend on them), lengths are uniform in
+[min_len, max_len], half of each sample is supervised. Any `tunesmith train` key can follow
+(bf16=true, packing=true, cutoff_len=4096, per_device_train_batch_size=4, backend=fsdp2, ...).
+Reports tokens/s, MFU, step time and peak memory per GPU; `--hf_baseline` runs the same data,
+batch and precision through the Hugging Face Trainer in the same process for comparison.
+
+MFU = tokens/s x FLOPs/token / (989e12 x GPUs), FLOPs/token = 6*N + 12*L*H*d_head*S (DESIGN.md):
+N = parameters that do matmuls (an untied input-embedding table excluded), L layers, H heads,
+S = mean sample length (each sample attends only within itself, packed or not).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+PEAK_BF16 = 989e12
+
+SHAPES = {
+    "tiny": None,  # tiny:qwen3 as built by models/tiny.py (a CPU check of the harness)
+    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+}
+
+
+def model_folder(shape: str, root: Path) -> Path:
+    """config.json of the shape plus the tiny tokenizer; weights are created at random by `random_init`."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .errors import ConfigError
+    from .models.tiny import build_tiny
+
+    if shape not in SHAPES:
+        raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
+    tiny = build_tiny("qwen3")
+    folder = root / shape
+    config = AutoConfig.from_pretrained(tiny)
+    for key, value in (SHAPES[shape] or {}).items():
+        setattr(config, key, value)
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    config.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    return folder
+
+
+def synthetic_data(folder: Path, num: int, min_len: int, max_len: int, vocab: int, seed: int = 0) -> Path:
+    """A tokenized dataset in tunesmith's cache format (used through `tokenized_path`)."""
+    from datasets import Dataset
+
+    from .data.cache import save_cached
+
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "labels": [], "length": [], "source": []}
+    for _ in range(num):
+        n = rng.randint(min_len, max_len)
+        ids = [rng.randrange(16, min(vocab, 2000)) for _ in range(n)]
+        rows["input_ids"].append(ids)
+        rows["labels"].append([-100] * (n // 2) + ids[n // 2 :])
+        rows["length"].append(n)
+        rows["source"].append("synthetic")
+    report = {"datasets": {"synthetic": {"rows": num, "skipped": 0}}, "num_rows": num, "num_truncated": 0,
+              "num_dropped_no_labels": 0, "num_tokens": sum(rows["length"])}
+    return save_cached("synthetic", Dataset.from_dict(rows), report, folder)
+
+
+def flops_per_token(config, mean_len: float) -> float:
+    """6*N + 12*L*H*d_head*S, N = matmul parameters (input embedding excluded unless tied, as the lm_head)."""
+    h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    d = getattr(config, "head_dim", None) or h // heads
+    kv = config.num_key_value_heads
+    per_layer = h * d * (2 * heads + 2 * kv) + 3 * h * config.intermediate_size
+    n = layers * per_layer + config.vocab_size * h  # the lm_head matmul (tied or not)
+    return 6 * n + 12 * layers * heads * d * mean_len
+
+
+def run(shape: str, num_samples: int, min_len: int, max_len: int, overrides: dict, hf_baseline: bool) -> dict:
+    import torch
+
+    from . import dist
+    from .config.load import build_config
+    from .train.loop import train
+
+    root = Path(tempfile.mkdtemp(prefix="tunesmith-bench-"))
+    folder = model_folder(shape, root)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    data = synthetic_data(root / "data", num_samples, min_len, max_len, config.vocab_size)
+    flat = {"model_name_or_path": str(folder), "random_init": True, "tokenized_path": str(data),
+            "dataset": "synthetic", "finetuning_type": "full", "output_dir": str(root / "out"),
+            "save_strategy": "no", "logging_steps": 10, "cutoff_len": max_len, **overrides}
+    cfg = build_config(None, flat)
+    started = time.perf_counter()
+    train(cfg)
+    end_to_end = time.perf_counter() - started
+    summary = json.loads((root / "out" / "train_summary.json").read_text())
+    gpus = max(dist.world(), 1)
+    mean_len = (min_len + max_len) / 2
+    result = {"shape": shape, "gpus": gpus, "end_to_end_s": end_to_end, **summary,
+              "flops_per_token": flops_per_token(config, mean_len)}
+    result["mfu"] = result["train_tokens_per_s"] * result["flops_per_token"] / (PEAK_BF16 * gpus)
+    if hf_baseline and dist.is_main():
+        result["hf_trainer"] = hf_trainer_baseline(cfg, folder, data)
+    if torch.cuda.is_available():
+        result["gpu"] = torch.cuda.get_device_name(0)
+    return result
+
+
+def hf_trainer_baseline(cfg, folder: Path, data: Path) -> dict:
+    """The same tokens through transformers.Trainer: right padding, same batch, accumulation, precision."""
+    import torch
+    from datasets import load_from_disk
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    dataset = load_from_disk(str(data)).remove_columns(["length", "source"])
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), attn_implementation="sdpa")
+
+    def collate(rows):
+        width = max(len(r["input_ids"]) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"]), 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+    class Timer(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_train_end(self, *a, **k):
+            self.seconds = time.perf_counter() - self.start
+
+    timer = Timer()
+    args = TrainingArguments(output_dir=str(data.parent / "hf"), per_device_train_batch_size=cfg.train.per_device_train_batch_size,
+                             gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
+                             max_steps=cfg.train.max_steps, num_train_epochs=cfg.train.num_train_epochs,
+                             learning_rate=cfg.train.learning_rate, bf16=cfg.model.bf16, optim="adamw_torch_fused"
+                             if torch.cuda.is_available() else "adamw_torch", report_to=[], save_strategy="no",
+                             logging_steps=50, remove_unused_columns=False, use_cpu=not torch.cuda.is_available(),
+                             include_num_input_tokens_seen="non_padding")
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate, callbacks=[timer])
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    state = trainer.train()
+    tokens = int(trainer.state.num_input_tokens_seen)
+    out = {"train_seconds": timer.seconds, "train_tokens": tokens, "train_tokens_per_s": tokens / timer.seconds,
+           "steps": state.global_step}
+    if torch.cuda.is_available():
+        out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
