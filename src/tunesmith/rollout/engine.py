@@ -36,7 +36,9 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, model, prompts: list[list[int]], num_generations: int, media: dict | None = None,
-                 greedy: bool = False) -> list[list[int]]:
+                 greedy: bool = False, token_types: dict | None = None) -> list[list[int]]:
+        """`media`: the prompts' processed pixel tensors; `token_types` ({"image": id, "video": id}) lets the
+        model compute its 3-D positions (mm_token_type_ids) for vision-language prompts."""
         device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -44,6 +46,13 @@ class HFRollout:
         for row, prompt in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
+        extra = dict(media or {})
+        if token_types:
+            types = torch.zeros_like(ids)
+            for kind, code in (("image", 1), ("video", 2)):
+                if kind in token_types:
+                    types[ids == token_types[kind]] = code
+            extra["mm_token_type_ids"] = types.to(device)
         was_training = model.training
         model.eval()
         sampling = {"do_sample": False} if greedy or not self.sampling["temperature"] else {"do_sample": True,
@@ -51,7 +60,7 @@ class HFRollout:
         try:
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
                                  max_new_tokens=self.max_new_tokens, num_return_sequences=num_generations,
-                                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **(media or {}), **sampling)
+                                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **extra, **sampling)
         finally:
             model.train(was_training)
         return [self._cut(row[width:].tolist()) for row in out]

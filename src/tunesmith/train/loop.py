@@ -114,7 +114,7 @@ def train(cfg: RunConfig) -> TrainResult:
         saver.chat_template = chat_template
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     if cfg.finetune.stage in RL_STAGES:
-        return _train_rl(cfg, device, tokenizer, saver, stop_ids, output_dir, resume)
+        return _train_rl(cfg, device, tokenizer, saver, media, stop_ids, output_dir, resume)
     data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
     model = load_model(cfg.model, device, reward_head=cfg.finetune.stage == "rm")
@@ -129,12 +129,12 @@ def train(cfg: RunConfig) -> TrainResult:
     return runner.run(resume)
 
 
-def _train_rl(cfg, device, tokenizer, saver, stop_ids, output_dir, resume) -> TrainResult:
+def _train_rl(cfg, device, tokenizer, saver, media, stop_ids, output_dir, resume) -> TrainResult:
     from .rl_loop import apply_preset, prepare_prompts, run_rl
 
     apply_preset(cfg)
-    prompts = prepare_prompts(cfg, tokenizer, cfg.data.dataset)
-    eval_prompts = prepare_prompts(cfg, tokenizer, cfg.data.eval_dataset) if cfg.data.eval_dataset else []
+    prompts = prepare_prompts(cfg, tokenizer, cfg.data.dataset, media)
+    eval_prompts = prepare_prompts(cfg, tokenizer, cfg.data.eval_dataset, media) if cfg.data.eval_dataset else []
     log.info("%d prompts for online RL (%d held out)", len(prompts), len(eval_prompts))
     model = load_model(cfg.model, device)
     _set_stop_tokens(model, stop_ids)
@@ -144,7 +144,7 @@ def _train_rl(cfg, device, tokenizer, saver, stop_ids, output_dir, resume) -> Tr
     steps_per_epoch = math.ceil(len(prompts) / rl.prompts_per_step)
     total = cfg.train.max_steps if cfg.train.max_steps > 0 else math.ceil(cfg.train.num_train_epochs * steps_per_epoch)
     engine = _build_engine(cfg, model, device, total * rl.ppo_epochs * rl.num_mini_batches)
-    return run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, resume, total)
+    return run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, resume, total, media)
 
 
 def _set_stop_tokens(model, stop_ids: list[int]) -> None:

@@ -18,6 +18,7 @@ import time
 import torch
 
 from ..data.collate import collate_rows
+from ..data.mm import check_placeholders, expand_media_tokens, has_media, to_content_parts
 from ..data.pipeline import render_options
 from ..data.render import IGNORE_INDEX, render_text
 from ..data.sample import where
@@ -40,8 +41,11 @@ def apply_preset(cfg) -> None:
             setattr(cfg.rl, key, value)
 
 
-def prepare_prompts(cfg, tokenizer, names: list[str]) -> list[dict]:
-    """Prompt token ids (chat template with the generation prompt) and each sample's columns for the rewards."""
+def prepare_prompts(cfg, tokenizer, names: list[str], media=None) -> list[dict]:
+    """Prompt token ids (chat template with the generation prompt) and each sample's columns for the rewards.
+
+    Media prompts (vision-language models) are planned from their headers, as for SFT: the media tokens are
+    expanded to what the processor would produce, and the plan travels with the prompt."""
     from ..data.loader import load_samples
 
     samples, _ = load_samples(names, dataset_dir=cfg.data.dataset_dir, stage=cfg.finetune.stage,
@@ -51,22 +55,37 @@ def prepare_prompts(cfg, tokenizer, names: list[str]) -> list[dict]:
     opts = render_options(cfg, tokenizer)
     prompts = []
     for sample in samples:
-        if sample["images"] or sample["videos"] or sample["audios"]:
-            raise DataError(f"{where(sample)}: online RL with image/video/audio prompts is not available yet")
         messages = sample["messages"]
         extra = json.loads(sample.get("extra") or "{}")
         if messages and messages[-1]["role"] == "assistant":  # an SFT-style record: its answer is the reference
             extra.setdefault("answer", messages[-1]["content"])
             messages = messages[:-1]
-        text = render_text(tokenizer, messages, opts, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][-cfg.data.cutoff_len:]
-        prompts.append({"ids": ids, "text": text, "sample": {**extra, "messages": messages}})
+        prompt = _prompt_ids(sample, messages, tokenizer, opts, media)
+        if len(prompt["ids"]) > cfg.data.cutoff_len:
+            raise DataError(f"{where(sample)}: the prompt has {len(prompt['ids'])} tokens, more than "
+                            f"cutoff_len={cfg.data.cutoff_len}; raise cutoff_len")
+        prompts.append({**prompt, "sample": {**extra, "messages": messages}})
     return prompts
 
 
+def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts, media) -> dict:
+    has = has_media(sample)
+    if has and media is None:
+        raise DataError(f"{where(sample)} has media but the model is a text-only model")
+    text = render_text(tokenizer, to_content_parts(messages) if has else messages, opts, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not has:
+        return {"ids": ids, "text": text, "mm_plan": ""}
+    check_placeholders({**sample, "messages": messages})
+    expansions, plan = media.plan(sample)
+    ids, _ = expand_media_tokens(ids, list(ids), expansions, IGNORE_INDEX)
+    return {"ids": ids, "text": text, "mm_plan": plan}
+
+
 class RLRunner:
-    def __init__(self, cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir):
+    def __init__(self, cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, media=None):
         self.cfg, self.engine, self.tokenizer, self.saver = cfg, engine, tokenizer, saver
+        self.media = media
         self.prompts, self.eval_prompts, self.output_dir = prompts, eval_prompts, output_dir
         rl = cfg.rl
         self.method = GRPOMethod(rl, cfg.finetune.stage)
@@ -99,10 +118,22 @@ class RLRunner:
         return picked
 
     # ---- one step -------------------------------------------------------------------------------
+    def _generation_media(self, prompts: list[dict]) -> dict | None:
+        """The prompts' processed media (decoded once per rollout) and token types, for generate()."""
+        if self.media is None or not any(p["mm_plan"] for p in prompts):
+            return None
+        empty = {"images": [], "videos": [], "audios": []}
+        inputs, _ = self.media.process([json.loads(p["mm_plan"]) if p["mm_plan"] else empty for p in prompts])
+        device = self.engine.device
+        return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw",
+                                                                    "pixel_values_videos", "video_grid_thw")}
+
     def _rollout(self, prompts: list[dict], greedy: bool = False, generations: int | None = None):
         g = generations or self.cfg.rl.num_generations
         self.rollout.sync(self.engine)
-        responses = self.rollout.generate(self.engine.model, [p["ids"] for p in prompts], g, greedy=greedy)
+        media = self._generation_media(prompts)
+        responses = self.rollout.generate(self.engine.model, [p["ids"] for p in prompts], g, media=media,
+                                          greedy=greedy, token_types=self.media.token_ids if media else None)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         expanded = [p for p in prompts for _ in range(g)]
         total, per_fn = self.rewards([p["text"] for p in expanded], texts, [p["sample"] for p in expanded],
@@ -136,12 +167,12 @@ class RLRunner:
         return (*kept, zero_share)
 
     def _micro_batches(self, prompts, responses, advantages) -> list:
-        rows = [[{"input_ids": p["ids"] + r, "labels": [IGNORE_INDEX] * len(p["ids"]) + r}]
+        rows = [[{"input_ids": p["ids"] + r, "labels": [IGNORE_INDEX] * len(p["ids"]) + r, "mm_plan": p["mm_plan"]}]
                 for p, r in zip(prompts, responses)]
         size = self.cfg.train.per_device_train_batch_size
         batches = []
         for start in range(0, len(rows), size):
-            batch = collate_rows(rows[start : start + size], self.tokenizer.pad_token_id)
+            batch = collate_rows(rows[start : start + size], self.tokenizer.pad_token_id, media=self.media)
             batch.extra["advantages_B"] = advantages[start : start + size]
             batches.append(batch.to(self.engine.device))
         return batches
@@ -248,13 +279,13 @@ def _concat(a: tuple, b: tuple) -> tuple:
     return (a[0] + b[0], a[1] + b[1], torch.cat([a[2], b[2]]), torch.cat([a[3], b[3]]), per_fn)
 
 
-def run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, resume, total_steps):
+def run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, resume, total_steps, media=None):
     """Drive RLRunner: progress bar, logging, evaluation, checkpoints, SIGTERM."""
     from .loop import TrainResult, _StopFlag
     from .metrics import build_sinks, plot_loss
     from .progress import TrainProgress
 
-    runner = RLRunner(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir)
+    runner = RLRunner(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, media)
     if resume is not None:
         runner.restore(resume)
     result = TrainResult(output_dir, runner.state["global_step"])

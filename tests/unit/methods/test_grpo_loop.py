@@ -71,3 +71,12 @@ def test_rl_resume_is_exact(tmp_path):
     train(run_config(tmp_path / "r", **common, save_strategy="steps", save_steps=2))
     resumed = train(run_config(tmp_path / "r", **common, resume_from_checkpoint=str(tmp_path / "r" / "checkpoint-2")))
     assert resumed.step_losses == pytest.approx(straight.step_losses[2:], abs=1e-6)
+
+
+def test_vision_language_prompts_go_through_the_same_loop(tmp_path):
+    out = tmp_path / "vl"
+    result = train(run_config(out, **{**RL, "dataset": "gui_click_demo", "template": "auto"},
+                              model_name_or_path="tiny:qwen2_5_vl", finetuning_type="lora", image_max_pixels=16384,
+                              cutoff_len=2048, reward_funcs=["grounding", "test_grpo_loop:varied_reward"]))
+    assert result.global_step == 2 and all(torch.isfinite(torch.tensor(result.step_losses)))
+    assert any("reward_grounding" in m for m in _metrics(out))

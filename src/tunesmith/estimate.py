@@ -1,0 +1,270 @@
+"""`tunesmith estimate`: the memory a training config needs per GPU, before a run.
+
+Nothing is allocated: the model is built on the meta device from its Hugging Face
+config, so even a 70B model is counted in a second. The estimate is rough (it is
+meant to answer "will it fit?", not to predict the allocator's peak to the MiB):
+
+Parameters
+    N   = numel of the model built on the meta device (tied weights counted once).
+    N_t = trainable parameters, by finetuning_type:
+          full   - every parameter outside the frozen media parts;
+          freeze - the parameters `models.adapters.apply_finetuning` leaves trainable
+                   (the last freeze_trainable_layers language-model layers, freeze_extra_modules,
+                   media parts whose freeze_* flag is off), computed on the meta model;
+          lora   - r * (d_in + d_out) for every targeted nn.Linear (lora_target: all = every
+                   linear layer except the output head and the frozen media parts; otherwise
+                   the linear layers whose name ends with a listed name), + d_out per layer
+                   with DoRA, + the additional_target modules in full.
+          Vision/audio towers and projectors stay frozen per freeze_vision_tower /
+          freeze_multi_modal_projector, and the language model per freeze_language_model.
+
+Model states (per GPU; W = the number of GPUs, sharded over W when the backend is fsdp2,
+or auto with W > 1)
+    weights    N   * 4 B (fp32 master weights; bf16/fp16 autocast or fp32), 2 B with pure_bf16
+    gradients  N_t * 4 B, 2 B with pure_bf16
+    optimizer  N_t * 8 B (AdamW exp_avg + exp_avg_sq), 4 B with pure_bf16
+    fsdp_offload moves these sharded states to the CPU (reported as CPU memory per GPU
+    process); the GPU then keeps only the gathered parameters of about two layers.
+    Sharded runs also hold the all-gathered (unsharded) parameters of about two layers.
+
+Activations for one micro-batch of B rows x S tokens (S = cutoff_len, an upper bound
+unless packing fills every row; preference stages dpo and rm run chosen + rejected, 2B rows),
+with L layers, hidden size H, A attention heads and k = bytes per activation / 2
+(k = 1 with bf16/fp16/pure_bf16, k = 2 in fp32), after Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models", whose per-layer
+s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
+    one layer        a1 = B*S*(34*H + 5*A*S) * k bytes; the 5*A*S term (the attention matrix)
+                     is dropped with SDPA / flash attention (every flash_attn choice but eager)
+    no checkpointing L * a1
+    checkpointing    L * B*S*H * 2k bytes (each layer's input) + a1 (the layer being recomputed)
+    logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); about 0 with
+                     enable_liger_kernel (the fused linear + cross-entropy never builds them)
+    Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
+
+Not counted: a dpo/kto reference model copy, the GRPO rollout (generation KV cache),
+media-encoder activations of vision/audio-language models, and allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from .config.schema import RunConfig
+
+GIB = 1024**3
+OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS/attention workspaces
+DEFAULT_GPU_GIB = 141.0  # one H200
+
+FOOTNOTE = (
+    "weights N*4 B (2 with pure_bf16), grads N_t*4 B (2), AdamW N_t*8 B (4), /W when sharded (fsdp2); "
+    "activations per layer B*S*(34H + 5AS)*k B (k=1 for 16-bit, 2 for fp32; 5AS dropped with sdpa/flash), "
+    "x L without checkpointing, L*B*S*H*2k + one layer with it; logits B*S*V*4*2 B (0 with Liger); +1 GiB CUDA context"
+)
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def num_gpus_default() -> int:
+    """GPUs the run will use: WORLD_SIZE, else NPROC_PER_NODE x NNODES, else the CUDA device count (>= 1)."""
+    if "WORLD_SIZE" in os.environ:
+        return max(int(os.environ["WORLD_SIZE"]), 1)
+    if "NPROC_PER_NODE" in os.environ:
+        return max(int(os.environ["NPROC_PER_NODE"]) * int(os.environ.get("NNODES", "1")), 1)
+    return max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
+
+
+def gpu_memory_default() -> float | None:
+    """The first GPU's total memory in GiB, None without a GPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    return None
+
+
+def meta_model(hf_config):
+    """The model built on the meta device: shapes and names, no storage."""
+    from .models.load import auto_model_class
+
+    with torch.device("meta"):
+        return auto_model_class(hf_config).from_config(hf_config)
+
+
+def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
+    """(N, N_t) for the model and the config's finetuning settings (see the module docstring)."""
+    from .models.adapters import apply_finetuning, frozen_parameters
+
+    ft = cfg.finetune
+    total = sum(p.numel() for p in model.parameters())
+    if ft.finetuning_type != "lora":
+        apply_finetuning(model, ft)  # only sets requires_grad: works on meta tensors
+        return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = frozen_parameters(model, ft)
+    output = model.get_output_embeddings()
+    trainable = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is output or f"{name}.weight" in frozen:
+            continue
+        if "all" not in ft.lora_target and not any(name == t or name.endswith(f".{t}") for t in ft.lora_target):
+            continue
+        trainable += ft.lora_rank * (module.in_features + module.out_features)
+        if ft.use_dora:
+            trainable += module.out_features
+    for name, module in model.named_modules():
+        if any(name == t or name.endswith(f".{t}") for t in ft.additional_target):
+            trainable += sum(p.numel() for p in module.parameters())
+    return total, trainable
+
+
+def _text_dims(hf_config) -> dict:
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return {"L": text.num_hidden_layers, "H": text.hidden_size, "A": text.num_attention_heads, "V": text.vocab_size}
+
+
+def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float | None = None,
+                    hf_config=None) -> dict:
+    """Memory per GPU in GiB for a training config, and the notes that explain it.
+
+    num_gpus: W (default: WORLD_SIZE / NPROC_PER_NODE / CUDA device count); gpu_gib: the GPU's
+    memory (default: the first GPU's, else 141 for an H200); hf_config: a transformers config to
+    use instead of loading the one of model_name_or_path (tests, hand-built shapes).
+
+    Returns {"params", "trainable_params", "num_gpus", "sharded", "gpu_gib", "weights", "gradients",
+    "optimizer", "gathered_params", "activations", "logits", "overhead", "total", "cpu", "fits",
+    "biggest", "notes"} (memory keys in GiB per GPU; "cpu" is CPU memory per GPU process).
+    """
+    if hf_config is None:
+        from .models.load import load_config
+
+        hf_config = load_config(cfg.model)
+    W = num_gpus or num_gpus_default()
+    gpu_gib = gpu_gib or gpu_memory_default() or DEFAULT_GPU_GIB
+    model = meta_model(hf_config)
+    N, N_t = count_parameters(model, cfg)
+    dims = _text_dims(hf_config)
+    L, H, A, V = dims["L"], dims["H"], dims["A"], dims["V"]
+    notes: list[str] = []
+
+    m, t, ft = cfg.model, cfg.train, cfg.finetune
+    pure = m.pure_bf16
+    backend = t.backend
+    sharded = W > 1 and backend in ("fsdp2", "auto")
+    if backend == "single" and W > 1:
+        notes.append(f"backend: single runs one process, but {W} GPUs would be launched; use fsdp2 or auto")
+    shards = W if sharded else 1
+    weights = N * (2 if pure else 4) / shards / GIB
+    gradients = N_t * (2 if pure else 4) / shards / GIB
+    optimizer = N_t * (4 if pure else 8) / shards / GIB
+    # A sharded engine all-gathers a layer's parameters (in the compute dtype) for its forward/backward,
+    # prefetching the next: about two layers unsharded at a time.
+    gathered = (2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB) if sharded else 0.0
+    cpu = 0.0
+    if t.fsdp_offload:
+        if backend == "single" or (backend == "auto" and W == 1):
+            notes.append("fsdp_offload only acts with the fsdp2 backend; it is ignored here")
+        else:
+            cpu = weights + gradients + optimizer
+            weights = gradients = optimizer = 0.0
+            gathered = 2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB
+
+    # Activations for one micro-batch.
+    rows = t.per_device_train_batch_size * (2 if ft.stage in ("dpo", "rm") else 1)
+    S = cfg.data.cutoff_len
+    k = 1 if (pure or m.bf16 or m.fp16) else 2
+    flash = m.flash_attn not in ("eager", "disabled")
+    per_layer = rows * S * (34 * H + (0 if flash else 5 * A * S)) * k
+    if m.gradient_checkpointing:
+        act_bytes = L * rows * S * H * 2 * k + per_layer
+    else:
+        act_bytes = L * per_layer
+    activations = act_bytes / GIB
+    vocab = 1 if ft.stage == "rm" else V
+    logits = 0.0 if m.enable_liger_kernel else rows * S * vocab * 4 * 2 / GIB
+    total = weights + gradients + optimizer + gathered + activations + logits + OVERHEAD_GIB
+
+    terms = {"weights": weights, "gradients": gradients, "optimizer states": optimizer,
+             "activations": activations, "logits": logits}
+    biggest = max(terms, key=terms.get)
+    fits = total <= gpu_gib
+    if not cfg.packing:
+        notes.append(f"activations assume every row is cutoff_len={S} tokens long (an upper bound without packing)")
+    copy_ref = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type != "lora")
+    if ft.stage in ("dpo", "kto") and copy_ref and ft.pref_loss not in ("orpo", "simpo"):
+        notes.append("a frozen reference model copy is not counted (about N*2 B more per GPU)")
+    if ft.stage in ("grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "reinforce"):
+        notes.append("the rollout (generation and its KV cache) is not counted")
+    if not fits:
+        notes.append(f"does not fit: {total:.1f} GiB > {gpu_gib:.1f} GiB; the biggest term is {biggest} "
+                     f"({terms[biggest]:.1f} GiB)")
+        notes.extend(_advice(cfg, terms, W))
+    return {
+        "params": N, "trainable_params": N_t, "num_gpus": W, "sharded": sharded, "gpu_gib": gpu_gib,
+        "weights": weights, "gradients": gradients, "optimizer": optimizer, "gathered_params": gathered,
+        "activations": activations, "logits": logits, "overhead": OVERHEAD_GIB, "total": total, "cpu": cpu,
+        "fits": fits, "biggest": biggest, "notes": notes,
+    }
+
+
+def _advice(cfg: RunConfig, terms: dict, W: int) -> list[str]:
+    """What would help, for every term that is a sizeable share (> 10%) of the total, biggest first."""
+    m, t, ft = cfg.model, cfg.train, cfg.finetune
+    total = sum(terms.values()) or 1.0
+    big = {name for name, value in terms.items() if value > 0.1 * total}
+    tips: list[str] = []
+    if "activations" in big and not m.gradient_checkpointing:
+        tips.append("set gradient_checkpointing: true (keeps one tensor per layer, recomputes the rest)")
+    if "logits" in big and not m.enable_liger_kernel:
+        tips.append("set enable_liger_kernel: true (the fused linear + cross-entropy never builds the logits)")
+    if big & {"activations", "logits"}:
+        if t.per_device_train_batch_size > 1:
+            tips.append("lower per_device_train_batch_size and raise gradient_accumulation_steps to keep the batch")
+        tips.append(f"lower cutoff_len (now {cfg.data.cutoff_len})")
+    if big & {"weights", "gradients", "optimizer states"}:
+        if ft.finetuning_type == "full" and big & {"gradients", "optimizer states"}:
+            tips.append("use finetuning_type: lora (gradients and optimizer states become tiny)")
+        if not m.pure_bf16:
+            tips.append("set pure_bf16: true (halves weights, gradients and optimizer states)")
+        tips.append(f"shard over more GPUs with backend: fsdp2 (now {W} GPU{'s' if W > 1 else ''})")
+        if not t.fsdp_offload:
+            tips.append("set fsdp_offload: true with fsdp2 (the sharded states live in CPU memory)")
+    return ["try: " + tip for tip in tips]
+
+
+def print_estimate(console, cfg: RunConfig, result: dict) -> None:
+    from rich.table import Table
+
+    r = result
+    gpus = f"{r['num_gpus']} GPU{'s' if r['num_gpus'] > 1 else ''}" + (", sharded by fsdp2" if r["sharded"] else "")
+    console.print(f"[bold]{cfg.model.model_name_or_path}[/bold]: {_count(r['params'])} parameters, "
+                  f"{_count(r['trainable_params'])} trainable ({cfg.finetune.finetuning_type}); {gpus}; "
+                  f"micro-batch {cfg.train.per_device_train_batch_size} x {cfg.data.cutoff_len} tokens",
+                  highlight=False)
+    table = Table(caption="GiB per GPU")
+    table.add_column("term")
+    table.add_column("GiB", justify="right")
+    rows = [("weights", r["weights"]), ("gradients", r["gradients"]), ("optimizer states", r["optimizer"])]
+    if r["gathered_params"]:
+        rows.append(("gathered layer params", r["gathered_params"]))
+    rows += [("activations", r["activations"]), ("logits", r["logits"]), ("CUDA context", r["overhead"])]
+    for name, value in rows:
+        table.add_row(name, f"{value:.2f}")
+    table.add_row("[bold]total[/bold]", f"[bold]{r['total']:.2f}[/bold]", end_section=True)
+    table.add_row("GPU memory", f"{r['gpu_gib']:.1f}")
+    if r["cpu"]:
+        table.add_row("CPU memory (offloaded, per GPU)", f"{r['cpu']:.2f}")
+    console.print(table)
+    if r["fits"]:
+        console.print(f"[green]fits[/green]: {r['total']:.1f} of {r['gpu_gib']:.1f} GiB "
+                      f"({100 * r['total'] / r['gpu_gib']:.0f}%)")
+    for note in r["notes"]:
+        style = "yellow" if note.startswith(("does not fit", "try:")) else "dim"
+        console.print(f"[{style}]{note}[/{style}]", highlight=False)
+    console.print(f"[dim]formulas: {FOOTNOTE}[/dim]", highlight=False)
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
