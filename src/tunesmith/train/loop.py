@@ -100,6 +100,7 @@ def precision_of(cfg: RunConfig, device: torch.device) -> str:
 
 
 def train(cfg: RunConfig) -> TrainResult:
+    _sharded_resume_needs_fsdp2(cfg)
     dist.init(cfg.train.ddp_timeout, force=cfg.train.backend == "fsdp2")
     output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
     dist.barrier()
@@ -114,6 +115,9 @@ def train(cfg: RunConfig) -> TrainResult:
         saver.chat_template = chat_template
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     if cfg.finetune.stage in RL_STAGES:
+        if dist.world() > 1:
+            raise TunesmithError("online RL on several processes is not available yet (rollouts and normalisers "
+                                 "are per process); run it on one GPU")
         return _train_rl(cfg, device, tokenizer, saver, media, stop_ids, output_dir, resume)
     data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
@@ -154,6 +158,16 @@ def _set_stop_tokens(model, stop_ids: list[int]) -> None:
     current = model.generation_config.eos_token_id
     current = list(current) if isinstance(current, (list, tuple)) else ([current] if current is not None else [])
     model.generation_config.eos_token_id = current + [i for i in stop_ids if i not in current]
+
+
+def _sharded_resume_needs_fsdp2(cfg: RunConfig) -> None:
+    """Resuming FSDP2 (DCP) state: backend auto means fsdp2 even on one process."""
+    resume = cfg.output.resume_from_checkpoint
+    if cfg.train.backend != "auto" or resume in (None, False, "false", ""):
+        return
+    path = ckpt.resolve_resume(Path(cfg.output.output_dir), resume)
+    if path is not None and (path / "dcp").is_dir():
+        cfg.train.backend = "fsdp2"
 
 
 def backend_of(cfg: RunConfig) -> str:

@@ -25,6 +25,7 @@ from ..data.sample import where
 from ..errors import DataError, TunesmithError
 from ..methods.advantages import ADVANTAGES, clip_advantages, zero_variance_groups
 from ..methods.grpo import PRESETS, GRPOMethod, response_logps
+from ..methods.policy_losses import kl_penalty
 from ..methods.preference import Reference
 from ..rollout.engine import HFRollout
 from ..rollout.rewards import build_rewards
@@ -166,14 +167,27 @@ class RLRunner:
                                  "raise max_resample_rounds or check the reward functions")
         return (*kept, zero_share)
 
-    def _micro_batches(self, prompts, responses, advantages) -> list:
+    @torch.no_grad()
+    def _sequence_kl(self, batches) -> torch.Tensor:
+        """Per-sequence KL(policy || reference) over the response tokens (kl_in_reward), on CPU."""
+        values = []
+        for batch in batches:
+            mask = batch.targets_BT != IGNORE_INDEX
+            policy = batch.extra.get("old_logps_BT")
+            if policy is None:
+                with self.engine._autocast():
+                    policy = response_logps(self.engine.model, batch, self.cfg.rl.temperature)[0]
+            kl = kl_penalty(policy, batch.extra["ref_logps_BT"], self.cfg.rl.kl_estimator) * mask
+            values.append(kl.sum(-1).float().cpu())
+        return torch.cat(values)
+
+    def _micro_batches(self, prompts, responses) -> list:
         rows = [[{"input_ids": p["ids"] + r, "labels": [IGNORE_INDEX] * len(p["ids"]) + r, "mm_plan": p["mm_plan"]}]
                 for p, r in zip(prompts, responses)]
         size = self.cfg.train.per_device_train_batch_size
         batches = []
         for start in range(0, len(rows), size):
             batch = collate_rows(rows[start : start + size], self.tokenizer.pad_token_id, media=self.media)
-            batch.extra["advantages_B"] = advantages[start : start + size]
             batches.append(batch.to(self.engine.device))
         return batches
 
@@ -205,19 +219,26 @@ class RLRunner:
                     count += out.count
                     for k, v in out.sums.items():
                         sums[k] = sums.get(k, 0.0) + v
-                self.engine.step()
+                result = self.engine.step()
                 losses.append(step_loss)
+                self.optimizer_steps.append((result.grad_norm, result.lr))
         return losses, sums, count
 
     def step(self) -> dict:
+        self.optimizer_steps: list[tuple[float, float]] = []  # (grad norm, lr) of each update this step
         timing = {"generate": 0.0, "score": 0.0, "train": 0.0}
         t0 = time.perf_counter()
         prompts, responses, rewards, groups, per_fn, zero_share = self._collect(timing)
         t1 = time.perf_counter()
+        batches = self._micro_batches(prompts, responses)
+        self._attach_old_and_ref(batches)
+        if self.cfg.rl.kl_coef and self.cfg.rl.kl_in_reward:
+            rewards = rewards - self.cfg.rl.kl_coef * self._sequence_kl(batches)
         advantages = ADVANTAGES[self.cfg.rl.advantage](rewards, groups)
         advantages = clip_advantages(advantages, self.cfg.rl.advantage_clip)
-        batches = self._micro_batches(prompts, responses, advantages)
-        self._attach_old_and_ref(batches)
+        size = self.cfg.train.per_device_train_batch_size
+        for i, batch in enumerate(batches):
+            batch.extra["advantages_B"] = advantages[i * size : (i + 1) * size].to(self.engine.device)
         t2 = time.perf_counter()
         losses, sums, count = self._update(batches)
         timing["train"] = time.perf_counter() - t2
@@ -228,7 +249,10 @@ class RLRunner:
 
     def _step_metrics(self, responses, rewards, advantages, per_fn, zero_share, losses, sums, count, timing, tokens):
         lengths = torch.tensor([len(r) for r in responses], dtype=torch.float32)
-        metrics = {"loss": sum(losses) / max(len(losses), 1), "reward_mean": float(rewards.mean()),
+        norms = [n for n, _ in self.optimizer_steps]
+        metrics = {"loss": sum(losses) / max(len(losses), 1), "grad_norm": sum(norms) / max(len(norms), 1),
+                   "lr": self.optimizer_steps[-1][1] if self.optimizer_steps else 0.0,
+                   "reward_mean": float(rewards.mean()),
                    "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
                    "advantage_mean": float(advantages.mean()), "advantage_std": float(advantages.std()),
                    "response_length_mean": float(lengths.mean()), "response_length_max": float(lengths.max()),

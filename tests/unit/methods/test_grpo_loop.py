@@ -80,3 +80,23 @@ def test_vision_language_prompts_go_through_the_same_loop(tmp_path):
                               cutoff_len=2048, reward_funcs=["grounding", "test_grpo_loop:varied_reward"]))
     assert result.global_step == 2 and all(torch.isfinite(torch.tensor(result.step_losses)))
     assert any("reward_grounding" in m for m in _metrics(out))
+
+
+def test_kl_in_reward_lowers_the_rewards_not_the_loss(tmp_path, monkeypatch):
+    from tunesmith.train import rl_loop
+
+    seen = {}
+    real = rl_loop.RLRunner._sequence_kl
+
+    def spy(self, batches):
+        seen["kl"] = real(self, batches)
+        return seen["kl"] + 1.0  # a visible, known KL per sequence
+
+    monkeypatch.setattr(rl_loop.RLRunner, "_sequence_kl", spy)
+    out = tmp_path / "k"
+    train(run_config(out, **{**RL, "max_steps": 1}, kl_coef=0.5, kl_in_reward=True,
+                     reward_funcs=["test_grpo_loop:varied_reward"]))
+    step = next(m for m in _metrics(out) if "reward_mean" in m)
+    raw = step["reward_test_grpo_loop:varied_reward"]
+    assert step["reward_mean"] == pytest.approx(raw - 0.5 * (float(seen["kl"].mean()) + 1.0), abs=1e-4)
+    assert "lr" in step and "grad_norm" in step
