@@ -124,6 +124,14 @@ def sequence_log_ratio(logps_NT, old_logps_NT, mask_NT) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
+def _clipped_from_log_ratio(log_ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip):
+    """The clipped surrogate of ppo_clip / gspo / gspo_token, from their (token or sequence) log-ratio."""
+    ratio = torch.exp(log_ratio)
+    losses, metrics = _clipped_surrogate(ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
+    metrics.update(_ratio_metrics(ratio, log_ratio, mask))
+    return losses, metrics
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip(
     logps_NT, old_logps_NT, advantages_NT, mask_NT, *, clip_ratio_low=0.2, clip_ratio_high=0.2, dual_clip=None, **kw
@@ -137,10 +145,7 @@ def ppo_clip(
     """
     logp, old, adv, mask = _prep(logps_NT, old_logps_NT, advantages_NT, mask_NT)
     log_ratio = _masked_log_ratio(logp, old, mask)
-    ratio = torch.exp(log_ratio)
-    losses, metrics = _clipped_surrogate(ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
-    metrics.update(_ratio_metrics(ratio, log_ratio, mask))
-    return losses, metrics
+    return _clipped_from_log_ratio(log_ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
 
 
 @register_policy_loss("gspo")
@@ -158,10 +163,7 @@ def gspo(
     logp, old, adv, mask = _prep(logps_NT, old_logps_NT, advantages_NT, mask_NT)
     s_N = sequence_log_ratio(logp, old, mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     log_ratio = s_N[:, None].expand_as(logp)
-    ratio = torch.exp(log_ratio)
-    losses, metrics = _clipped_surrogate(ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
-    metrics.update(_ratio_metrics(ratio, log_ratio, mask))
-    return losses, metrics
+    return _clipped_from_log_ratio(log_ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
 
 
 @register_policy_loss("gspo_token")
@@ -178,10 +180,7 @@ def gspo_token(
     s_N = sequence_log_ratio(logp, old, mask).detach().clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     logp_valid = torch.where(mask, logp, torch.zeros_like(logp))
     log_ratio = torch.where(mask, s_N[:, None] + logp_valid - logp_valid.detach(), torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio)
-    losses, metrics = _clipped_surrogate(ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
-    metrics.update(_ratio_metrics(ratio, log_ratio, mask))
-    return losses, metrics
+    return _clipped_from_log_ratio(log_ratio, adv, mask, clip_ratio_low, clip_ratio_high, dual_clip)
 
 
 @register_policy_loss("cispo")
