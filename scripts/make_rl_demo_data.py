@@ -63,6 +63,20 @@ def make_arith_rl(num_train: int = 400, num_eval: int = 100, seed: int = 21) -> 
     return [_arith_record(rng, *q) for q in train_q], [_arith_record(rng, *q) for q in eval_q]
 
 
+def make_digit_sums(seed: int = 5) -> tuple[list[dict], list[dict]]:
+    """(train, eval) for the GRPO learning demo: all 100 sums of two digits, asked two ways for training and a
+    third, unseen way for evaluation, so held-out prompts test the same facts in new words."""
+    rng = random.Random(seed)
+    train_phrases = ["What is {a} + {b}? Answer with the number only.", "Compute {a} + {b}. Give only the number."]
+    eval_phrase = "Add {a} and {b}. Reply with the number only."
+    facts = [(a, b) for a in range(10) for b in range(10)]
+    train = [{"instruction": p.format(a=a, b=b), "answer": str(a + b)} for a, b in facts for p in train_phrases]
+    held_out = [{"instruction": eval_phrase.format(a=a, b=b), "answer": str(a + b)} for a, b in facts]
+    rng.shuffle(train)
+    rng.shuffle(held_out)
+    return train, held_out
+
+
 # ---------------------------------------------------------------- GUI click grounding
 
 BUTTON_LABELS = ["OK", "Cancel", "Save", "Open", "Close", "Help", "Next", "Back", "Delete", "Print", "Send",
@@ -156,6 +170,10 @@ DATASET_INFO = {
     "arith_rl_eval": {"file_name": "arith_rl_eval.json", "columns": {"prompt": "instruction"}},
     # The same prompts with their answers as responses: the SFT warm-up before GRPO.
     "arith_sft": {"file_name": "arith_rl.json", "columns": {"prompt": "instruction", "response": "answer"}},
+    # The GRPO learning demo (examples/qwen3_grpo_digits.yaml): an SFT warm-up on digit_sums_sft, then GRPO.
+    "digit_sums_rl": {"file_name": "digit_sums.json", "columns": {"prompt": "instruction"}},
+    "digit_sums_eval": {"file_name": "digit_sums_eval.json", "columns": {"prompt": "instruction"}},
+    "digit_sums_sft": {"file_name": "digit_sums.json", "columns": {"prompt": "instruction", "response": "answer"}},
     "gui_click_demo": {"file_name": "gui_click_demo.json", "columns": {"prompt": "instruction", "images": "images"}},
 }
 
@@ -177,9 +195,12 @@ def build_all(out_dir: Path | None) -> dict[str, str]:
     if out_dir is not None:
         (Path(out_dir) / MEDIA_DIR).mkdir(parents=True, exist_ok=True)
     train, held_out = make_arith_rl()
+    digits, digits_eval = make_digit_sums()
     texts = {
         "arith_rl.json": _as_json(train),
         "arith_rl_eval.json": _as_json(held_out),
+        "digit_sums.json": _as_json(digits),
+        "digit_sums_eval.json": _as_json(digits_eval),
         "gui_click_demo.json": _as_json(make_gui_click_demo(Path(out_dir) if out_dir is not None else None)),
     }
     info_path = Path(out_dir) / "dataset_info.json" if out_dir is not None else None
