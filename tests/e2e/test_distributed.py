@@ -60,3 +60,21 @@ def test_backend_single_refuses_several_processes():
             loop.backend_of(cfg)
     finally:
         loop.dist.world = old
+
+
+@pytest.mark.slow
+def test_online_rl_on_two_ranks(tmp_path, monkeypatch):
+    _two_ranks(monkeypatch)
+    here = os.path.dirname(__file__)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(here, ".."), os.path.join(here, "..", "unit", "methods"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "rl"
+    cli(*["train", "model_name_or_path=tiny:qwen3", f"dataset_dir={BASE[1].split('=')[1]}", "stage=grpo",
+          "dataset=arith_rl", "eval_dataset=arith_rl_eval", "template=qwen3_nothink", "finetuning_type=full",
+          "max_steps=2", "num_generations=4", "prompts_per_step=4", "max_new_tokens=6", "logging_steps=1",
+          "per_device_train_batch_size=8", "reward_funcs=test_grpo_loop:varied_reward", "eval_strategy=steps",
+          "eval_num_prompts=8", f"output_dir={out}"])
+    logged = metrics(out)
+    steps = [m for m in logged if "reward_mean" in m]
+    assert len(steps) == 2 and all(m["response_length_mean"] > 0 for m in steps)
+    assert (out / "model.safetensors").exists() and (out / "train_summary.json").exists()

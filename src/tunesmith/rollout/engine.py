@@ -58,7 +58,9 @@ class HFRollout:
         sampling = {"do_sample": False} if greedy or not self.sampling["temperature"] else {"do_sample": True,
                                                                                              **self.sampling}
         try:
+            # synced_gpus: with sharded weights every rank must run the same number of forward passes.
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
+                                 synced_gpus=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1,
                                  max_new_tokens=self.max_new_tokens, num_return_sequences=num_generations,
                                  eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **extra, **sampling)
         finally:

@@ -115,9 +115,9 @@ def train(cfg: RunConfig) -> TrainResult:
         saver.chat_template = chat_template
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     if cfg.finetune.stage in RL_STAGES:
-        if dist.world() > 1:
-            raise TunesmithError("online RL on several processes is not available yet (rollouts and normalisers "
-                                 "are per process); run it on one GPU")
+        if cfg.rl.prompts_per_step % dist.world():
+            raise TunesmithError(f"prompts_per_step={cfg.rl.prompts_per_step} must be a multiple of the "
+                                 f"{dist.world()} processes (each takes whole prompt groups)")
         return _train_rl(cfg, device, tokenizer, saver, media, stop_ids, output_dir, resume)
     data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)

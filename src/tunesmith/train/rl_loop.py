@@ -10,6 +10,7 @@ computed once after generation.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ import time
 
 import torch
 
+from .. import dist
 from ..data.collate import collate_rows
 from ..data.mm import check_placeholders, expand_media_tokens, has_media, to_content_parts
 from ..data.pipeline import render_options
@@ -32,6 +34,13 @@ from ..rollout.rewards import build_rewards
 from . import checkpoint as ckpt
 
 log = logging.getLogger("tunesmith")
+
+
+def _no_copy_under_fsdp(cfg, engine) -> bool:
+    if dist.world() > 1 and cfg.rl.kl_coef and not hasattr(engine.model, "disable_adapter"):
+        raise TunesmithError("a KL penalty to a frozen copy is not available on several processes yet; use "
+                             "finetuning_type: lora (the reference is the base with adapters off) or kl_coef: 0")
+    return False
 
 
 def apply_preset(cfg) -> None:
@@ -95,7 +104,7 @@ class RLRunner:
         funcs = [("reward_model" if f == "reward_model" else f) for f in rl.reward_funcs]
         funcs = [{"name": "reward_model", "path": rl.reward_model_path} if f == "reward_model" else f for f in funcs]
         self.rewards = build_rewards(funcs)
-        self.reference = Reference(cfg, engine.model, needed=rl.kl_coef > 0)
+        self.reference = Reference(cfg, engine.model, needed=rl.kl_coef > 0 and not _no_copy_under_fsdp(cfg, engine))
         if self.reference.mode == "precomputed":
             raise TunesmithError("pref_reference: precomputed does not apply to online RL (responses are new each "
                                  "step); use auto, copy or none")
@@ -108,6 +117,7 @@ class RLRunner:
         return torch.randperm(len(self.prompts), generator=gen).tolist()
 
     def _next_prompts(self, count: int) -> list[dict]:
+        """The next `count` prompts of the shared order; each rank keeps its own share (whole groups)."""
         picked = []
         while len(picked) < count:
             order = self._order(self.state["prompt_epoch"])
@@ -116,7 +126,7 @@ class RLRunner:
             self.state["prompt_index"] += len(take)
             if self.state["prompt_index"] >= len(order):
                 self.state.update(prompt_epoch=self.state["prompt_epoch"] + 1, prompt_index=0)
-        return picked
+        return picked[dist.rank() :: dist.world()]
 
     # ---- one step -------------------------------------------------------------------------------
     def _generation_media(self, prompts: list[dict]) -> dict | None:
@@ -159,10 +169,10 @@ class RLRunner:
                         {k: [v[i] for i in keep] for k, v in per_fn.items()})
             kept = part if kept is None else _concat(kept, part)
             rounds += 1
-            enough = len(kept[0]) >= rl.prompts_per_step * rl.num_generations
-            if not rl.dynamic_sampling or enough or rounds > rl.max_resample_rounds:
-                break
-        if not kept[0]:
+            short = len(kept[0]) < rl.prompts_per_step * rl.num_generations // dist.world()
+            if not rl.dynamic_sampling or dist.sum_int(int(short)) == 0 or rounds > rl.max_resample_rounds:
+                break  # every rank decides the same way: each draw is a collective generate
+        if dist.sum_int(int(not kept[0])):
             raise TunesmithError("dynamic_sampling: every group had equal rewards in every draw; "
                                  "raise max_resample_rounds or check the reward functions")
         return (*kept, zero_share)
@@ -206,12 +216,13 @@ class RLRunner:
 
     def _update(self, batches) -> tuple[list[float], dict, int]:
         rl = self.cfg.rl
+        batches = _pad_to_same_count(batches)
         losses, sums, count = [], {}, 0
         per_mini = math.ceil(len(batches) / rl.num_mini_batches)
         for _ in range(rl.ppo_epochs):
             for start in range(0, len(batches), per_mini):
                 mini = batches[start : start + per_mini]
-                norm = max(sum(self.method.units(b) for b in mini), 1)
+                norm = max(dist.sum_int(sum(self.method.units(b) for b in mini)), 1)
                 step_loss = 0.0
                 for batch in mini:
                     out = self.engine.forward_backward(batch, lambda m, b: self.method.loss(m, b, norm))
@@ -220,9 +231,10 @@ class RLRunner:
                     for k, v in out.sums.items():
                         sums[k] = sums.get(k, 0.0) + v
                 result = self.engine.step()
-                losses.append(step_loss)
+                losses.append(dist.sum_float(step_loss))
                 self.optimizer_steps.append((result.grad_norm, result.lr))
-        return losses, sums, count
+        sums = {k: dist.sum_float(v) for k, v in sorted(sums.items())}
+        return losses, sums, dist.sum_int(count)
 
     def step(self) -> dict:
         self.optimizer_steps: list[tuple[float, float]] = []  # (grad norm, lr) of each update this step
@@ -248,6 +260,8 @@ class RLRunner:
                                   sum(len(p["ids"]) + len(r) for p, r in zip(prompts, responses)))
 
     def _step_metrics(self, responses, rewards, advantages, per_fn, zero_share, losses, sums, count, timing, tokens):
+        responses, rewards, advantages, per_fn = _gathered(responses, rewards, advantages, per_fn)
+        tokens = dist.sum_int(tokens)
         lengths = torch.tensor([len(r) for r in responses], dtype=torch.float32)
         norms = [n for n, _ in self.optimizer_steps]
         metrics = {"loss": sum(losses) / max(len(losses), 1), "grad_norm": sum(norms) / max(len(norms), 1),
@@ -268,10 +282,11 @@ class RLRunner:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Greedy answers on the held-out prompts: the mean of each reward function."""
-        prompts = self.eval_prompts[: self.cfg.rl.eval_num_prompts]
+        prompts = self.eval_prompts[: self.cfg.rl.eval_num_prompts][dist.rank() :: dist.world()]
         if not prompts:
             return {}
-        _, _, rewards, per_fn = self._rollout(prompts, greedy=True, generations=1)
+        responses, _, rewards, per_fn = self._rollout(prompts, greedy=True, generations=1)
+        _, rewards, _, per_fn = _gathered(responses, rewards, rewards, per_fn)
         out = {"eval_reward_mean": float(rewards.mean())}
         out.update({f"eval_reward_{k}": sum(v) / len(v) for k, v in per_fn.items()})
         return out
@@ -289,6 +304,43 @@ class RLRunner:
         self.rewards.load_state_dict(state.pop("rewards", {}))
         self.state.update(state)
         ckpt.set_rng_state(json.loads((path / "rng_state.json").read_text()))
+
+
+def _gathered(responses, rewards, advantages, per_fn):
+    """Every rank's rollouts, for metrics over the whole step."""
+    if dist.world() == 1:
+        return responses, rewards, advantages, per_fn
+    import torch.distributed as tdist
+
+    parts = [None] * dist.world()
+    tdist.all_gather_object(parts, (responses, rewards.tolist(), advantages.tolist(), per_fn))
+    names = parts[0][3].keys()
+    return ([r for p in parts for r in p[0]], torch.tensor([x for p in parts for x in p[1]]),
+            torch.tensor([x for p in parts for x in p[2]]), {k: [x for p in parts for x in p[3][k]] for k in names})
+
+
+def _pad_to_same_count(batches: list) -> list:
+    """Ranks must run the same number of forward/backward passes (sharded collectives): a rank with fewer
+    micro-batches (dynamic sampling) adds copies whose every target is masked (no loss, no units)."""
+    most = _max_over_ranks(len(batches))
+    padded = list(batches)
+    while len(padded) < most:
+        dummy = copy.copy(batches[-1])
+        dummy.targets_BT = torch.full_like(batches[-1].targets_BT, IGNORE_INDEX)
+        dummy.num_label_tokens, dummy.num_samples, dummy.num_tokens = 0, 0, 0
+        dummy.extra = dict(batches[-1].extra)
+        padded.append(dummy)
+    return padded
+
+
+def _max_over_ranks(value: int) -> int:
+    if dist.world() == 1:
+        return value
+    import torch.distributed as tdist
+
+    t = torch.tensor([value], device=dist._device())
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _ref_token_logps(reference, model, batch, temperature: float):
@@ -313,7 +365,7 @@ def run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, outpu
     if resume is not None:
         runner.restore(resume)
     result = TrainResult(output_dir, runner.state["global_step"])
-    sinks = build_sinks(cfg, output_dir, append=resume is not None)
+    sinks = build_sinks(cfg, output_dir, append=resume is not None) if dist.is_main() else []
     try:
         if cfg.train.eval_strategy != "no" and runner.state["global_step"] == 0:
             _log(sinks, None, 0, runner.evaluate(), result)
@@ -340,6 +392,8 @@ def run_rl(cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, outpu
         for sink in sinks:
             sink.close()
     engine.export_hf(output_dir, saver)
+    if not dist.is_main():
+        return result
     summary = {**runner.state, **result.eval_metrics}
     if torch.cuda.is_available():
         summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
