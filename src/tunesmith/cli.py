@@ -47,6 +47,16 @@ def _setup_logging() -> None:
     hf_logging.disable_progress_bar()  # weight-loading bars; our own bar shows training
 
 
+def literal_choices(annotation) -> list | None:
+    """The allowed values of a Literal[...] annotation, also inside Optional/Union; None if there is no Literal."""
+    import typing
+
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    choices = [c for arg in typing.get_args(annotation) for c in (literal_choices(arg) or [])]
+    return choices or None
+
+
 def train_help() -> str:
     from .config.schema import GROUPS
 
@@ -56,7 +66,9 @@ def train_help() -> str:
         lines.append(f"{group}:")
         for key, field in cls.model_fields.items():
             default = field.get_default(call_default_factory=True)
-            lines.append(f"  {key:<30} {field.description} [default: {default}]")
+            choices = literal_choices(field.annotation)
+            allowed = f" [choices: {', '.join(map(str, choices))}]" if choices else ""
+            lines.append(f"  {key:<30} {field.description}{allowed} [default: {default}]")
         lines.append("")
     return "\n".join(lines)
 
@@ -82,7 +94,9 @@ def cmd_data(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
         print("usage: tunesmith data [cfg.yaml] [key=value ...] [--index N]\n       tunesmith data clean\n\n"
               "Inspect the data a training config would use: counts per dataset, a token-length histogram, and one "
-              "rendered sample with its supervised tokens marked. Takes the same keys as `tunesmith train`.")
+              "rendered sample with its supervised tokens marked (green on a terminal, wrapped in [[ ]] when "
+              "piped). Takes the same keys as `tunesmith train`.\n\n"
+              "  --index N   which sample to render, default 0")
         return 0
     if items[:1] == ["clean"]:
         from .data.cache import clean, tokenized_root
@@ -130,7 +144,7 @@ def cmd_estimate(items: list[str]) -> int:
     return 0
 
 
-def cmd_chat(argv: list[str]) -> int:
+def chat_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tunesmith chat", description="Talk to a trained model.")
     parser.add_argument("--model", "--model_name_or_path", dest="model", required=True,
                         help="output_dir of a run (full model or LoRA adapter) or a model folder")
@@ -142,7 +156,11 @@ def cmd_chat(argv: list[str]) -> int:
     parser.add_argument("--image", action="append", default=[], help="an image for the first message (repeatable)")
     parser.add_argument("--video", action="append", default=[], help="a video for the first message (repeatable)")
     parser.add_argument("--audio", action="append", default=[], help="an audio clip for the first message (repeatable)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def cmd_chat(argv: list[str]) -> int:
+    args = chat_parser().parse_args(argv)
     from .infer.chat import run_chat
 
     run_chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
@@ -151,14 +169,19 @@ def cmd_chat(argv: list[str]) -> int:
     return 0
 
 
-def cmd_export(argv: list[str]) -> int:
+def export_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tunesmith export",
                                      description="Merge LoRA (if any) and write a standalone Hugging Face model.")
     parser.add_argument("--model", "--model_name_or_path", dest="model", required=True, help="output_dir of a run")
     parser.add_argument("--export_dir", required=True, help="new folder for the merged model")
-    parser.add_argument("--export_dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--export_size", default="5GB", help="largest safetensors shard, e.g. 5GB")
-    args = parser.parse_args(argv)
+    parser.add_argument("--export_dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="dtype of the written weights (default: bfloat16)")
+    parser.add_argument("--export_size", default="5GB", help="largest safetensors shard, e.g. 5GB (default: 5GB)")
+    return parser
+
+
+def cmd_export(argv: list[str]) -> int:
+    args = export_parser().parse_args(argv)
     from .infer.export import export_model
 
     out = export_model(args.model, args.export_dir, dtype=args.export_dtype, max_shard_size=args.export_size)
@@ -166,13 +189,17 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
-def cmd_score(argv: list[str]) -> int:
+def score_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tunesmith score", description="Score records with a reward model.")
     parser.add_argument("--model", required=True, help="output_dir of a `stage: rm` run")
     parser.add_argument("--data", required=True, help="JSON/JSONL records: messages, or prompt + response")
     parser.add_argument("--output", help="where to write the scored JSONL (default: DATA.scored.jsonl)")
-    parser.add_argument("--batch_size", type=int, default=8)
-    args = parser.parse_args(argv)
+    parser.add_argument("--batch_size", type=int, default=8, help="records scored per forward (default: 8)")
+    return parser
+
+
+def cmd_score(argv: list[str]) -> int:
+    args = score_parser().parse_args(argv)
     from .infer.reward import score_file
 
     print(f"wrote {score_file(args.model, args.data, args.output, args.batch_size)}")
@@ -221,6 +248,11 @@ def cmd_bench(items: list[str]) -> int:
 
 
 def cmd_env(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print("usage: tunesmith env\n\n"
+              "Print the Python, platform and core library versions, the CUDA version and visible GPUs, bf16 "
+              "support, and which optional packages are installed with the features they enable.")
+        return 0
     from .env import collect
 
     for key, value in collect().items():

@@ -14,7 +14,7 @@ OPTIONAL = {
     "swanlab": ("swanlab", "report_to: swanlab"),
     "deepspeed": ("deepspeed", "DeepSpeed engine (not available yet)"),
     "megatron-core": ("megatron.core", "Megatron-Core engine (not available yet)"),
-    "av": ("av", "video/audio decoding (multimodal, not available yet)"),
+    "av": ("av", "video/audio decoding (vision/audio-language models)"),
 }
 
 CORE = ["tunesmith", "torch", "transformers", "tokenizers", "peft", "datasets", "accelerate", "safetensors", "pydantic"]

@@ -230,3 +230,75 @@ def test_bench_flops_formula():
     per_layer = 8 * 4 * (2 * 2 + 2 * 1) + 3 * 8 * 16  # q,k,v,o + gate/up/down
     n = 2 * per_layer + 10 * 8
     assert flops_per_token(cfg, 100) == 6 * n + 12 * 2 * 2 * 4 * 100
+
+
+def test_missing_data_file_and_impossible_settings_give_clear_errors(tmp_path):
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"nofile": {"file_name": "nofile.json"}}))
+    proc = cli("train", "model_name_or_path=tiny:qwen3", f"dataset_dir={tmp_path}", "dataset=nofile",
+               "template=chatml", "max_steps=1", f"output_dir={tmp_path / 'o'}", check=False)
+    assert proc.returncode == 1 and "nofile.json does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    for bad, expected in ((["flash_attn=flex"], "FlexAttention"),
+                          (["finetuning_type=freeze", "freeze_trainable_modules=nosuch"], "no parameter trains")):
+        proc = cli("train", *BASE, "dataset=identity", "max_steps=1", *bad, f"output_dir={tmp_path / 'x'}",
+                   "overwrite_output_dir=true", check=False)
+        assert proc.returncode == 1 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["chat", "export", "score"])
+def test_argparse_help_explains_every_option(command):
+    out = cli(command, "--help").stdout
+    options = out[out.index("options:"):].splitlines()[1:]
+    # each option's help starts on its own line or after the flag; a flag line followed by an indented
+    # continuation counts, a flag with nothing after it and no continuation does not
+    for i, line in enumerate(options):
+        if not line.strip().startswith("-"):
+            continue
+        parts = line.strip().split("  ", 1)
+        has_text = len(parts) == 2 and parts[1].strip()
+        follows = i + 1 < len(options) and options[i + 1].startswith(" " * 8) and not options[i + 1].strip().startswith("-")
+        assert has_text or follows, f"`tunesmith {command} --help`: no help for {line.strip()}"
+
+
+def test_data_and_env_help():
+    data = cli("data", "--help").stdout
+    assert "--index N" in data and "which sample to render, default 0" in data
+    env = cli("env", "--help").stdout
+    assert env.startswith("usage: tunesmith env") and "liger-kernel" not in env
+    assert "dtype of the written weights" in cli("export", "--help").stdout
+    assert "records scored per forward" in cli("score", "--help").stdout
+
+
+def test_data_marks_the_supervised_span_when_piped():
+    from tunesmith.config.load import build_config
+    from tunesmith.data.pipeline import prepare_data
+    from tunesmith.data.render import IGNORE_INDEX
+    from tunesmith.models.load import load_preprocessing
+
+    args = {"model_name_or_path": "tiny:qwen3", "dataset": "identity", "template": "chatml", "dataset_dir": DATA}
+    proc = cli("data", *(f"{k}={v}" for k, v in args.items()), "--index", "0")
+    out = proc.stderr + proc.stdout
+    assert "wrapped in [[ ]]" in out
+
+    cfg = build_config(None, dict(args))
+    tokenizer, _, media = load_preprocessing(cfg)
+    row = prepare_data(cfg, tokenizer, media).train[0]
+    runs, run = [], []
+    for tok, label in zip(row["input_ids"], row["labels"]):
+        if label != IGNORE_INDEX:
+            run.append(tok)
+        elif run:
+            runs.append(run)
+            run = []
+    if run:
+        runs.append(run)
+    expected = [tokenizer.decode(r) for r in runs]
+    assert expected and all(expected)
+
+    sample = out[out.index("wrapped in [[ ]]"):].split("\n", 1)[1]
+    marked, rest = [], sample
+    while "[[" in rest:
+        rest = rest[rest.index("[[") + 2:]
+        assert "]]" in rest, "unclosed [["
+        marked.append(rest[:rest.index("]]")])
+        rest = rest[rest.index("]]") + 2:]
+    assert marked == expected

@@ -60,3 +60,11 @@ def test_trainable_parts_are_reported(tmp_path):
                f"output_dir={tmp_path / 'r'}")
     text = proc.stdout + proc.stderr
     assert "vision_tower 0/" in text and "projector 0/" in text and "language_model" in text
+
+
+def test_chat_refuses_a_media_kind_the_model_does_not_take(tmp_path):
+    out = tmp_path / "vl"
+    cli("train", "model_name_or_path=tiny:qwen2_5_vl", "dataset=mllm_demo", "finetuning_type=lora", *SMALL[:-2],
+        "max_steps=1", f"output_dir={out}")
+    proc = cli("chat", "--model", out, "--audio", _first("wav"), "--prompt", "hi", check=False)
+    assert proc.returncode == 1 and "takes no audio input" in proc.stderr and "Traceback" not in proc.stderr

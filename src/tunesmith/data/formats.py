@@ -158,7 +158,10 @@ def _build_sample(row, index, where, name, spec: DatasetSpec, stage, placeholder
 def _extra_columns(row: dict, spec: DatasetSpec) -> dict:
     """Columns no mapping consumes (an RL `answer`, a `target_box`, a reward `margin`): kept for later stages."""
     used = {value for value in spec.columns.model_dump().values() if value}
-    return {k: v for k, v in row.items() if k not in used and not k.startswith("_") and v is not None}
+    extra = {k: v for k, v in row.items() if k not in used and not k.startswith("_") and v is not None}
+    if spec.columns.margin and row.get(spec.columns.margin) is not None:
+        extra["margin"] = row[spec.columns.margin]
+    return extra
 
 
 def fill_placeholders(text: str, placeholders: dict[str, str]) -> str:

@@ -21,12 +21,26 @@ def length_histogram(lengths: list[int], num_bins: int = 10) -> list[tuple[int, 
     return [tuple(b) for b in bins if b[2] or b[0] <= high]
 
 
-def marked_sample(tokenizer, input_ids: list[int], labels: list[int]) -> Text:
-    """The decoded sample; supervised tokens in bold green, the prompt dimmed."""
+SPAN_OPEN, SPAN_CLOSE = "[[", "]]"
+
+
+def marked_sample(tokenizer, input_ids: list[int], labels: list[int], plain: bool = False) -> Text:
+    """The decoded sample; supervised tokens in bold green, the prompt dimmed.
+
+    With plain=True (output that is not a terminal, where colours are dropped) each maximal run of
+    supervised tokens is also wrapped in [[ and ]], so the span stays visible when piped.
+    """
     text = Text()
+    inside = False
     for tok, label in zip(input_ids, labels):
+        supervised = label != IGNORE_INDEX
+        if plain and supervised != inside:
+            text.append(SPAN_OPEN if supervised else SPAN_CLOSE)
+            inside = supervised
         piece = tokenizer.decode([tok])
-        text.append(piece, style="bold green" if label != IGNORE_INDEX else "dim")
+        text.append(piece, style="bold green" if supervised else "dim")
+    if plain and inside:
+        text.append(SPAN_CLOSE)
     return text
 
 
@@ -56,6 +70,10 @@ def print_inspection(console: Console, data, report: dict, tokenizer, index: int
         console.print(f"eval: {len(data.eval)} samples")
     row = train[index % len(train)]
     num_labels = sum(1 for t in row["labels"] if t != IGNORE_INDEX)
+    plain = not console.is_terminal
+    how = (f"supervised tokens wrapped in {SPAN_OPEN} {SPAN_CLOSE}" if plain
+           else "[bold green]supervised[/], [dim]not supervised[/]")
     console.print(f"\nsample {index % len(train)}: {len(row['input_ids'])} tokens, {num_labels} supervised "
-                  "([bold green]supervised[/], [dim]not supervised[/]):")
-    console.print(marked_sample(tokenizer, row["input_ids"], row["labels"]))
+                  f"({how}):", markup=not plain)
+    # soft_wrap: no inserted line breaks, so the printed sample is exactly the decoded tokens (plus markers)
+    console.print(marked_sample(tokenizer, row["input_ids"], row["labels"], plain=plain), soft_wrap=True)

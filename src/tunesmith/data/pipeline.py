@@ -60,6 +60,10 @@ def prepare_data(cfg: RunConfig, tokenizer, media=None) -> PreparedData:
 def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media) -> tuple[dict, list[Path]]:
     specs = {name: get_spec(name, cfg.data.dataset_dir) for name in names}
     paths = [Path(cfg.data.dataset_dir) / s.file_name for s in specs.values() if s.file_name]
+    for name, path in zip([n for n, s in specs.items() if s.file_name], paths):
+        if not path.exists():
+            raise DataError(f"dataset '{name}': file_name {path} does not exist; fix file_name in "
+                            f"{Path(cfg.data.dataset_dir) / 'dataset_info.json'} or put the file there")
     options = {
         "datasets": {name: spec.model_dump() for name, spec in specs.items()},
         "render": {**opts.__dict__},
@@ -70,8 +74,21 @@ def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: l
         "placeholders": _placeholders(cfg),
         "skip_bad_samples": cfg.data.skip_bad_samples,
         "media": _media_fingerprint(media),
+        "media_files": _media_files_stat(cfg) if media is not None else None,
     }
     return options, paths
+
+
+def _media_files_stat(cfg: RunConfig) -> list:
+    """(path, size, mtime) of every file under the media folders: a replaced image means a new cache.
+    Stat only, no reading: cheap even for large image folders."""
+    roots = {Path(cfg.data.media_dir or cfg.data.dataset_dir)}
+    found = []
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            stat = path.stat()
+            found.append([str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns])
+    return found
 
 
 def _media_fingerprint(media) -> dict | None:

@@ -69,6 +69,7 @@ class Columns(BaseModel):
     chosen: str | None = None
     rejected: str | None = None
     kto_tag: str | None = None
+    margin: str | None = None  # rm: a per-pair margin (how much better chosen is), used by the Bradley-Terry loss
 
 
 class Tags(BaseModel):

@@ -190,7 +190,7 @@ def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -
         out["length"].append(len(chosen["input_ids"]) + len(rejected["input_ids"]))
         out["num_truncated"].append(int(bool(chosen["num_truncated"] or rejected["num_truncated"])))
         out["mm_plan"].append(chosen.get("mm_plan", ""))
-        out["margin"].append(float(json.loads(sample.get("extra") or "{}").get("margin") or 0.0))
+        out["margin"].append(_margin(sample))
         out["source"].append(sample["source"])
     return out
 
@@ -216,6 +216,14 @@ def render_kto_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) ->
                            ("source", sample["source"])):
             out[key].append(value)
     return out
+
+
+def _margin(sample: dict) -> float:
+    value = json.loads(sample.get("extra") or "{}").get("margin", 0.0)
+    try:
+        return float(value or 0.0)
+    except (TypeError, ValueError):
+        raise DataError(f"{where(sample)}: margin must be a number, got {value!r}") from None
 
 
 def renderer_for(stage: str):

@@ -8,6 +8,7 @@ from threading import Thread
 import torch
 
 from ..data.mm import to_content_parts
+from ..errors import DataError
 from ..data.templates import stop_tokens
 from ..models.load import pick_device
 from .load import load_for_inference
@@ -65,9 +66,21 @@ def generate(model, preprocessor, messages: list[dict], *, max_new_tokens: int, 
     return strip_empty_think(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)).strip()
 
 
+_NEEDS = {"images": "image_processor", "videos": "video_processor", "audios": "feature_extractor"}
+
+
+def _check_media_kinds(preprocessor, media: dict) -> None:
+    """--image/--video/--audio only for a model whose processor takes that kind of input."""
+    for kind, part in _NEEDS.items():
+        if media.get(kind) and getattr(preprocessor, part, None) is None:
+            what = "a text-only model" if not hasattr(preprocessor, "tokenizer") else "this model"
+            raise DataError(f"--{kind[:-1]} given, but {what} takes no {kind[:-1]} input")
+
+
 def run_chat(model_path: str, *, prompt: str | None, system: str | None, max_new_tokens: int, temperature: float,
              top_p: float, media: dict | None = None) -> str | None:
     model, preprocessor = load_for_inference(model_path, device=pick_device())
+    _check_media_kinds(preprocessor, media or {})
     attached = MediaInputs.load(model_path, **(media or {}))
     base = [{"role": "system", "content": system}] if system else []
     options = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}

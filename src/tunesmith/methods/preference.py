@@ -80,7 +80,7 @@ def precompute_reference(runner, columns: tuple[str, str], average: bool) -> Non
         dataset = getattr(runner.data, split)
         if dataset is None or columns[0] in dataset.column_names:
             continue
-        key = _reference_key(runner, dataset, average)
+        key = _reference_key(runner, split, average)
         path = cache.cache_root() / "reference_logps" / f"{key}.json"
         if path.exists():
             values = json.loads(path.read_text())
@@ -112,9 +112,26 @@ def _reference_pass(runner, dataset, average: bool) -> list[list[float]]:
     return [first, second]
 
 
-def _reference_key(runner, dataset, average: bool) -> str:
+def _reference_key(runner, split: str, average: bool) -> str:
+    """Same tokenized data (its cache key), same split, same starting weights (files' size and mtime), same
+    precision: the same reference log-probs."""
     cfg = runner.cfg
+    data_key = str(runner.data.report.get("cache", "")).split()[-1:]
     h = hashlib.sha256()
-    h.update(json.dumps([dataset._fingerprint, cfg.model.model_name_or_path, cfg.model.adapter_name_or_path,
-                         cfg.model.bf16, cfg.model.pure_bf16, average]).encode())
+    h.update(json.dumps([data_key, split, cfg.data.val_size, cfg.train.seed, _weights_stat(cfg.model.model_name_or_path),
+                         _weights_stat(cfg.model.adapter_name_or_path), cfg.model.bf16, cfg.model.pure_bf16,
+                         average]).encode())
     return h.hexdigest()[:24]
+
+
+def _weights_stat(name: str | None) -> list:
+    from pathlib import Path
+
+    from ..models.tiny import resolve_model_path
+
+    if not name:
+        return []
+    folder = Path(resolve_model_path(name))
+    if not folder.is_dir():
+        return [name]  # a hub id: its revision is part of the name
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.glob("*.safetensors"))]

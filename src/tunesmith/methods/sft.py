@@ -23,9 +23,9 @@ def sft_loss(model, batch: SFTBatch, num_label_tokens: int, fused_ce=None) -> Lo
     """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step."""
     if fused_ce is not None:
         nll_sum = fused_ce(model, batch)
-        return LossOutput(nll_sum / num_label_tokens, {"nll": float(nll_sum)}, batch.num_label_tokens)
+        return LossOutput(nll_sum / num_label_tokens, {"nll": float(nll_sum.detach())}, batch.num_label_tokens)
     nll_BT = token_nll(forward_logits(model, batch), batch.targets_BT)
-    return LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": float(nll_BT.sum())}, batch.num_label_tokens)
+    return LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": float(nll_BT.detach().sum())}, batch.num_label_tokens)
 
 
 class SFTMethod:

@@ -34,6 +34,11 @@ def apply_finetuning(model, cfg: FinetuneConfig, adapter_path: str | None = None
     for name, param in model.named_parameters():
         if name in frozen:
             param.requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        blocks = sorted({n.split(".")[-2] for n, _ in model.named_parameters() if _LAYER.search(n)})
+        raise ConfigError([f"no parameter trains with finetuning_type: {cfg.finetuning_type} and these settings; "
+                           f"freeze_trainable_modules takes module names inside the layers, e.g. {blocks[:8]}, "
+                           "or all"])
     return model
 
 

@@ -39,6 +39,9 @@ def attn_implementation(choice: str, device: torch.device) -> str:
         if not has_fa2:
             raise ModelError("flash_attn: fa2 needs the flash-attn package; pip install flash-attn, or use sdpa")
         return "flash_attention_2"
+    if choice == "flex" and device.type != "cuda":
+        raise ModelError("flash_attn: flex trains only on CUDA GPUs (PyTorch's FlexAttention has no CPU backward); "
+                         "use sdpa on the CPU")
     return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
 
 

@@ -59,3 +59,22 @@ def test_truncation_is_counted(tmp_path, tiny_qwen3):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     report = _prepare(tmp_path, tok, DATA_DIR, cutoff_len=24).report
     assert report["num_truncated"] > 0
+
+
+def test_a_replaced_media_file_means_a_new_cache(tmp_path):
+    import os
+
+    from tunesmith.models.load import load_preprocessing
+
+    data_dir = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data_dir)
+    cfg = run_config(tmp_path / "o", model_name_or_path="tiny:qwen2_5_vl", template="auto", dataset="mllm_demo",
+                     dataset_dir=str(data_dir), max_samples=4, image_max_pixels=16384, cutoff_len=2048)
+    tokenizer, _, media = load_preprocessing(cfg)
+    first = prepare_data(cfg, tokenizer, media).report["cache"]
+    assert prepare_data(cfg, tokenizer, media).report["cache"].startswith("hit")
+    image = next((data_dir / "mllm_demo_data").glob("*.png"))
+    image.write_bytes(image.read_bytes())  # same bytes, new mtime: cheap stat-based check sees a change
+    os.utime(image, ns=(1, 1))
+    again = prepare_data(cfg, tokenizer, media).report["cache"]
+    assert again.startswith("miss") and again.split()[1] != first.split()[1]

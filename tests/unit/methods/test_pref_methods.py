@@ -87,3 +87,47 @@ def test_pair_stages_refuse_packing_and_non_pair_data(tmp_path):
 
     with pytest.raises(DataError, match="ranking: true"):
         train(run_config(tmp_path / "x", stage="dpo", dataset="alpaca_demo", max_steps=1))
+
+
+def test_precomputed_reference_is_computed_once_and_reused(tmp_path):
+    from tunesmith.data.cache import cache_root
+
+    folder = cache_root() / "reference_logps"
+    before = set(folder.glob("*.json")) if folder.exists() else set()
+    common = dict(stage="dpo", dataset="dpo_demo", max_samples=24, max_steps=1, per_device_train_batch_size=4,
+                  pref_reference="precomputed", learning_rate=1e-5)
+    train(run_config(tmp_path / "a", **common))
+    made = set(folder.glob("*.json")) - before
+    assert len(made) == 1
+    train(run_config(tmp_path / "b", **common))
+    assert set(folder.glob("*.json")) - before == made  # the second run read the cached values
+
+
+def test_lora_reference_holds_no_second_model():
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.methods.dpo import DPOMethod
+    from tunesmith.models.adapters import apply_finetuning
+    from tunesmith.models.tiny import build_tiny
+
+    cfg = build_config(None, {"dataset": "dpo_demo", "stage": "dpo", "finetuning_type": "lora"})
+    model = apply_finetuning(AutoModelForCausalLM.from_pretrained(build_tiny("qwen3")), cfg.finetune)
+    method = DPOMethod(cfg, model)
+    assert method.reference.mode == "adapters_off" and method.reference.model is None
+
+
+def test_reward_margin_column_enters_the_loss(tmp_path):
+    rows = [{"instruction": f"What is {i} + 1?", "chosen": str(i + 1), "rejected": str(i + 2), "gap": 5.0}
+            for i in range(8)]
+    (tmp_path / "pairs.json").write_text(json.dumps(rows))
+    info = {"pairs": {"file_name": "pairs.json", "ranking": True,
+                      "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}},
+            "pairs_m": {"file_name": "pairs.json", "ranking": True,
+                        "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected",
+                                    "margin": "gap"}}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(info))
+    plain = train(run_config(tmp_path / "p", stage="rm", dataset="pairs", dataset_dir=str(tmp_path), max_steps=1,
+                             per_device_train_batch_size=8))
+    margin = train(run_config(tmp_path / "m", stage="rm", dataset="pairs_m", dataset_dir=str(tmp_path), max_steps=1,
+                              per_device_train_batch_size=8))
+    assert margin.step_losses[0] > plain.step_losses[0] + 3.0  # −logσ(d − 5) ≈ −logσ(d) + 5 near d = 0
