@@ -90,6 +90,16 @@ def cmd_train(items: list[str]) -> int:
     return 130 if result.interrupted else 0
 
 
+def _pop_flag(items: list[str], flag: str, default):
+    """(value of `--flag value`, the other items); `default` when the flag is absent."""
+    if flag not in items:
+        return default, items
+    at = items.index(flag)
+    if at + 1 >= len(items):
+        raise TunesmithError(f"{flag} needs a value")
+    return items[at + 1], items[:at] + items[at + 2 :]
+
+
 def cmd_data(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
         print("usage: tunesmith data [cfg.yaml] [key=value ...] [--index N]\n       tunesmith data clean\n\n"
@@ -104,11 +114,8 @@ def cmd_data(items: list[str]) -> int:
         count, size = clean()
         print(f"removed {count} cached dataset(s), {size / 1e6:.1f} MB, from {tokenized_root()}")
         return 0
-    index = 0
-    if "--index" in items:
-        at = items.index("--index")
-        index = int(items[at + 1])
-        items = items[:at] + items[at + 2 :]
+    index, items = _pop_flag(items, "--index", "0")
+    index = int(index)
     from .data.inspect import print_inspection
     from .data.pipeline import prepare_data
     from .models.load import load_preprocessing
@@ -129,17 +136,14 @@ def cmd_estimate(items: list[str]) -> int:
               "--gpus: GPUs to shard over (default: WORLD_SIZE / NPROC_PER_NODE / visible GPUs); "
               "--gpu-memory-gib: memory per GPU (default: the first GPU's, else 141 for an H200).")
         return 0
-    flags = {}
-    for flag in ("--gpus", "--gpu-memory-gib"):
-        if flag in items:
-            at = items.index(flag)
-            flags[flag], items = float(items[at + 1]), items[:at] + items[at + 2 :]
+    gpus, items = _pop_flag(items, "--gpus", None)
+    gpu_gib, items = _pop_flag(items, "--gpu-memory-gib", None)
     from .estimate import estimate_memory, print_estimate
     from .train.progress import console
 
     cfg = _config_from(items)
-    result = estimate_memory(cfg, num_gpus=int(flags["--gpus"]) if "--gpus" in flags else None,
-                             gpu_gib=flags.get("--gpu-memory-gib"))
+    result = estimate_memory(cfg, num_gpus=int(gpus) if gpus is not None else None,
+                             gpu_gib=float(gpu_gib) if gpu_gib is not None else None)
     print_estimate(console, cfg, result)
     return 0
 
@@ -211,8 +215,7 @@ def cmd_eval(items: list[str]) -> int:
         print("usage: tunesmith eval --model RM dataset=NAME [dataset_dir=...] [max_samples=N] [key=value ...]\n\n"
               "Pairwise accuracy (ties count as wrong) and mean rewards of a reward model on preference pairs.")
         return 0 if {"-h", "--help"} & set(items) else 2
-    at = items.index("--model")
-    model, rest = items[at + 1], items[:at] + items[at + 2 :]
+    model, rest = _pop_flag(items, "--model", None)
     from .config.load import build_config, parse_cli_items
     from .infer.reward import pairwise_accuracy
 
@@ -233,10 +236,7 @@ def cmd_bench(items: list[str]) -> int:
     hf_baseline = "--hf_baseline" in items
     items = [i for i in items if i != "--hf_baseline"]
     for flag in options:
-        if flag in items:
-            at = items.index(flag)
-            options[flag] = items[at + 1]
-            items = items[:at] + items[at + 2 :]
+        options[flag], items = _pop_flag(items, flag, options[flag])
     from .bench import run
     from .config.load import parse_cli_items
 
