@@ -13,11 +13,11 @@ sample predicts nothing), so packing never makes a sample predict its neighbour.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 
 import torch
 
+from .mm import media_plans, media_token_types
 from .render import IGNORE_INDEX
 
 
@@ -99,14 +99,8 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
 
 
 def _add_media(batch: SFTBatch, samples: list[dict], media) -> None:
-    empty = {"images": [], "videos": [], "audios": []}
-    plans = [json.loads(s["mm_plan"]) if s.get("mm_plan") else empty for s in samples]
-    batch.media, batch.media_per_sample = media.process(plans)
-    types = torch.zeros_like(batch.input_ids_BT)
-    for kind, code in (("image", 1), ("video", 2)):
-        if kind in media.token_ids:
-            types[batch.input_ids_BT == media.token_ids[kind]] = code
-    batch.token_types_BT = types
+    batch.media, batch.media_per_sample = media.process(media_plans(samples))
+    batch.token_types_BT = media_token_types(batch.input_ids_BT, media.token_ids)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -119,16 +113,10 @@ def _sequences(records: list[dict], ids_key: str, labels_key: str) -> list[list[
 
 def _doubled_media(batch: SFTBatch, records: list[dict], media) -> None:
     """Both halves of a pair/KTO batch show the same media: process each record's media once, use it twice."""
-    empty = {"images": [], "videos": [], "audios": []}
-    plans = [json.loads(r["mm_plan"]) if r.get("mm_plan") else empty for r in records]
-    inputs, per_sample = media.process(plans)
+    inputs, per_sample = media.process(media_plans(records))
     batch.media = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     batch.media_per_sample = per_sample + per_sample
-    types = torch.zeros_like(batch.input_ids_BT)
-    for kind, code in (("image", 1), ("video", 2)):
-        if kind in media.token_ids:
-            types[batch.input_ids_BT == media.token_ids[kind]] = code
-    batch.token_types_BT = types
+    batch.token_types_BT = media_token_types(batch.input_ids_BT, media.token_ids)
 
 
 def collate_pairs(rows: list[list[dict]], pad_id: int, length: int | None = None, media=None) -> SFTBatch:

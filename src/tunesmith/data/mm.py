@@ -10,8 +10,11 @@ size by a planner, without decoding it).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+
+import torch
 
 from ..errors import DataError
 from .sample import where
@@ -20,6 +23,24 @@ PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 _SPLIT = re.compile("(" + "|".join(re.escape(p) for p in PLACEHOLDERS.values()) + ")")
 _KIND = {v: k for k, v in PLACEHOLDERS.items()}
 MEDIA_KINDS = ("image", "video", "audio")
+
+
+_NO_MEDIA = {"images": [], "videos": [], "audios": []}
+_TOKEN_TYPES = (("image", 1), ("video", 2))  # the codes mm_token_type_ids uses; 0 for every other token
+
+
+def media_plans(rows: list[dict]) -> list[dict]:
+    """The media plan of each row (its `mm_plan` JSON), an empty plan for text-only rows."""
+    return [json.loads(r["mm_plan"]) if r.get("mm_plan") else _NO_MEDIA for r in rows]
+
+
+def media_token_types(input_ids: torch.Tensor, token_ids: dict[str, int]) -> torch.Tensor:
+    """mm_token_type_ids: 1 at image tokens, 2 at video tokens, 0 elsewhere (what mRoPE position code reads)."""
+    types = torch.zeros_like(input_ids)
+    for kind, code in _TOKEN_TYPES:
+        if kind in token_ids:
+            types[input_ids == token_ids[kind]] = code
+    return types
 
 
 def media_counts(sample: dict) -> dict[str, int]:

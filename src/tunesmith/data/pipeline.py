@@ -71,7 +71,7 @@ def _fingerprint_inputs(cfg: RunConfig, tokenizer, opts: RenderOptions, names: l
         "max_samples": cfg.data.max_samples,
         "mix": [cfg.data.mix_strategy, cfg.data.interleave_probs],
         "seed": cfg.train.seed,
-        "placeholders": _placeholders(cfg),
+        "placeholders": identity_placeholders(cfg),
         "skip_bad_samples": cfg.data.skip_bad_samples,
         "media": _media_fingerprint(media),
         "media_files": _media_files_stat(cfg) if media is not None else None,
@@ -101,7 +101,7 @@ def _media_fingerprint(media) -> dict | None:
     return {"family": media.family.name, "budget": media.budget.__dict__, "processors": subs}
 
 
-def _placeholders(cfg: RunConfig) -> dict[str, str]:
+def identity_placeholders(cfg: RunConfig) -> dict[str, str]:
     return {"name": cfg.data.identity_name, "author": cfg.data.identity_author}
 
 
@@ -179,7 +179,7 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         seed=cfg.train.seed,
         skip_bad_samples=cfg.data.skip_bad_samples,
         num_proc=cfg.data.preprocessing_num_workers,
-        placeholders=_placeholders(cfg),
+        placeholders=identity_placeholders(cfg),
     )
     if shard is not None:
         samples = samples.shard(num_shards=shard[1], index=shard[0], contiguous=True)

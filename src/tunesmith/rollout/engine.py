@@ -13,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from ..data.mm import media_token_types
+
 
 class RolloutEngine(Protocol):
     def sync(self, train_engine) -> None:
@@ -48,11 +50,7 @@ class HFRollout:
             mask[row, width - len(prompt):] = 1
         extra = dict(media or {})
         if token_types:
-            types = torch.zeros_like(ids)
-            for kind, code in (("image", 1), ("video", 2)):
-                if kind in token_types:
-                    types[ids == token_types[kind]] = code
-            extra["mm_token_type_ids"] = types.to(device)
+            extra["mm_token_type_ids"] = media_token_types(ids, token_types).to(device)
         was_training = model.training
         model.eval()
         sampling = {"do_sample": False} if greedy or not self.sampling["temperature"] else {"do_sample": True,

@@ -20,8 +20,8 @@ import torch
 
 from .. import dist
 from ..data.collate import collate_rows
-from ..data.mm import check_placeholders, expand_media_tokens, has_media, to_content_parts
-from ..data.pipeline import render_options
+from ..data.mm import check_placeholders, expand_media_tokens, has_media, media_plans, to_content_parts
+from ..data.pipeline import identity_placeholders, render_options
 from ..data.render import IGNORE_INDEX, render_text
 from ..data.sample import where
 from ..errors import DataError, TunesmithError
@@ -61,7 +61,7 @@ def prepare_prompts(cfg, tokenizer, names: list[str], media=None) -> list[dict]:
     samples, _ = load_samples(names, dataset_dir=cfg.data.dataset_dir, stage=cfg.finetune.stage,
                               max_samples=cfg.data.max_samples, seed=cfg.train.seed,
                               skip_bad_samples=cfg.data.skip_bad_samples,
-                              placeholders={"name": cfg.data.identity_name, "author": cfg.data.identity_author})
+                              placeholders=identity_placeholders(cfg))
     opts = render_options(cfg, tokenizer)
     prompts = []
     for sample in samples:
@@ -133,8 +133,7 @@ class RLRunner:
         """The prompts' processed media (decoded once per rollout) and token types, for generate()."""
         if self.media is None or not any(p["mm_plan"] for p in prompts):
             return None
-        empty = {"images": [], "videos": [], "audios": []}
-        inputs, _ = self.media.process([json.loads(p["mm_plan"]) if p["mm_plan"] else empty for p in prompts])
+        inputs, _ = self.media.process(media_plans(prompts))
         device = self.engine.device
         return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw",
                                                                     "pixel_values_videos", "video_grid_thw")}
