@@ -53,6 +53,7 @@ import re
 import torch
 
 from .config.schema import RunConfig
+from .methods.grpo import RL_STAGES
 
 GIB = 1024**3
 OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS/attention workspaces
@@ -143,7 +144,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     model = meta_model(hf_config)
     N, N_t = count_parameters(model, cfg)
     dims = _text_dims(hf_config)
-    L, H, A, V = dims["L"], dims["H"], dims["A"], dims["V"]
+    L = dims["L"]
     notes: list[str] = []
 
     m, t, ft = cfg.model, cfg.train, cfg.finetune
@@ -158,7 +159,8 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     optimizer = N_t * (4 if pure else 8) / shards / GIB
     # A sharded engine all-gathers a layer's parameters (in the compute dtype) for its forward/backward,
     # prefetching the next: about two layers unsharded at a time.
-    gathered = (2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB) if sharded else 0.0
+    two_layers = 2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB
+    gathered = two_layers if sharded else 0.0
     cpu = 0.0
     if t.fsdp_offload:
         if backend == "single" or (backend == "auto" and W == 1):
@@ -166,21 +168,9 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         else:
             cpu = weights + gradients + optimizer
             weights = gradients = optimizer = 0.0
-            gathered = 2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB
+            gathered = two_layers
 
-    # Activations for one micro-batch.
-    rows = t.per_device_train_batch_size * (2 if ft.stage in ("dpo", "rm") else 1)
-    S = cfg.data.cutoff_len
-    k = 1 if (pure or m.bf16 or m.fp16) else 2
-    flash = m.flash_attn not in ("eager", "disabled")
-    per_layer = rows * S * (34 * H + (0 if flash else 5 * A * S)) * k
-    if m.gradient_checkpointing:
-        act_bytes = L * rows * S * H * 2 * k + per_layer
-    else:
-        act_bytes = L * per_layer
-    activations = act_bytes / GIB
-    vocab = 1 if ft.stage == "rm" else V
-    logits = 0.0 if m.enable_liger_kernel else rows * S * vocab * 4 * 2 / GIB
+    activations, logits = _activation_gib(cfg, dims)
     total = weights + gradients + optimizer + gathered + activations + logits + OVERHEAD_GIB
 
     terms = {"weights": weights, "gradients": gradients, "optimizer states": optimizer,
@@ -188,11 +178,11 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     biggest = max(terms, key=terms.get)
     fits = total <= gpu_gib
     if not cfg.packing:
-        notes.append(f"activations assume every row is cutoff_len={S} tokens long (an upper bound without packing)")
+        notes.append(f"activations assume every row is cutoff_len={cfg.data.cutoff_len} tokens long (an upper bound without packing)")
     copy_ref = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type != "lora")
     if ft.stage in ("dpo", "kto") and copy_ref and ft.pref_loss not in ("orpo", "simpo"):
         notes.append("a frozen reference model copy is not counted (about N*2 B more per GPU)")
-    if ft.stage in ("grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "reinforce"):
+    if ft.stage in RL_STAGES:
         notes.append("the rollout (generation and its KV cache) is not counted")
     if not fits:
         notes.append(f"does not fit: {total:.1f} GiB > {gpu_gib:.1f} GiB; the biggest term is {biggest} "
@@ -204,6 +194,24 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         "activations": activations, "logits": logits, "overhead": OVERHEAD_GIB, "total": total, "cpu": cpu,
         "fits": fits, "biggest": biggest, "notes": notes,
     }
+
+
+def _activation_gib(cfg: RunConfig, dims: dict) -> tuple[float, float]:
+    """(activations, logits) in GiB for one micro-batch; formulas in the module docstring."""
+    m, t, ft = cfg.model, cfg.train, cfg.finetune
+    L, H, A, V = dims["L"], dims["H"], dims["A"], dims["V"]
+    rows = t.per_device_train_batch_size * (2 if ft.stage in ("dpo", "rm") else 1)
+    S = cfg.data.cutoff_len
+    k = 1 if (m.pure_bf16 or m.bf16 or m.fp16) else 2
+    flash = m.flash_attn not in ("eager", "disabled")
+    per_layer = rows * S * (34 * H + (0 if flash else 5 * A * S)) * k
+    if m.gradient_checkpointing:
+        act_bytes = L * rows * S * H * 2 * k + per_layer
+    else:
+        act_bytes = L * per_layer
+    vocab = 1 if ft.stage == "rm" else V
+    logits = 0.0 if m.enable_liger_kernel else rows * S * vocab * 4 * 2 / GIB
+    return act_bytes / GIB, logits
 
 
 def _advice(cfg: RunConfig, terms: dict, W: int) -> list[str]:
