@@ -101,8 +101,9 @@ class RLRunner:
         self.method = GRPOMethod(rl, cfg.finetune.stage)
         self.rollout = HFRollout(tokenizer.pad_token_id, stop_ids, max_new_tokens=rl.max_new_tokens,
                                  temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
-        funcs = [("reward_model" if f == "reward_model" else f) for f in rl.reward_funcs]
-        funcs = [{"name": "reward_model", "path": rl.reward_model_path} if f == "reward_model" else f for f in funcs]
+        # A bare `reward_model` entry takes its model from reward_model_path.
+        funcs = [{"name": "reward_model", "path": rl.reward_model_path} if f == "reward_model" else f
+                 for f in rl.reward_funcs]
         self.rewards = build_rewards(funcs)
         self.reference = Reference(cfg, engine.model, needed=rl.kl_coef > 0 and not _no_copy_under_fsdp(cfg, engine))
         if self.reference.mode == "precomputed":
