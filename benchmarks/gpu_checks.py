@@ -1,5 +1,5 @@
-"""GPU checks that CPU tests cannot make: packing parity under FlexAttention and SDPA on CUDA,
-bf16 autocast, Liger's fused linear+CE against the plain loss.
+"""GPU checks that CPU tests cannot make: packing parity under SDPA and varlen FlashAttention on CUDA
+(losses and gradients), bf16 autocast, Liger's fused linear+CE against the plain loss.
 
     python benchmarks/gpu_checks.py            # prints one line per check, exits non-zero on failure
 """
@@ -44,6 +44,10 @@ def _model_head_dim_64(attn: str):
 
 
 def check_packing(attn: str) -> str:
+    if attn == "tunesmith_varlen":
+        from tunesmith.models.attention import register
+
+        register()
     model = _model_head_dim_64(attn)
     samples = _samples()
     unpacked = per_sample_losses(model, [[s] for s in samples])
@@ -51,6 +55,28 @@ def check_packing(attn: str) -> str:
     diff = (packed - unpacked).abs().max().item()
     assert diff < 2e-2, f"{attn}: packed vs unpacked per-sample loss differ by {diff}"
     return f"packing parity {attn}: max |diff| {diff:.2e} (bf16)"
+
+
+def check_varlen_gradients() -> str:
+    """One packed batch through SDPA (block mask) and varlen FlashAttention: same loss and gradients."""
+    from tunesmith.models.attention import register
+
+    register()
+    samples = _samples()
+    batch = collate_rows([samples[:2], samples[2:]], 0).to("cuda")
+    grads = {}
+    for attn in ("sdpa", "tunesmith_varlen"):
+        model = _model_head_dim_64(attn).train()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            from tunesmith.methods.sft import sft_loss
+
+            loss = sft_loss(model, batch, batch.num_label_tokens).loss
+        loss.backward()
+        grads[attn] = (loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+    (l1, g1), (l2, g2) = grads.values()
+    rel = ((g1 - g2).norm() / g1.norm()).item()
+    assert abs(l1 - l2) < 1e-2 and rel < 2e-2, f"varlen vs sdpa: loss {l1} vs {l2}, gradient rel diff {rel}"
+    return f"varlen vs sdpa on a packed batch: loss |diff| {abs(l1 - l2):.2e}, gradient rel diff {rel:.2e} (bf16)"
 
 
 def check_liger() -> str:
@@ -69,7 +95,8 @@ def check_liger() -> str:
 
 def main() -> int:
     failures = 0
-    for check in (lambda: check_packing("sdpa"), lambda: check_packing("flex_attention"), check_liger):
+    for check in (lambda: check_packing("sdpa"), lambda: check_packing("tunesmith_varlen"), check_varlen_gradients,
+                  check_liger):
         try:
             print("OK  ", check(), flush=True)
         except Exception as err:  # report every check, then fail

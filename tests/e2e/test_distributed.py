@@ -38,6 +38,25 @@ def test_fsdp2_on_two_ranks_equals_one_process_and_resumes_on_one(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_deepspeed_zero3_on_two_ranks_equals_one_process_and_resumes_exactly(tmp_path, monkeypatch):
+    pytest.importorskip("deepspeed")
+    from conftest import REPO
+
+    single = tmp_path / "single"
+    cli("train", *COMMON, "max_steps=4", "per_device_train_batch_size=4", "save_strategy=no", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    zero3 = tmp_path / "zero3"
+    ds = f"deepspeed={REPO / 'examples' / 'deepspeed' / 'ds_z3.json'}"
+    cli("train", *COMMON, ds, "max_steps=4", "per_device_train_batch_size=2", "save_steps=2", f"output_dir={zero3}")
+    assert _losses(zero3) == pytest.approx(_losses(single), rel=1e-5)
+    ckpt = zero3 / "checkpoint-2"
+    assert (ckpt / "deepspeed").is_dir() and (ckpt / "model.safetensors").exists()
+    cli("train", *COMMON, ds, "max_steps=4", "per_device_train_batch_size=2", "save_strategy=no",
+        f"output_dir={zero3}", f"resume_from_checkpoint={ckpt}")
+    assert _losses(zero3)[-2:] == pytest.approx(_losses(single)[2:], rel=1e-5)
+
+
+@pytest.mark.slow
 def test_an_error_in_the_ranks_is_reported_once_per_rank(tmp_path, monkeypatch):
     _two_ranks(monkeypatch)
     proc = cli("train", *COMMON, "max_steps=1", "freeze_extra_modules=nonexistent", "finetuning_type=freeze",
@@ -53,13 +72,13 @@ def test_backend_single_refuses_several_processes():
     from tunesmith.train import loop
 
     cfg = build_config(None, {"dataset": "x", "backend": "single"})
-    old = loop.dist.world
-    loop.dist.world = lambda: 2
+    old = loop.dist.is_distributed
+    loop.dist.is_distributed = lambda: True
     try:
         with pytest.raises(TunesmithError, match="backend: single runs one process"):
             loop.backend_of(cfg)
     finally:
-        loop.dist.world = old
+        loop.dist.is_distributed = old
 
 
 @pytest.mark.slow

@@ -42,3 +42,14 @@ def test_single_unpacked_row_is_not_padded_and_batches_pad_to_multiple():
     a = {"input_ids": [1, 2, 3], "labels": [1, 2, 3]}
     assert collate_rows([[a]], pad_id=0).input_ids_BT.shape == torch.Size([1, 3])
     assert collate_rows([[a], [a]], pad_id=0).input_ids_BT.shape == torch.Size([2, 8])
+
+
+def test_cu_seqlens_mark_every_sample_and_padding_run():
+    """Varlen attention reads the boundaries from the batch: samples of each row, then its padding run."""
+    from tunesmith.data.collate import collate_rows
+
+    rows = [[{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}],
+            [{"input_ids": [6], "labels": [6]}]]
+    batch = collate_rows(rows, pad_id=0, pad_to_multiple=8)
+    assert batch.cu_seqlens.tolist() == [0, 3, 5, 8, 9, 16]
+    assert batch.cu_seqlens.dtype == torch.int32 and batch.max_seqlen == 7

@@ -8,6 +8,7 @@ yet are refused with a message that says so. Every problem is reported at once.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -30,7 +31,6 @@ _MEGATRON = (
 # Keys users bring from LLaMA-Factory whose feature tunesmith does not have yet.
 NOT_YET: dict[str, str] = {
     **{k: "the Megatron-Core engine is not available yet" for k in _MEGATRON},
-    "deepspeed": "the DeepSpeed engine is not available yet; train on one device (backend: single)",
     "fsdp": "HF Trainer-style fsdp strings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)",
     "quantization_bit": "quantized (QLoRA) training is not available yet",
     "quantization_method": "quantized (QLoRA) training is not available yet",
@@ -173,6 +173,30 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
         problems.append(f"stage {cfg.finetune.stage} scores whole sequences and is not packed; remove packing")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
+    problems.extend(_check_deepspeed(cfg))
+    return problems
+
+
+def _check_deepspeed(cfg: RunConfig) -> list[str]:
+    train = cfg.train
+    wanted = train.backend == "deepspeed" or (train.backend == "auto" and (train.deepspeed or train.zero_stage is not None))
+    if not wanted:
+        if train.deepspeed or train.zero_stage is not None:
+            return [f"deepspeed / zero_stage are set but backend is {train.backend}; use backend: deepspeed (or auto)"]
+        return []
+    problems = []
+    if importlib.util.find_spec("deepspeed") is None:
+        problems.append("backend deepspeed needs DeepSpeed; pip install 'tunesmith[deepspeed]'")
+    if train.deepspeed and not Path(train.deepspeed).is_file():
+        problems.append(f"deepspeed: {train.deepspeed} does not exist; give a DeepSpeed JSON file "
+                        "(examples/deepspeed/ds_z0.json ... ds_z3_offload.json)")
+    for key, hint in (("pure_bf16", "DeepSpeed's bf16 mode keeps fp32 master weights; use bf16: true"),
+                      ("skip_nonfinite", "DeepSpeed steps cannot be skipped from outside; remove it"),
+                      ("fsdp_offload", "use offload_optimizer / offload_param in the DeepSpeed JSON"),
+                      ("torch_compile", "not available with DeepSpeed yet; remove it")):
+        group = cfg.model if key == "pure_bf16" else train
+        if getattr(group, key):
+            problems.append(f"{key}: true with backend deepspeed: {hint}")
     return problems
 
 

@@ -42,8 +42,10 @@ class ModelConfig(_Group):
                               "(benchmarks; `tunesmith bench` sets it).")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
-    flash_attn: Literal["auto", "sdpa", "eager", "fa2", "flex", "disabled"] = Field(
-        "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else sdpa; disabled = eager."
+    flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "flex", "disabled"] = Field(
+        "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else varlen (PyTorch's "
+        "FlashAttention given each packed sample's boundaries, no mask) on GPU in bf16/fp16, else sdpa; "
+        "disabled = eager."
     )
     enable_liger_kernel: bool = Field(False, description="Use Liger kernels (fused RMSNorm, SwiGLU, RoPE, linear+CE).")
     gradient_checkpointing: bool = Field(
@@ -172,8 +174,16 @@ class TrainConfig(_Group):
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
-    backend: Literal["auto", "single", "fsdp2"] = Field(
-        "auto", description="Training engine: auto (fsdp2 with more than one process, else single), single, fsdp2."
+    backend: Literal["auto", "single", "fsdp2", "deepspeed"] = Field(
+        "auto", description="Training engine: auto (deepspeed when `deepspeed` or `zero_stage` is set, fsdp2 with more "
+        "than one process, else single), single, fsdp2, deepspeed."
+    )
+    deepspeed: str | None = Field(
+        None, description="A DeepSpeed JSON config (LLaMA-Factory / HF Trainer format; \"auto\" values are filled from "
+        "this config), e.g. examples/deepspeed/ds_z3.json. Needs `pip install 'tunesmith[deepspeed]'`."
+    )
+    zero_stage: int | None = Field(
+        None, ge=0, le=3, description="DeepSpeed ZeRO stage 0-3 without a JSON file (or overriding the file's stage)."
     )
     fsdp_offload: bool = Field(False, description="fsdp2: keep sharded parameters and optimizer states on the CPU.")
     torch_compile: bool = Field(False, description="Compile each transformer block with torch.compile.")

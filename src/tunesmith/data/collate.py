@@ -37,6 +37,9 @@ class SFTBatch:
     token_types_BT: torch.Tensor | None = None
     # Method-specific per-sequence tensors, e.g. num_pairs, margin_B, desirable_B, ref_logps_B.
     extra: dict = field(default_factory=dict)
+    # Segment boundaries over the flattened batch (samples and padding runs), int32, for varlen attention.
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
 
     def to(self, device) -> "SFTBatch":
         moved = {f.name: _to(getattr(self, f.name), device) for f in fields(self)}
@@ -73,6 +76,7 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
     targets = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
     positions = torch.zeros(shape, dtype=torch.long)
     segments = torch.full(shape, -1, dtype=torch.long)
+    segment_lengths = []
     sample_no = 0
     for r, row in enumerate(rows):
         at = 0
@@ -83,7 +87,10 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
             positions[r, at : at + n] = torch.arange(n)
             segments[r, at : at + n] = sample_no
             at, sample_no = at + n, sample_no + 1
+            segment_lengths.append(n)
         positions[r, at:] = torch.arange(width - at)  # padding: its own segment
+        if width > at:
+            segment_lengths.append(width - at)
     batch = SFTBatch(
         input_ids_BT=input_ids,
         targets_BT=targets,
@@ -92,6 +99,8 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
         num_label_tokens=int((targets != IGNORE_INDEX).sum()),
         num_samples=sample_no,
         num_tokens=sum(widths),
+        cu_seqlens=torch.tensor([0] + segment_lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32),
+        max_seqlen=max(segment_lengths),
     )
     if media is not None:
         _add_media(batch, [s for row in rows for s in row], media)

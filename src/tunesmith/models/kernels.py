@@ -1,6 +1,10 @@
 """Optional fused kernels. Liger's fused linear + cross-entropy computes the
 token-NLL sum from the last hidden states in chunks, never materialising the
 [tokens x vocab] logits (the largest activation of a small-model SFT step).
+
+The loss runs inside the output layer's own forward, within the model's forward:
+sharding engines gather that layer's weight for exactly that call (FSDP2's root
+group, ZeRO-3's per-module hooks), so one code path serves every backend.
 """
 
 from __future__ import annotations
@@ -20,18 +24,34 @@ def fused_ce_for(model, cfg: ModelConfig):
         return None
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    loss = LigerFusedLinearCrossEntropyLoss(reduction="sum", ignore_index=-100)
+    head = install_loss_head(_base_model(model).get_output_embeddings(),
+                             LigerFusedLinearCrossEntropyLoss(reduction="sum", ignore_index=-100))
 
     def nll_sum(model, batch):
         from .processing import model_inputs
 
-        base = _base_model(model)
-        # `base.model` is the decoder for causal LMs and the media-merging inner model for VLMs.
-        hidden = base.model(**model_inputs(base, batch)).last_hidden_state
-        weight = base.get_output_embeddings().weight
-        return loss(weight, hidden.reshape(-1, hidden.shape[-1]), batch.targets_BT.reshape(-1)).float()
+        head.loss_targets = batch.targets_BT.reshape(-1)
+        try:
+            return model(**model_inputs(model, batch)).logits  # the head returned the NLL sum
+        finally:
+            head.loss_targets = None
 
     return nll_sum
+
+
+def install_loss_head(head: torch.nn.Module, loss) -> torch.nn.Module:
+    """Let the output layer return loss(weight, hidden [N, H], targets [N]) instead of logits while
+    `head.loss_targets` is set. Parameters and their names are unchanged (checkpoints load as before)."""
+    plain_forward = head.forward
+    head.loss_targets = None
+
+    def forward(hidden):
+        if head.loss_targets is None:
+            return plain_forward(hidden)
+        return loss(head.weight, hidden.reshape(-1, hidden.shape[-1]), head.loss_targets).float()
+
+    head.forward = forward
+    return head
 
 
 class PatchLinear(torch.nn.Module):

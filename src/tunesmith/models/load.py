@@ -11,6 +11,8 @@ import torch
 
 from ..config.schema import ModelConfig
 from ..errors import ModelError
+from .attention import register as register_varlen
+from .attention import varlen_available
 from .families import family_of
 from .kernels import linearize_patch_embeds
 from .tiny import resolve_model_path
@@ -30,19 +32,33 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def attn_implementation(choice: str, device: torch.device) -> str:
+def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> str:
     """Map our flash_attn choice to transformers' attn_implementation name."""
+    choice = cfg.flash_attn
     has_fa2 = importlib.util.find_spec("flash_attn") is not None
     if choice == "auto":
-        return "flash_attention_2" if has_fa2 and device.type == "cuda" else "sdpa"
+        if has_fa2 and device.type == "cuda":
+            return "flash_attention_2"
+        return register_varlen() if _varlen_fits(cfg, device, config) else "sdpa"
     if choice == "fa2":
         if not has_fa2:
-            raise ModelError("flash_attn: fa2 needs the flash-attn package; pip install flash-attn, or use sdpa")
+            raise ModelError("flash_attn: fa2 needs the flash-attn package; pip install flash-attn, or use varlen/sdpa")
         return "flash_attention_2"
+    if choice == "varlen":
+        if not _varlen_fits(cfg, device, config):
+            raise ModelError("flash_attn: varlen (PyTorch's FlashAttention with sample boundaries) needs a CUDA GPU, "
+                             "bf16 or fp16, and a model without sliding-window layers; use sdpa")
+        return register_varlen()
     if choice == "flex" and device.type != "cuda":
         raise ModelError("flash_attn: flex trains only on CUDA GPUs (PyTorch's FlexAttention has no CPU backward); "
                          "use sdpa on the CPU")
     return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
+
+
+def _varlen_fits(cfg: ModelConfig, device: torch.device, config) -> bool:
+    half = cfg.bf16 or cfg.fp16 or cfg.pure_bf16
+    layer_types = set(getattr(getattr(config, "text_config", config), "layer_types", None) or ["full_attention"])
+    return half and varlen_available(device) and layer_types == {"full_attention"}
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -127,7 +143,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         model = model_class.from_pretrained(
             path,
             dtype=dtype,
-            attn_implementation=attn_implementation(cfg.flash_attn, device),
+            attn_implementation=attn_implementation(cfg, device, config),
             trust_remote_code=cfg.trust_remote_code,
             cache_dir=cfg.cache_dir,
             revision=cfg.model_revision,
@@ -141,7 +157,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
 def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
     """Random weights, created on the device (a 8B model in fp32 would take minutes on the CPU)."""
     with torch.device(device):
-        return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg.flash_attn, device))
+        return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
 
 
 def _finish_model(model, cfg: ModelConfig, device):

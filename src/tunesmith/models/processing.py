@@ -23,6 +23,7 @@ import torch
 from ..data import media
 from ..data.mm import Expansion
 from ..errors import DataError
+from .attention import VARLEN, packing_kwargs
 from .families import Family, family_of
 
 
@@ -325,9 +326,11 @@ def model_inputs(model, batch) -> dict:
     """Keyword arguments of the model's forward for a batch: ids, per-sample positions, media."""
     inputs = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT, "attention_mask": None,
               "use_cache": False}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "_attn_implementation", None) == VARLEN:
+        inputs.update(packing_kwargs(batch))
     if batch.token_types_BT is None:
         return inputs
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     family = family_of(base.config)
     inputs.update(forward_inputs(model, batch))
     if family is not None and family.uses_mrope:

@@ -101,7 +101,7 @@ def precision_of(cfg: RunConfig, device: torch.device) -> str:
 
 def train(cfg: RunConfig) -> TrainResult:
     _sharded_resume_needs_fsdp2(cfg)
-    dist.init(cfg.train.ddp_timeout, force=cfg.train.backend == "fsdp2")
+    dist.init(cfg.train.ddp_timeout, force=backend_of(cfg) in ("fsdp2", "deepspeed"))
     output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
     dist.barrier()
     if dist.is_main():
@@ -171,11 +171,14 @@ def _sharded_resume_needs_fsdp2(cfg: RunConfig) -> None:
 
 
 def backend_of(cfg: RunConfig) -> str:
+    """auto: deepspeed when a DeepSpeed config or zero_stage is given, fsdp2 with several processes, else single."""
     backend = cfg.train.backend
     if backend == "auto":
-        return "fsdp2" if dist.world() > 1 else "single"
-    if backend == "single" and dist.world() > 1:
-        raise TunesmithError(f"backend: single runs one process, but {dist.world()} were launched; use fsdp2")
+        if cfg.train.deepspeed or cfg.train.zero_stage is not None:
+            return "deepspeed"
+        return "fsdp2" if dist.is_distributed() else "single"
+    if backend == "single" and dist.is_distributed():
+        raise TunesmithError("backend: single runs one process, but several were launched; use fsdp2 or deepspeed")
     return backend
 
 
@@ -184,6 +187,8 @@ def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngi
     from .optim import build_optimizer, build_scheduler
 
     precision = precision_of(cfg, device)
+    if backend_of(cfg) == "deepspeed":
+        return _deepspeed_engine(cfg, model, device, total_steps, precision)
     engine_class = SingleEngine
     if backend_of(cfg) == "fsdp2":
         from ..engines.fsdp2 import FSDP2Engine, parallelize
@@ -195,6 +200,31 @@ def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngi
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     return engine_class(model, optimizer, scheduler, device, precision=precision,
                         max_grad_norm=cfg.train.max_grad_norm, skip_nonfinite=cfg.train.skip_nonfinite)
+
+
+def _deepspeed_engine(cfg: RunConfig, model, device, total_steps: int, precision: str):
+    from ..engines import deepspeed_engine as zero
+    from .optim import build_optimizer, build_scheduler
+
+    config = zero.ds_config(cfg, precision, dist.world(), getattr(model.config, "hidden_size", None))
+    stage = config["zero_optimization"]["stage"]
+    _no_frozen_copy_under_zero3(cfg, model, stage)
+    offloaded = zero._offloads_optimizer(config["zero_optimization"])
+    optimizer = build_optimizer(model, cfg.train, torch.device("cpu") if offloaded else device)
+    scheduler = build_scheduler(optimizer, cfg.train, total_steps)
+    ds, optimizer, scheduler = zero.initialize(model, optimizer, scheduler, config)
+    log.info("DeepSpeed ZeRO-%d%s, %s", stage, " with CPU offload" if offloaded else "", precision)
+    return zero.DeepSpeedEngine(ds, optimizer, scheduler, device, stage=stage)
+
+
+def _no_frozen_copy_under_zero3(cfg: RunConfig, model, stage: int) -> None:
+    """A frozen reference copy cannot be deep-copied from ZeRO-3 partitions."""
+    mode = cfg.finetune.pref_reference
+    is_lora = hasattr(model, "disable_adapter")
+    if stage == 3 and cfg.finetune.stage in ("dpo", "kto") and (mode == "copy" or (mode == "auto" and not is_lora)):
+        raise TunesmithError(f"stage {cfg.finetune.stage} under ZeRO-3 cannot keep a frozen copy of the model as "
+                             "the reference; set pref_reference: precomputed (computed once before training) or "
+                             "use finetuning_type: lora")
 
 
 class _Runner:

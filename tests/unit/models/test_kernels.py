@@ -23,3 +23,38 @@ def test_vlm_vision_tower_unchanged_after_swap():
         after = model.model.visual(pixels, grid_thw=grid).pooler_output
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
     assert set(model.state_dict()) == keys
+
+
+def test_a_loss_head_returns_the_nll_sum_inside_the_models_forward(tiny_qwen3):
+    """The fused-CE path computes its loss in the output layer's forward (so sharded engines gather its
+    weight there); with a plain loss in place of Liger's it equals the logits path, gradients included."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.methods.losses import token_nll
+    from tunesmith.models.kernels import install_loss_head
+    from tunesmith.models.processing import model_inputs
+
+    torch.manual_seed(0)
+    rows = [[{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [9, 10, 11]}],
+            [{"input_ids": [12, 13], "labels": [-100, 13]}]]
+    batch = collate_rows(rows, pad_id=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3)
+    expected = token_nll(model(**model_inputs(model, batch)).logits, batch.targets_BT).sum()
+    expected.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    def plain_ce(weight, hidden, targets):
+        return F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=-100, reduction="sum")
+
+    head = install_loss_head(model.get_output_embeddings(), plain_ce)
+    head.loss_targets = batch.targets_BT.reshape(-1)
+    got = model(**model_inputs(model, batch)).logits
+    head.loss_targets = None
+    assert got.ndim == 0 and torch.allclose(got, expected, rtol=1e-5)
+    got.backward()
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, grads[name], atol=1e-6), name
+    assert model(**model_inputs(model, batch)).logits.shape[-1] == model.config.vocab_size  # plain forward again

@@ -1,0 +1,206 @@
+"""DeepSpeed ZeRO stages 0-3 (and CPU offload) behind the Engine interface.
+
+The config comes from a DeepSpeed JSON file in the format LLaMA-Factory and the HF
+Trainer use (`"auto"` values are filled from our config), or from `zero_stage:` alone.
+tunesmith keeps its own AdamW and LR schedule (handed to deepspeed.initialize), so the
+same keys mean the same thing on every backend.
+
+DeepSpeed runs in its unmanaged gradient-accumulation mode: `backward()` accumulates,
+`step()` is the accumulation boundary (reduce, clip, update), which is exactly the loop's
+contract, also when the last step of an epoch has fewer micro-batches. In bf16/fp16 the
+module holds 16-bit weights and DeepSpeed keeps the fp32 master weights and optimizer
+states (sharded from ZeRO-1 on), so no autocast is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .base import StepResult
+from .single import NonFiniteError
+
+log = logging.getLogger("tunesmith")
+
+_TAG = "deepspeed"  # the sub-folder of a checkpoint that holds DeepSpeed's own state
+
+
+def read_ds_config(path: str) -> dict:
+    """The user's DeepSpeed JSON, with a clear error naming the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError([f"deepspeed: {path} does not exist; give a DeepSpeed JSON file (see examples/deepspeed/)"])
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError([f"deepspeed: {path} is not valid JSON ({err})"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"deepspeed: {path} must hold a JSON object"])
+    return data
+
+
+def ds_config(cfg, precision: str, world: int, hidden_size: int | None) -> dict:
+    """The DeepSpeed config for this run: the user's file (or zero_stage) with every "auto" filled."""
+    train = cfg.train
+    base = read_ds_config(train.deepspeed) if train.deepspeed else {}
+    zero = dict(base.get("zero_optimization") or {})
+    if train.zero_stage is not None:
+        zero["stage"] = train.zero_stage
+    zero.setdefault("stage", 0)
+    filled = {
+        "train_micro_batch_size_per_gpu": train.per_device_train_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "train_batch_size": train.per_device_train_batch_size * train.gradient_accumulation_steps * world,
+        "gradient_clipping": train.max_grad_norm,
+    }
+    out = {k: v for k, v in base.items() if k not in ("optimizer", "scheduler")}
+    for key in ("optimizer", "scheduler"):
+        if key in base:
+            log.warning("deepspeed: the '%s' section of %s is not used; tunesmith builds AdamW and the LR schedule "
+                        "from its own keys (learning_rate, lr_scheduler_type, warmup_ratio, ...)", key, train.deepspeed)
+    for key, value in filled.items():
+        if out.get(key, "auto") == "auto":
+            out[key] = value
+        elif out[key] != value:
+            raise ConfigError([f"deepspeed: {key} = {out[key]} in {train.deepspeed} disagrees with the run ({value}); "
+                               'set it to "auto"'])
+    out["bf16"] = {**_section(base, "bf16"), "enabled": precision == "bf16"}
+    out["fp16"] = {**_section(base, "fp16"), "enabled": precision == "fp16"}
+    out["zero_optimization"] = _fill_zero(zero, hidden_size)
+    out["managed_gradient_accumulation"] = False  # step() is the accumulation boundary (see module docstring)
+    out.setdefault("zero_allow_untested_optimizer", True)  # tunesmith's torch AdamW
+    out.setdefault("steps_per_print", 10**9)  # the loop logs; DeepSpeed's own throughput lines would repeat it
+    if _offloads_optimizer(zero):
+        out["zero_force_ds_cpu_optimizer"] = False  # tunesmith's AdamW runs on the offloaded fp32 states
+    return out
+
+
+def _section(base: dict, key: str) -> dict:
+    section = dict(base.get(key) or {})
+    section.pop("enabled", None)  # "auto" or a value: the run's precision decides
+    return {k: v for k, v in section.items() if v != "auto"}
+
+
+def _fill_zero(zero: dict, hidden_size: int | None) -> dict:
+    """The HF Trainer's rules for ZeRO's size "auto"s (bucket sizes from the hidden size)."""
+    h = hidden_size or 4096
+    sizes = {"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h),
+             "stage3_param_persistence_threshold": 10 * h}
+    out = {}
+    for key, value in zero.items():
+        if value == "auto":
+            if key not in sizes:
+                raise ConfigError([f'deepspeed: zero_optimization.{key} = "auto" is not something tunesmith can '
+                                   "fill; give a value"])
+            value = sizes[key]
+        out[key] = value
+    return out
+
+
+def _offloads_optimizer(zero: dict) -> bool:
+    return (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+
+
+def initialize(model, optimizer, scheduler, config: dict):
+    import deepspeed
+
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                           config=config, dist_init_required=False)
+    return engine, optimizer, scheduler
+
+
+class ThroughEngine:
+    """What methods see as the model: calls go through DeepSpeed's forward (its backward hooks and
+    ZeRO-3 bookkeeping), everything else (config, generate, get_base_model, ...) is the module's."""
+
+    def __init__(self, ds):
+        self._ds = ds
+
+    def __call__(self, *args, **kwargs):
+        return self._ds(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._ds.module, name)
+
+
+class DeepSpeedEngine:
+    """The loop's engine contract on a deepspeed.DeepSpeedEngine."""
+
+    loads_model_state = True  # engine.load restores the (partitioned) weights too
+
+    def __init__(self, ds, optimizer, scheduler, device: torch.device, *, stage: int):
+        self.model = ThroughEngine(ds)
+        self.ds = ds
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.device = device
+        self.stage = stage
+        self._nonfinite_loss = False
+
+    def _autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()  # the module itself holds bf16/fp16 weights
+
+    def forward_backward(self, batch, loss_fn: Callable):
+        self.ds.train()
+        out = loss_fn(self.model, batch.to(self.device))
+        if not torch.isfinite(out.loss.detach()):
+            self._nonfinite_loss = True
+        # DeepSpeed averages gradients over ranks; the loop's normaliser expects their sum.
+        self.ds.backward(out.loss * dist.get_world_size(), scale_wrt_gas=False)
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, batch, loss_fn: Callable):
+        self.ds.eval()
+        return loss_fn(self.model, batch.to(self.device))
+
+    def step(self) -> StepResult:
+        lr = self.scheduler.get_last_lr()[0]
+        if self._nonfinite_loss:
+            raise NonFiniteError("non-finite loss")
+        self.ds.step()  # reduce, clip (gradient_clipping), update, schedule, zero the gradients
+        # DeepSpeed reports no norm for ZeRO-0 in fp32 (plain optimizer): logged as nan there.
+        norm = self.ds.get_global_grad_norm()
+        grad_norm = float(norm) if norm is not None else float("nan")
+        skipped = not self.ds.was_step_applied()  # fp16 loss scaling skips overflowing steps
+        if norm is not None and not math.isfinite(grad_norm) and not skipped:
+            raise NonFiniteError(f"non-finite gradient (grad norm {grad_norm})")
+        return StepResult(grad_norm, skipped, lr)
+
+    def save(self, path: Path) -> None:
+        """DeepSpeed's own resumable state (partitioned weights, optimizer, scheduler), collectively."""
+        self.ds.save_checkpoint(str(path), tag=_TAG, save_latest=False)
+
+    def load(self, path: Path) -> None:
+        loaded, _ = self.ds.load_checkpoint(str(path), tag=_TAG, load_optimizer_states=True,
+                                            load_lr_scheduler_states=True)
+        if loaded is None:
+            raise ConfigError([f"resume: {path} holds no DeepSpeed state (saved by another backend?); resume it with "
+                               "the backend that wrote it"])
+
+    def export_hf(self, path: Path, tokenizer) -> None:
+        """Full weights gathered on rank 0 (layer by layer under ZeRO-3) into a Hugging Face folder."""
+        module = self.ds.module
+        state = self.ds._zero3_consolidated_16bit_state_dict() if self.stage == 3 else None
+        if dist.get_rank() == 0:
+            module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+            tokenizer.save_pretrained(str(path))
+        dist.barrier()
+
+    def full_state_for_rollout(self) -> dict:
+        module = self.ds.module
+        if self.stage != 3:
+            return {k: v.detach() for k, v in module.state_dict().items()}
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}

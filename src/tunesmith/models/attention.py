@@ -1,0 +1,80 @@
+"""Variable-length flash attention for packed rows, without the flash-attn package.
+
+A packed row holds several samples end to end. SDPA needs a [B, 1, T, T] block-diagonal
+mask for it and then runs the (slower) memory-efficient kernel; PyTorch's own FlashAttention-2
+port (`aten::_flash_attention_forward`, CUDA, bf16/fp16, with autograd) takes the sample
+boundaries directly (`cu_seqlens`), needs no mask, and computes only the blocks inside each
+sample.
+
+The collator already knows every boundary (`SFTBatch.cu_seqlens`), so the forward receives
+them as keyword arguments (`packed_cu_seqlens`, `packed_max_seqlen`) that transformers passes
+down to each attention call, under gradient checkpointing too. Without them (generation with a
+padding mask and a KV cache, or non-causal vision-tower attention) this implementation is
+plain SDPA, so one model serves training, evaluation and rollouts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VARLEN = "tunesmith_varlen"
+_registered = False
+
+
+def varlen_available(device: torch.device) -> bool:
+    return device.type == "cuda" and hasattr(torch.ops.aten, "_flash_attention_forward")
+
+
+def register() -> str:
+    """Make `attn_implementation="tunesmith_varlen"` known to transformers (once per process)."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(VARLEN, varlen_attention)
+        AttentionMaskInterface.register(VARLEN, _padding_mask_only)
+        _registered = True
+    return VARLEN
+
+
+def _padding_mask_only(*args, attention_mask=None, **kwargs):
+    """Training passes no padding mask (boundaries come as cu_seqlens): build nothing. Generation
+    passes one: build SDPA's mask for the SDPA fallback."""
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                     packed_cu_seqlens=None, packed_max_seqlen=None, **kwargs):
+    """transformers attention signature: query [B, H, T, D], key/value [B, Hkv, T, D] -> ([B, T, H, D], None)."""
+    if packed_cu_seqlens is None or not getattr(module, "is_causal", True) or query.device.type != "cuda":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    batch, heads, length, dim = query.shape
+    dtype = _half_dtype(value)
+    q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], dim).to(dtype) for t in (query, key, value))
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, packed_cu_seqlens, packed_cu_seqlens, packed_max_seqlen, packed_max_seqlen,
+        dropout if module.training else 0.0, True, False, scale=scaling,
+    )[0]
+    return out.view(batch, length, heads, dim), None
+
+
+def _half_dtype(value: torch.Tensor) -> torch.dtype:
+    """FlashAttention takes bf16/fp16; under autocast with fp32 weights some projections stay fp32."""
+    if value.dtype in (torch.bfloat16, torch.float16):
+        return value.dtype
+    if torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return torch.bfloat16
+
+
+def packing_kwargs(batch) -> dict:
+    """The forward's keyword arguments that carry the batch's sample boundaries."""
+    return {"packed_cu_seqlens": batch.cu_seqlens, "packed_max_seqlen": batch.max_seqlen}
