@@ -93,23 +93,29 @@ def run(shape: str, num_samples: int, min_len: int, max_len: int, overrides: dic
     from .config.load import build_config
     from .train.loop import train
 
-    root = Path(tempfile.mkdtemp(prefix="tunesmith-bench-"))
-    folder = model_folder(shape, root)
     from transformers import AutoConfig
 
+    root = _shared_root()
+    folder, data = root / shape, root / "data" / "synthetic"  # where model_folder and synthetic_data write
+    if dist.is_main():
+        model_folder(shape, root)
+        synthetic_data(data.parent, num_samples, min_len, max_len, AutoConfig.from_pretrained(folder).vocab_size)
+    dist.barrier()
     config = AutoConfig.from_pretrained(folder)
-    data = synthetic_data(root / "data", num_samples, min_len, max_len, config.vocab_size)
     flat = {"model_name_or_path": str(folder), "random_init": True, "tokenized_path": str(data),
             "dataset": "synthetic", "finetuning_type": "full", "output_dir": str(root / "out"),
-            "save_strategy": "no", "logging_steps": 10, "cutoff_len": max_len, **overrides}
+            "save_strategy": "no", "save_final_model": False, "logging_steps": 10, "cutoff_len": max_len, **overrides}
     cfg = build_config(None, flat)
     started = time.perf_counter()
     train(cfg)
     end_to_end = time.perf_counter() - started
+    dist.barrier()  # rank 0 has written the summary
     summary = json.loads((root / "out" / "train_summary.json").read_text())
     gpus = max(dist.world(), 1)
     mean_len = (min_len + max_len) / 2
+    logged = [json.loads(line) for line in (root / "out" / "metrics.jsonl").read_text().splitlines()]
     result = {"shape": shape, "gpus": gpus, "end_to_end_s": end_to_end, **summary,
+              "loss_curve": [m["loss"] for m in logged if "loss" in m],
               "flops_per_token": flops_per_token(config, mean_len)}
     result["mfu"] = result["train_tokens_per_s"] * result["flops_per_token"] / (PEAK_BF16 * gpus)
     if hf_baseline and dist.is_main():
@@ -117,6 +123,23 @@ def run(shape: str, num_samples: int, min_len: int, max_len: int, overrides: dic
     if torch.cuda.is_available():
         result["gpu"] = torch.cuda.get_device_name(0)
     return result
+
+
+def _shared_root() -> Path:
+    """One temporary folder for all ranks (rank 0 makes it and tells the others)."""
+    import torch
+
+    from . import dist
+    from .models.load import pick_device
+
+    pick_device()  # each rank on its own GPU before any collective
+    dist.init()
+    root = tempfile.mkdtemp(prefix="tunesmith-bench-") if dist.is_main() else None
+    if dist.world() > 1:
+        holder = [root]
+        torch.distributed.broadcast_object_list(holder, src=0)
+        root = holder[0]
+    return Path(root)
 
 
 def hf_trainer_baseline(cfg, folder: Path, data: Path) -> dict:

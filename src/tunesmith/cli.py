@@ -243,7 +243,10 @@ def cmd_bench(items: list[str]) -> int:
     _, overrides = parse_cli_items(items)
     result = run(options["--shape"], int(options["--num_samples"]), int(options["--min_len"]),
                  int(options["--max_len"]), overrides, hf_baseline)
-    print("RESULT " + json.dumps(result))
+    from . import dist
+
+    if dist.is_main():
+        print("RESULT " + json.dumps(result))
     return 0
 
 

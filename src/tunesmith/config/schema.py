@@ -202,6 +202,9 @@ class OutputConfig(_Group):
     save_strategy: Literal["steps", "epoch", "no"] = Field("steps", description="When to save checkpoints.")
     save_steps: int = Field(500, ge=1, description="Save a checkpoint every N steps.")
     save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    save_final_model: bool = Field(
+        True, description="Write the trained model to output_dir at the end (false: metrics only, e.g. benchmarks)."
+    )
     save_only_model: bool = Field(False, description="Save weights only, without optimizer state (no exact resume).")
     resume_from_checkpoint: str | bool | None = Field(
         None, description="A checkpoint path, or true for the newest complete one in output_dir."

@@ -381,7 +381,8 @@ class _Runner:
         log.info("saved %s", path)
 
     def _finish(self) -> None:
-        self.engine.export_hf(self.output_dir, self.saver)
+        if self.cfg.output.save_final_model:
+            self.engine.export_hf(self.output_dir, self.saver)
         if not dist.is_main():
             return
         summary = {**self.state, "eval_loss": self.result.eval_loss, **self.timing}
@@ -391,7 +392,8 @@ class _Runner:
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)
-        log.info("model saved to %s", self.output_dir)
+        if self.cfg.output.save_final_model:
+            log.info("model saved to %s", self.output_dir)
 
 
 class _Window:
