@@ -104,7 +104,8 @@ def run(shape: str, num_samples: int, min_len: int, max_len: int, overrides: dic
     config = AutoConfig.from_pretrained(folder)
     flat = {"model_name_or_path": str(folder), "random_init": True, "tokenized_path": str(data),
             "dataset": "synthetic", "finetuning_type": "full", "output_dir": str(root / "out"),
-            "save_strategy": "no", "save_final_model": False, "logging_steps": 10, "cutoff_len": max_len, **overrides}
+            "save_strategy": "no", "save_final_model": False, "logging_steps": 10, "cutoff_len": max_len,
+            "num_train_epochs": 1, **overrides}
     cfg = build_config(None, flat)
     started = time.perf_counter()
     train(cfg)
