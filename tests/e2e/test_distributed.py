@@ -38,6 +38,21 @@ def test_fsdp2_on_two_ranks_equals_one_process_and_resumes_on_one(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_fsdp2_lora_built_on_the_meta_device_equals_one_process(tmp_path, monkeypatch):
+    """Two ranks build the model on the meta device and get their shards of rank 0's weights (LoRA initialised
+    there, as one process would): the same losses as one process."""
+    single = tmp_path / "single"
+    lora = [*COMMON, "finetuning_type=lora", "lora_rank=8", "max_steps=3", "save_strategy=no"]
+    cli("train", *lora, "per_device_train_batch_size=4", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    sharded = tmp_path / "fsdp2"
+    proc = cli("train", *lora, "per_device_train_batch_size=2", f"output_dir={sharded}")
+    assert "meta device" in proc.stdout + proc.stderr
+    assert _losses(sharded) == pytest.approx(_losses(single), rel=1e-5)
+    assert (sharded / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.slow
 def test_deepspeed_zero3_on_two_ranks_equals_one_process_and_resumes_exactly(tmp_path, monkeypatch):
     pytest.importorskip("deepspeed")
     from conftest import REPO

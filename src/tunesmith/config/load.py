@@ -177,6 +177,10 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     return problems
 
 
+def deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
 def _check_deepspeed(cfg: RunConfig) -> list[str]:
     train = cfg.train
     wanted = train.backend == "deepspeed" or (train.backend == "auto" and (train.deepspeed or train.zero_stage is not None))
@@ -185,7 +189,7 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
             return [f"deepspeed / zero_stage are set but backend is {train.backend}; use backend: deepspeed (or auto)"]
         return []
     problems = []
-    if importlib.util.find_spec("deepspeed") is None:
+    if not deepspeed_installed():
         problems.append("backend deepspeed needs DeepSpeed; pip install 'tunesmith[deepspeed]'")
     if train.deepspeed and not Path(train.deepspeed).is_file():
         problems.append(f"deepspeed: {train.deepspeed} does not exist; give a DeepSpeed JSON file "

@@ -56,6 +56,21 @@ def parallelize(model, *, precision: str, cpu_offload: bool, compile_blocks: boo
     return model
 
 
+def materialize(model, full_state: dict | None, device: torch.device) -> None:
+    """Fill a model sharded on the meta device: allocate this rank's shards on `device`, then copy
+    rank 0's full weights (`full_state`, None on the other ranks) into them, each rank receiving only
+    its shard. Non-persistent buffers (e.g. rotary frequencies) were built for real on the CPU at
+    construction and are put back."""
+    buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
+    model.to_empty(device=device)
+    set_model_state_dict(model, full_state or {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name in buffers:
+                buf.copy_(buffers[name])
+
+
 class FSDP2Engine(SingleEngine):
     """The single-device engine's loop contract, on a sharded model; checkpoints through DCP."""
 

@@ -117,11 +117,14 @@ def auto_model_class(config):
     return AutoModelForMultimodalLM if family_of(config) is not None else AutoModelForCausalLM
 
 
-def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False):
+def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False, on_meta: bool = False):
     """The model with fp32 master weights (bf16 under pure_bf16), on `device`.
 
     reward_head: a sequence-classification model with one output (stage rm), so the saved
     folder loads with AutoModelForSequenceClassification.
+    on_meta: parameters on the meta device (no memory; buffers real, on the CPU), for sharded
+    engines that fill their shards afterwards (`engines.fsdp2.materialize`); `device` still
+    chooses the attention kernel.
     """
     path = resolve_model_path(cfg.model_name_or_path)
     config = load_config(cfg)
@@ -136,6 +139,13 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
     if cfg.enable_liger_kernel:
         _apply_liger_for(path, cfg)
+    if on_meta:
+        from accelerate import init_empty_weights
+
+        config.num_labels = extra.get("num_labels", config.num_labels)
+        with init_empty_weights(include_buffers=False):
+            model = model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
+        return _finish_model(model, cfg, None)
     if cfg.random_init:
         config.num_labels = extra.get("num_labels", config.num_labels)
         return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device)
@@ -166,7 +176,7 @@ def _finish_model(model, cfg: ModelConfig, device):
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    return model.to(device)
+    return model.to(device) if device is not None else model
 
 
 def _apply_liger_for(path: str, cfg: ModelConfig) -> None:

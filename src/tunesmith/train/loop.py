@@ -121,13 +121,15 @@ def train(cfg: RunConfig) -> TrainResult:
         return _train_rl(cfg, device, tokenizer, saver, media, stop_ids, output_dir, resume)
     data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
-    model = load_model(cfg.model, device, reward_head=cfg.finetune.stage == "rm")
+    meta = _loads_on_meta(cfg)
+    full_state = _rank0_weights(cfg) if meta else None  # first, so LoRA's initialisation draws what one process would
+    model = load_model(cfg.model, device, reward_head=cfg.finetune.stage == "rm", on_meta=meta)
     model.config.pad_token_id = tokenizer.pad_token_id
     _set_stop_tokens(model, stop_ids)
     model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
     log.info(trainable_report(model))
     plan = EpochPlan.from_config(cfg, data.train["length"])
-    engine = _build_engine(cfg, model, device, plan.total_steps)
+    engine = _build_engine(cfg, model, device, plan.total_steps, on_meta=meta, full_state=full_state)
     method = build_method(cfg, model, fused_ce_for(model, cfg.model))
     runner = _Runner(cfg, engine, saver, data, plan, output_dir, method, media)
     return runner.run(resume)
@@ -182,8 +184,25 @@ def backend_of(cfg: RunConfig) -> str:
     return backend
 
 
-def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngine:
-    """The engine the config names; sharding comes before the optimizer sees the parameters."""
+def _loads_on_meta(cfg: RunConfig) -> bool:
+    """FSDP2 over several processes builds the model on the meta device and fills only each rank's shard
+    from rank 0's copy, so no GPU ever holds the whole model (random_init builds on each GPU instead)."""
+    return backend_of(cfg) == "fsdp2" and dist.world() > 1 and not (cfg.model.random_init or cfg.train.fsdp_offload)
+
+
+def _rank0_weights(cfg: RunConfig) -> dict | None:
+    """Rank 0: the checkpoint's weights with the fine-tuning applied (LoRA initialised), on the CPU."""
+    if not dist.is_main():
+        return None
+    model = load_model(cfg.model, torch.device("cpu"), reward_head=cfg.finetune.stage == "rm")
+    model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
+    return model.state_dict()
+
+
+def _build_engine(cfg: RunConfig, model, device, total_steps: int, on_meta: bool = False,
+                  full_state: dict | None = None) -> SingleEngine:
+    """The engine the config names; sharding comes before the optimizer sees the parameters.
+    A model built on the meta device is filled from `full_state` (rank 0) right after sharding."""
     from .optim import build_optimizer, build_scheduler
 
     precision = precision_of(cfg, device)
@@ -195,6 +214,11 @@ def _build_engine(cfg: RunConfig, model, device, total_steps: int) -> SingleEngi
 
         model = parallelize(model, precision=precision, cpu_offload=cfg.train.fsdp_offload,
                             compile_blocks=cfg.train.torch_compile)
+        if on_meta:
+            from ..engines.fsdp2 import materialize
+
+            materialize(model, full_state, device)
+            log.info("FSDP2: model built on the meta device, each rank given its shard of rank 0's weights")
         engine_class = FSDP2Engine
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)

@@ -14,6 +14,12 @@ from conftest import REPO
 EXAMPLES = REPO / "examples" / "deepspeed"
 
 
+@pytest.fixture(autouse=True)
+def _deepspeed_counts_as_installed(monkeypatch):
+    """These tests check the config only; whether deepspeed is importable here does not matter."""
+    monkeypatch.setattr("tunesmith.config.load.deepspeed_installed", lambda: True)
+
+
 def _cfg(**flat):
     return build_config(None, {"dataset": "identity", **flat})
 
@@ -54,6 +60,12 @@ def test_an_optimizer_section_is_dropped_with_a_warning(tmp_path, caplog):
     path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "zero_optimization": {"stage": 2}}))
     out = ds_config(_cfg(deepspeed=str(path)), "bf16", world=1, hidden_size=64)
     assert "optimizer" not in out and "tunesmith builds AdamW" in caplog.text
+
+
+def test_a_missing_deepspeed_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr("tunesmith.config.load.deepspeed_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"pip install 'tunesmith\[deepspeed\]'"):
+        _cfg(zero_stage=2)
 
 
 def test_bad_files_and_incompatible_keys_are_reported(tmp_path):
