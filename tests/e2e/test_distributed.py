@@ -112,3 +112,17 @@ def test_online_rl_on_two_ranks(tmp_path, monkeypatch):
     steps = [m for m in logged if "reward_mean" in m]
     assert len(steps) == 2 and all(m["response_length_mean"] > 0 for m in steps)
     assert (out / "model.safetensors").exists() and (out / "train_summary.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ds_z0", "ds_z2_offload", "ds_z3_offload"])
+def test_deepspeed_configs_give_the_single_device_losses(tmp_path, name):
+    """The shipped ZeRO-0 and CPU-offload configs in one process (fp32): the single engine's losses."""
+    pytest.importorskip("deepspeed")
+    from conftest import REPO
+
+    single, ds = tmp_path / "single", tmp_path / name
+    cli("train", *COMMON, "max_steps=3", "save_strategy=no", "backend=single", f"output_dir={single}")
+    cli("train", *COMMON, "max_steps=3", "save_strategy=no", f"deepspeed={REPO / 'examples' / 'deepspeed' / f'{name}.json'}",
+        f"output_dir={ds}")
+    assert _losses(ds) == pytest.approx(_losses(single), rel=1e-5)
