@@ -27,6 +27,13 @@ or auto with W > 1)
     process); the GPU then keeps only the gathered parameters of about two layers.
     Sharded runs also hold the all-gathered (unsharded) parameters of about two layers.
 
+DeepSpeed (backend deepspeed, or a `deepspeed` file / `zero_stage`), after the ZeRO paper
+(Rajbhandari et al. 2020): in bf16/fp16 the module holds 16-bit weights (N*2 B) and gradients
+(N_t*2 B), the optimizer fp32 master weights and AdamW states (N_t*12 B); in fp32, N*4, N_t*4
+and N_t*8 B. ZeRO-1 divides the optimizer term by W, ZeRO-2 also the gradients, ZeRO-3 also
+the weights (plus the gathered layers, as FSDP2). offload_optimizer moves the optimizer term to
+the CPU, offload_param (ZeRO-3) the weights.
+
 Activations for one micro-batch of B rows x S tokens (S = cutoff_len, an upper bound
 unless packing fills every row; preference stages dpo and rm run chosen + rejected, 2B rows),
 with L layers, hidden size H, A attention heads and k = bytes per activation / 2
@@ -131,7 +138,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     memory (default: the first GPU's, else 141 for an H200); hf_config: a transformers config to
     use instead of loading the one of model_name_or_path (tests, hand-built shapes).
 
-    Returns {"params", "trainable_params", "num_gpus", "sharded", "gpu_gib", "weights", "gradients",
+    Returns {"params", "trainable_params", "num_gpus", "sharded" (by which engine, "" if not), "gpu_gib", "weights", "gradients",
     "optimizer", "gathered_params", "activations", "logits", "overhead", "total", "cpu", "fits",
     "biggest", "notes"} (memory keys in GiB per GPU; "cpu" is CPU memory per GPU process).
     """
@@ -150,6 +157,11 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     m, t, ft = cfg.model, cfg.train, cfg.finetune
     pure = m.pure_bf16
     backend = t.backend
+    # A sharded engine all-gathers a layer's parameters (in the compute dtype) for its forward/backward,
+    # prefetching the next: about two layers unsharded at a time.
+    two_layers = 2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB
+    if backend == "deepspeed" or (backend == "auto" and (t.deepspeed or t.zero_stage is not None)):
+        return _finish(cfg, dims, N, N_t, W, gpu_gib, notes, *_deepspeed_states(cfg, N, N_t, W, two_layers))
     sharded = W > 1 and backend in ("fsdp2", "auto")
     if backend == "single" and W > 1:
         notes.append(f"backend: single runs one process, but {W} GPUs would be launched; use fsdp2 or auto")
@@ -157,9 +169,6 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     weights = N * (2 if pure else 4) / shards / GIB
     gradients = N_t * (2 if pure else 4) / shards / GIB
     optimizer = N_t * (4 if pure else 8) / shards / GIB
-    # A sharded engine all-gathers a layer's parameters (in the compute dtype) for its forward/backward,
-    # prefetching the next: about two layers unsharded at a time.
-    two_layers = 2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB
     gathered = two_layers if sharded else 0.0
     cpu = 0.0
     if t.fsdp_offload:
@@ -169,7 +178,37 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
             cpu = weights + gradients + optimizer
             weights = gradients = optimizer = 0.0
             gathered = two_layers
+    return _finish(cfg, dims, N, N_t, W, gpu_gib, notes, "fsdp2" if sharded else "", weights, gradients, optimizer,
+                   gathered, cpu)
 
+
+def _deepspeed_states(cfg: RunConfig, N: int, N_t: int, W: int, two_layers: float) -> tuple:
+    """(sharded by, weights, gradients, optimizer, gathered, cpu) in GiB per GPU under ZeRO (module docstring)."""
+    from .engines.deepspeed_engine import read_ds_config
+
+    t, m = cfg.train, cfg.model
+    zero = dict((read_ds_config(t.deepspeed) if t.deepspeed else {}).get("zero_optimization") or {})
+    stage = t.zero_stage if t.zero_stage is not None else int(zero.get("stage", 0))
+    half = m.bf16 or m.fp16
+    weights = N * (2 if half else 4) / GIB
+    gradients = N_t * (2 if half else 4) / GIB
+    optimizer = N_t * (12 if half else 8) / GIB
+    optimizer /= W if stage >= 1 else 1
+    gradients /= W if stage >= 2 else 1
+    weights /= W if stage >= 3 else 1
+    gathered = two_layers if stage >= 3 and W > 1 else 0.0
+    cpu = 0.0
+    if (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None):
+        cpu, optimizer = cpu + optimizer, 0.0
+    if stage >= 3 and (zero.get("offload_param") or {}).get("device", "none") not in ("none", None):
+        cpu, weights = cpu + weights, 0.0
+    return f"DeepSpeed ZeRO-{stage}" if stage >= 1 and W > 1 else "", weights, gradients, optimizer, gathered, cpu
+
+
+def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float, notes: list, sharded: str,
+            weights: float, gradients: float, optimizer: float, gathered: float, cpu: float) -> dict:
+    """Add activations and logits to the model states; decide whether it fits and what would help."""
+    ft = cfg.finetune
     activations, logits = _activation_gib(cfg, dims)
     total = weights + gradients + optimizer + gathered + activations + logits + OVERHEAD_GIB
 
@@ -243,7 +282,7 @@ def print_estimate(console, cfg: RunConfig, result: dict) -> None:
     from rich.table import Table
 
     r = result
-    gpus = f"{r['num_gpus']} GPU{'s' if r['num_gpus'] > 1 else ''}" + (", sharded by fsdp2" if r["sharded"] else "")
+    gpus = f"{r['num_gpus']} GPU{'s' if r['num_gpus'] > 1 else ''}" + (f", sharded by {r['sharded']}" if r["sharded"] else "")
     console.print(f"[bold]{cfg.model.model_name_or_path}[/bold]: {_count(r['params'])} parameters, "
                   f"{_count(r['trainable_params'])} trainable ({cfg.finetune.finetuning_type}); {gpus}; "
                   f"micro-batch {cfg.train.per_device_train_batch_size} x {cfg.data.cutoff_len} tokens",

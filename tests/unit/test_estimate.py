@@ -130,3 +130,25 @@ def test_cli_estimate_runs(tiny_qwen3):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr  # the rich console may write to either
     assert "fits" in text and "optimizer states" in text
+
+
+@pytest.mark.parametrize("stage, weights, grads, optim", [(0, 2, 2, 12), (1, 2, 2, 6), (2, 2, 1, 6), (3, 1, 1, 6)])
+def test_deepspeed_zero_stages_partition_like_the_zero_paper(monkeypatch, stage, weights, grads, optim):
+    """bf16 under DeepSpeed: 16-bit weights and gradients, 12 B of fp32 master + AdamW per parameter;
+    ZeRO-1 splits the optimizer over 2 GPUs, ZeRO-2 also the gradients, ZeRO-3 also the weights."""
+    monkeypatch.setattr("tunesmith.config.load.deepspeed_installed", lambda: True)
+    r = est(num_gpus=2, finetuning_type="full", bf16=True, zero_stage=stage)
+    n = r["params"] / 2**30
+    assert (r["weights"], r["gradients"], r["optimizer"]) == pytest.approx((weights * n, grads * n, optim * n))
+    assert bool(r["sharded"]) == (stage >= 1) and (r["gathered_params"] > 0) == (stage == 3)
+
+
+def test_deepspeed_offload_moves_the_optimizer_and_parameters_to_the_cpu(monkeypatch):
+    from conftest import REPO
+
+    monkeypatch.setattr("tunesmith.config.load.deepspeed_installed", lambda: True)
+    path = str(REPO / "examples" / "deepspeed" / "ds_z3_offload.json")
+    r = est(num_gpus=2, finetuning_type="full", bf16=True, deepspeed=path)
+    n = r["params"] / 2**30
+    assert r["weights"] == r["optimizer"] == 0 and r["cpu"] == pytest.approx(n + 6 * n)
+    assert r["sharded"] == "DeepSpeed ZeRO-3"
