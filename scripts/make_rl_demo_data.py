@@ -4,14 +4,17 @@
 
 - arith_rl / arith_rl_eval: prompts of small integer arithmetic with an exact `answer`
   column (for the `accuracy` reward); the eval prompts never repeat a train question.
-- gui_click_demo: synthetic "screenshots" (3-5 coloured buttons with text labels on a plain
-  background, drawn here with Pillow) and a `target_box` [x1, y1, x2, y2] in pixels of the
-  button to click (for the `grounding` reward). Images go under data/rl_demo_data/.
+- gui_click_demo / gui_click_eval: synthetic 192x128 "screenshots" (two coloured buttons with
+  text labels on a plain background, drawn here with Pillow), "click the 'OK' button", with a
+  `target_box` [x1, y1, x2, y2] in pixels of the button to click (for the `grounding` reward)
+  and its centre as `answer`; the held-out screens are never shown in training. Images go
+  under data/rl_demo_data/.
 
-Prompts end with the user turn (online RL: the policy writes the answer), so the entries have
-no response column. The entries are merged into data/dataset_info.json without touching the
-other entries. The JSON depends only on the seeds and the geometry here, never on the font,
-so it is identical whatever Pillow draws the labels with.
+Prompts end with the user turn (online RL: the policy writes the answer), so the RL entries have
+no response column; the *_sft entries use `answer` as the response, for a warm-up. The entries
+are merged into data/dataset_info.json without touching the other entries. The JSON depends
+only on the seeds and the geometry here, never on the font, so it is identical whatever Pillow
+draws the labels with.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 MEDIA_DIR = "rl_demo_data"
-IMAGE_SIZE = (256, 192)
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -78,61 +80,47 @@ def make_digit_sums(seed: int = 5) -> tuple[list[dict], list[dict]]:
 
 
 # ---------------------------------------------------------------- GUI click grounding
+#
+# Sized so that a tiny VLM (2-layer vision tower, 2-layer 64-wide language model) learns it from pixels on a
+# CPU in minutes: two large buttons per screen on a 3 x 2 grid of slots, three labels each always drawn in its
+# own colour (as apps keep OK green and Cancel red), each button centred in its slot. The click point, the
+# button's centre, is then one of six short answers such as "(32, 96)", and a screen is asked about each of
+# its buttons, so only the label tells the right one from the other.
 
-BUTTON_LABELS = ["OK", "Cancel", "Save", "Open", "Close", "Help", "Next", "Back", "Delete", "Print", "Send",
-                 "Undo", "Apply", "Search"]
-BUTTON_COLORS = [(52, 120, 246), (40, 167, 69), (220, 53, 69), (255, 153, 0), (111, 66, 193), (23, 162, 184),
-                 (108, 117, 125)]
+CLICK_LABELS = {"OK": (40, 167, 69), "Cancel": (220, 53, 69), "Save": (52, 120, 246)}
 BACKGROUNDS = [(255, 255, 255), (240, 240, 240), (250, 245, 235), (232, 240, 250)]
-CLICK_PHRASES = [
-    "<image>Click the button labelled '{label}'.",
-    "<image>Where would you click to press the '{label}' button?",
-    "<image>Find the '{label}' button and click it.",
-]
-CLICK_FORMAT = " Answer with the click point as (x, y) in pixels."
-TITLE_BAR = 18  # a window title bar at the top; buttons go below it
+# The label ends the prompt: a fixed distance from the answer is what a 2-layer model attends over fastest.
+CLICK_PHRASES = ["<image>Click {label}.", "<image>Press {label}."]
+CLICK_SYSTEM = "Answer with the click point as (x, y) in pixels."
+CLICK_IMAGE_SIZE = (192, 128)  # 6 x 4 visual tokens of 32 x 32 pixels for Qwen3-VL
+GRID = (3, 2)  # columns, rows of 64 x 64 slots
+BUTTON_HALF_SIZE = ((22, 30), (14, 22))  # ranges of half the width and half the height, in pixels
+BUTTONS_PER_SCREEN = 2
 
 
-def _button_size(rng: random.Random, label: str) -> tuple[int, int]:
-    return 7 * len(label) + rng.randint(18, 30), rng.randint(22, 30)
+def _slot_centres() -> list[tuple[int, int]]:
+    (w, h), (cols, rows) = CLICK_IMAGE_SIZE, GRID
+    return [(w * (2 * c + 1) // (2 * cols), h * (2 * r + 1) // (2 * rows)) for r in range(rows) for c in range(cols)]
 
 
-def _layout(rng: random.Random, labels: list[str]) -> list[list[int]]:
-    """Non-overlapping boxes (4 px apart at least) inside the window body, one per label."""
-    w, h = IMAGE_SIZE
-    while True:
-        boxes: list[list[int]] = []
-        for label in labels:
-            bw, bh = _button_size(rng, label)
-            for _ in range(200):
-                x1, y1 = rng.randint(6, w - 6 - bw), rng.randint(TITLE_BAR + 6, h - 6 - bh)
-                box = [x1, y1, x1 + bw, y1 + bh]
-                if all(box[2] + 4 <= o[0] or o[2] + 4 <= box[0] or box[3] + 4 <= o[1] or o[3] + 4 <= box[1]
-                       for o in boxes):
-                    boxes.append(box)
-                    break
-            else:
-                break  # no room: lay out again
-        if len(boxes) == len(labels):
-            return boxes
+def _slot_box(rng: random.Random, centre: tuple[int, int]) -> list[int]:
+    half_w, half_h = rng.randint(*BUTTON_HALF_SIZE[0]), rng.randint(*BUTTON_HALF_SIZE[1])
+    return [centre[0] - half_w, centre[1] - half_h, centre[0] + half_w, centre[1] + half_h]
 
 
 def _font():
     try:
-        return ImageFont.load_default(size=11)
+        return ImageFont.load_default(size=13)
     except TypeError:  # Pillow < 10.1: the bitmap font, no size
         return ImageFont.load_default()
 
 
-def _draw_screen(background, buttons: list[tuple[str, list[int], tuple]]) -> Image.Image:
-    image = Image.new("RGB", IMAGE_SIZE, background)
+def _draw_screen(background, buttons: list[tuple[str, list[int]]]) -> Image.Image:
+    image = Image.new("RGB", CLICK_IMAGE_SIZE, background)
     draw = ImageDraw.Draw(image)
-    draw.rectangle([0, 0, IMAGE_SIZE[0] - 1, TITLE_BAR - 1], fill=(60, 60, 70))
-    for i, color in enumerate([(237, 106, 94), (245, 191, 79), (98, 197, 84)]):
-        draw.ellipse([6 + 12 * i, 5, 14 + 12 * i, 13], fill=color)
     font = _font()
-    for label, box, color in buttons:
-        draw.rectangle(box, fill=color, outline=(40, 40, 40))
+    for label, box in buttons:
+        draw.rectangle(box, fill=CLICK_LABELS[label], outline=(40, 40, 40))
         left, top, right, bottom = draw.textbbox((0, 0), label, font=font)
         x = (box[0] + box[2] - (right - left)) / 2 - left
         y = (box[1] + box[3] - (bottom - top)) / 2 - top
@@ -140,26 +128,37 @@ def _draw_screen(background, buttons: list[tuple[str, list[int], tuple]]) -> Ima
     return image
 
 
-def make_gui_click_demo(out_dir: Path | None, num: int = 60, seed: int = 22) -> list[dict]:
-    """Records {instruction, images, target_box}; writes the PNGs under out_dir/rl_demo_data (None: no files)."""
+def make_gui_click(out_dir: Path | None, num_screens: int, seed: int, prefix: str) -> list[dict]:
+    """Records {instruction, images, target_box, answer}, one per button of each screen, shuffled; `answer` is
+    the button's centre "(x, y)" (for an SFT warm-up). The PNGs go under out_dir/rl_demo_data (None: no files)."""
     rng = random.Random(seed)
+    slots = _slot_centres()
     records = []
-    for i in range(num):
-        labels = rng.sample(BUTTON_LABELS, rng.randint(3, 5))
-        colors = [rng.choice(BUTTON_COLORS) for _ in labels]
+    for i in range(num_screens):
+        labels = rng.sample(sorted(CLICK_LABELS), BUTTONS_PER_SCREEN)
+        centres = rng.sample(slots, BUTTONS_PER_SCREEN)
+        boxes = [_slot_box(rng, c) for c in centres]
         background = rng.choice(BACKGROUNDS)
-        boxes = _layout(rng, labels)
-        target = rng.randrange(len(labels))
-        name = f"gui_{i:03d}.png"
+        name = f"{prefix}_{i:03d}.png"
         if out_dir is not None:
-            image = _draw_screen(background, list(zip(labels, boxes, colors)))
+            image = _draw_screen(background, list(zip(labels, boxes)))
             image.save(out_dir / MEDIA_DIR / name, format="PNG", optimize=True)
-        records.append({
-            "instruction": rng.choice(CLICK_PHRASES).format(label=labels[target]) + CLICK_FORMAT,
-            "images": [f"{MEDIA_DIR}/{name}"],
-            "target_box": boxes[target],
-        })
+        for label, centre, box in zip(labels, centres, boxes):
+            records.append({
+                "system": CLICK_SYSTEM,
+                "instruction": rng.choice(CLICK_PHRASES).format(label=label),
+                "images": [f"{MEDIA_DIR}/{name}"],
+                "target_box": box,
+                "answer": f"({centre[0]}, {centre[1]})",
+            })
+    rng.shuffle(records)
     return records
+
+
+def make_gui_click_demo(out_dir: Path | None) -> tuple[list[dict], list[dict]]:
+    """(train, held-out): the held-out screens are drawn with another seed, so none is seen in training."""
+    return (make_gui_click(out_dir, num_screens=400, seed=22, prefix="gui"),
+            make_gui_click(out_dir, num_screens=100, seed=23, prefix="gui_eval"))
 
 
 # ---------------------------------------------------------------- registry and files
@@ -174,7 +173,14 @@ DATASET_INFO = {
     "digit_sums_rl": {"file_name": "digit_sums.json", "columns": {"prompt": "instruction"}},
     "digit_sums_eval": {"file_name": "digit_sums_eval.json", "columns": {"prompt": "instruction"}},
     "digit_sums_sft": {"file_name": "digit_sums.json", "columns": {"prompt": "instruction", "response": "answer"}},
-    "gui_click_demo": {"file_name": "gui_click_demo.json", "columns": {"prompt": "instruction", "images": "images"}},
+    # The VLM GRPO demo (examples/qwen3_vl_grpo_click.yaml): an SFT warm-up on gui_click_sft, then GRPO.
+    "gui_click_demo": {"file_name": "gui_click_demo.json",
+                       "columns": {"prompt": "instruction", "system": "system", "images": "images"}},
+    "gui_click_eval": {"file_name": "gui_click_eval.json",
+                       "columns": {"prompt": "instruction", "system": "system", "images": "images"}},
+    "gui_click_sft": {"file_name": "gui_click_demo.json",
+                      "columns": {"prompt": "instruction", "response": "answer", "system": "system",
+                                  "images": "images"}},
 }
 
 
@@ -196,12 +202,14 @@ def build_all(out_dir: Path | None) -> dict[str, str]:
         (Path(out_dir) / MEDIA_DIR).mkdir(parents=True, exist_ok=True)
     train, held_out = make_arith_rl()
     digits, digits_eval = make_digit_sums()
+    clicks, clicks_eval = make_gui_click_demo(Path(out_dir) if out_dir is not None else None)
     texts = {
         "arith_rl.json": _as_json(train),
         "arith_rl_eval.json": _as_json(held_out),
         "digit_sums.json": _as_json(digits),
         "digit_sums_eval.json": _as_json(digits_eval),
-        "gui_click_demo.json": _as_json(make_gui_click_demo(Path(out_dir) if out_dir is not None else None)),
+        "gui_click_demo.json": _as_json(clicks),
+        "gui_click_eval.json": _as_json(clicks_eval),
     }
     info_path = Path(out_dir) / "dataset_info.json" if out_dir is not None else None
     existing = info_path.read_text(encoding="utf-8") if info_path is not None and info_path.exists() else None

@@ -126,3 +126,21 @@ def test_deepspeed_configs_give_the_single_device_losses(tmp_path, name):
     cli("train", *COMMON, "max_steps=3", "save_strategy=no", f"deepspeed={REPO / 'examples' / 'deepspeed' / f'{name}.json'}",
         f"output_dir={ds}")
     assert _losses(ds) == pytest.approx(_losses(single), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_online_rl_under_zero3_equals_one_device_and_resumes(tmp_path, monkeypatch):
+    pytest.importorskip("deepspeed")
+    here = os.path.dirname(__file__)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(here, ".."), os.path.join(here, "..", "unit", "methods"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    rl = ["train", "model_name_or_path=tiny:qwen3", f"dataset_dir={BASE[1].split('=')[1]}", "stage=grpo",
+          "dataset=arith_rl", "template=qwen3_nothink", "finetuning_type=full", "max_steps=3", "num_generations=4",
+          "prompts_per_step=4", "max_new_tokens=6", "logging_steps=1", "per_device_train_batch_size=8",
+          "reward_funcs=test_grpo_loop:varied_reward"]
+    single, zero3 = tmp_path / "single", tmp_path / "zero3"
+    cli(*rl, "backend=single", "save_strategy=no", f"output_dir={single}")
+    cli(*rl, "zero_stage=3", "save_strategy=steps", "save_steps=2", f"output_dir={zero3}")
+    assert _losses(zero3) == pytest.approx(_losses(single), rel=1e-5, abs=1e-9)
+    cli(*rl, "zero_stage=3", "save_strategy=no", f"output_dir={zero3}", f"resume_from_checkpoint={zero3 / 'checkpoint-2'}")
+    assert _losses(zero3)[-1] == pytest.approx(_losses(single)[-1], rel=1e-5, abs=1e-9)

@@ -309,6 +309,10 @@ MM_ARCHS: dict[str, dict] = {
         "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
                    "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
                    "deepstack_visual_indexes": [0]},
+        # Learned position embeddings as large as the patch embeddings, as in a trained checkpoint: at the
+        # default 0.02 init they drown, and the model can hardly learn where in an image something is
+        # (examples/grpo_click_demo.sh needs that).
+        "init_std": {"model.visual.pos_embed.weight": 0.6},
     },
     "qwen2_audio": {
         "config_class": "Qwen2AudioConfig", "model_class": "Qwen2AudioForConditionalGeneration",
@@ -559,6 +563,9 @@ def _build_model(arch: str, tokenizer):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
             model = model_class._from_config(config, dtype=torch.float32)
+            with torch.no_grad():
+                for name, std in spec.get("init_std", {}).items():
+                    model.get_parameter(name).normal_(0.0, std)
         return model, generation_config
     config = getattr(transformers, spec["config_class"])(
         vocab_size=len(tokenizer),

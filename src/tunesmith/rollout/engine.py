@@ -9,6 +9,7 @@ live weights, so its sync is a no-op.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -26,10 +27,14 @@ class RolloutEngine(Protocol):
 
 
 class HFRollout:
+    """`suppress_ids`: tokens never generated (a VLM's media placeholders); their probability goes to the
+    other tokens, while the training log-probs keep the full softmax, as with top_p / top_k."""
+
     def __init__(self, pad_id: int, stop_ids: list[int], *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int):
+                 top_k: int, suppress_ids: Sequence[int] = ()):
         self.pad_id = pad_id
         self.stop_ids = list(stop_ids)
+        self.suppress_ids = list(suppress_ids)
         self.max_new_tokens = max_new_tokens
         self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k or None}
 
@@ -49,6 +54,8 @@ class HFRollout:
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
         extra = dict(media or {})
+        if self.suppress_ids:
+            extra["suppress_tokens"] = self.suppress_ids
         if token_types:
             extra["mm_token_type_ids"] = media_token_types(ids, token_types).to(device)
         was_training = model.training

@@ -92,6 +92,17 @@ def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts, media) -> d
     return {"ids": ids, "text": text, "mm_plan": plan}
 
 
+def _media_token_ids(tokenizer, media) -> list[int]:
+    """A vision/audio-language model's media placeholder and marker tokens. A sampled response must never hold
+    one: the training forward would read it as a media item without pixels (and fail, or mis-place mRoPE)."""
+    if media is None:
+        return []
+    ids = set(media.token_ids.values())
+    for text in media.markers.values():
+        ids.update(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return sorted(ids)
+
+
 class RLRunner:
     def __init__(self, cfg, engine, tokenizer, saver, prompts, eval_prompts, stop_ids, output_dir, media=None):
         self.cfg, self.engine, self.tokenizer, self.saver = cfg, engine, tokenizer, saver
@@ -100,7 +111,8 @@ class RLRunner:
         rl = cfg.rl
         self.method = GRPOMethod(rl, cfg.finetune.stage)
         self.rollout = HFRollout(tokenizer.pad_token_id, stop_ids, max_new_tokens=rl.max_new_tokens,
-                                 temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+                                 temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                                 suppress_ids=_media_token_ids(tokenizer, media))
         # A bare `reward_model` entry takes its model from reward_model_path.
         funcs = [{"name": "reward_model", "path": rl.reward_model_path} if f == "reward_model" else f
                  for f in rl.reward_funcs]
@@ -298,7 +310,8 @@ class RLRunner:
         ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)
 
     def restore(self, path) -> None:
-        ckpt.load_model_weights(self.engine.model, path)
+        if not getattr(self.engine, "loads_model_state", False):  # sharded engines restore their own weights
+            ckpt.load_model_weights(self.engine.model, path)
         self.engine.load(path)
         state = json.loads((path / "trainer_state.json").read_text())
         self.rewards.load_state_dict(state.pop("rewards", {}))

@@ -1,8 +1,10 @@
 """The shipped online-RL demo datasets: registered, correct, loadable for grpo, and regenerated exactly."""
 
+import hashlib
 import importlib.util
 import json
 import re
+import shlex
 from pathlib import Path
 
 from PIL import Image
@@ -13,7 +15,10 @@ from tunesmith.rollout.rewards import accuracy, grounding
 
 REPO = Path(__file__).resolve().parents[3]
 DATA_DIR = REPO / "data"
-DEMOS = {"arith_rl": "arith_rl.json", "arith_rl_eval": "arith_rl_eval.json", "gui_click_demo": "gui_click_demo.json"}
+DEMOS = {"arith_rl": "arith_rl.json", "arith_rl_eval": "arith_rl_eval.json", "gui_click_demo": "gui_click_demo.json",
+         "gui_click_eval": "gui_click_eval.json"}
+CLICKS = {"gui_click_demo": 800, "gui_click_eval": 200}  # two buttons per screen, each asked about
+CLICK_PROMPT = re.compile(r"^<image>(?:Click|Press) (\w+)\.$")
 
 
 def _generator():
@@ -32,7 +37,10 @@ def test_entries_are_registered():
     for name, file_name in DEMOS.items():
         assert specs[name].file_name == file_name and specs[name].columns.prompt == "instruction"
         assert specs[name].columns.response is None  # prompts only: the policy answers
-    assert specs["gui_click_demo"].columns.images == "images"
+    for name in ("gui_click_demo", "gui_click_eval", "gui_click_sft"):
+        assert specs[name].columns.images == "images" and specs[name].columns.system == "system"
+    sft = specs["gui_click_sft"]
+    assert sft.file_name == "gui_click_demo.json" and sft.columns.response == "answer"
     assert {"identity", "alpaca_demo", "mllm_demo", "dpo_demo"} <= set(specs)  # merging kept the others
 
 
@@ -52,49 +60,77 @@ def test_arithmetic_answers_are_correct_and_eval_is_held_out():
 
 
 def test_gui_images_exist_and_target_boxes_fit():
-    records = _records("gui_click_demo")
-    assert len(records) == 60
-    total = 0
-    for i, record in enumerate(records):
-        assert record["instruction"].startswith("<image>") and record["instruction"].count("<image>") == 1
-        assert re.search(r"'(\w+)'", record["instruction"])
-        (rel,) = record["images"]
-        path = DATA_DIR / rel
-        assert path.is_file(), f"{rel} missing; run scripts/make_rl_demo_data.py"
-        total += path.stat().st_size
-        with Image.open(path) as image:
-            width, height = image.size
-            assert (width, height) == (256, 192) and image.mode == "RGB"
-        x1, y1, x2, y2 = record["target_box"]
-        assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height, f"record {i}: {record['target_box']}"
-    assert total < 1_000_000
-    centres = [f"({(b[0] + b[2]) / 2}, {(b[1] + b[3]) / 2})" for b in (r["target_box"] for r in records)]
-    assert grounding([""] * len(records), centres, records) == [1.0] * len(records)
+    gen = _generator()
+    sizes = {}
+    for name, count in CLICKS.items():
+        records = _records(name)
+        assert len(records) == count
+        for i, record in enumerate(records):
+            assert CLICK_PROMPT.match(record["instruction"]).group(1) in gen.CLICK_LABELS, record["instruction"]
+            assert record["system"] == gen.CLICK_SYSTEM
+            (rel,) = record["images"]
+            path = DATA_DIR / rel
+            assert path.is_file(), f"{rel} missing; run scripts/make_rl_demo_data.py"
+            sizes[rel] = path.stat().st_size
+            with Image.open(path) as image:
+                width, height = image.size
+                assert (width, height) == (192, 128) and image.mode == "RGB"
+            x1, y1, x2, y2 = record["target_box"]
+            assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height, f"{name} record {i}: {record['target_box']}"
+            assert record["answer"] == f"({(x1 + x2) // 2}, {(y1 + y2) // 2})"  # the button's centre
+        answers = [r["answer"] for r in records]
+        assert grounding([""] * count, answers, records) == [1.0] * count
+        assert len(set(answers)) == 6  # every slot of the 3 x 2 grid is used
+    assert sum(sizes.values()) < 1_000_000
 
 
-def test_button_label_is_drawn_inside_the_target_box():
-    """The target box is where the button is: its border colour differs from the background around it."""
-    record = _records("gui_click_demo")[0]
-    with Image.open(DATA_DIR / record["images"][0]) as image:
-        rgb = image.convert("RGB")
-        x1, y1, x2, y2 = record["target_box"]
-        inside = rgb.getpixel(((x1 + x2) // 2, y1 + 2))
-        outside = rgb.getpixel(((x1 + x2) // 2, max(y1 - 2, 0)))
-    assert inside != outside
+def test_each_screen_is_asked_about_both_buttons_and_only_the_label_tells_them_apart():
+    for name in CLICKS:
+        by_image = {}
+        for record in _records(name):
+            by_image.setdefault(record["images"][0], []).append(record)
+        assert {len(v) for v in by_image.values()} == {2}
+        for first, second in by_image.values():
+            assert first["answer"] != second["answer"]
+            labels = {CLICK_PROMPT.match(r["instruction"]).group(1) for r in (first, second)}
+            assert len(labels) == 2
+            # the other button's centre is a miss for this prompt
+            assert grounding(["", ""], [second["answer"], first["answer"]], [first, second]) == [0.0, 0.0]
+
+
+def test_click_eval_screens_are_never_trained_on():
+    def digests(name):
+        return {hashlib.sha256((DATA_DIR / r["images"][0]).read_bytes()).hexdigest() for r in _records(name)}
+
+    train, held_out = digests("gui_click_demo"), digests("gui_click_eval")
+    assert len(train) == 400 and len(held_out) == 100 and not train & held_out
+
+
+def test_button_is_drawn_in_its_labels_colour_inside_the_target_box():
+    """The target box is where the button is: just inside its top edge is the label's colour, just outside not."""
+    gen = _generator()
+    for record in _records("gui_click_eval")[:20]:
+        color = gen.CLICK_LABELS[CLICK_PROMPT.match(record["instruction"]).group(1)]
+        with Image.open(DATA_DIR / record["images"][0]) as image:
+            rgb = image.convert("RGB")
+            x1, y1, x2, y2 = record["target_box"]
+            assert rgb.getpixel((x1 + 3, y1 + 2)) == color
+            assert rgb.getpixel((x1 + 3, y1 - 2)) != color
 
 
 def test_demos_load_for_grpo():
     ds, report = load_samples(list(DEMOS), dataset_dir=DATA_DIR, stage="grpo")
     assert {n: r["skipped"] for n, r in report.items()} == {n: 0 for n in DEMOS}
     assert all(m[-1]["role"] == "user" for m in ds["messages"])
-    assert sum(len(i) for i in ds["images"]) == 60 and all(Path(p).is_file() for i in ds["images"] for p in i)
+    assert sum(len(i) for i in ds["images"]) == 1000 and all(Path(p).is_file() for i in ds["images"] for p in i)
+    assert {m[0]["content"] for m in ds["messages"][500:]} == {_generator().CLICK_SYSTEM}  # the system column
     if "extra" in ds.column_names:  # the reward columns travel with the Sample
-        records = _records("arith_rl") + _records("arith_rl_eval") + _records("gui_click_demo")
-        responses = [f"<answer>{r['answer']}</answer>" if "answer" in r else
+        records = [r for name in DEMOS for r in _records(name)]
+        responses = [f"<answer>{r['answer']}</answer>" if "target_box" not in r else
                      f"({(r['target_box'][0] + r['target_box'][2]) / 2}, {r['target_box'][1] + 1})" for r in records]
         samples = ds.to_list()
         assert accuracy([""] * 500, responses[:500], samples[:500]) == [1.0] * 500
-        assert grounding([""] * 60, responses[500:], samples[500:]) == [1.0] * 60
+        assert grounding([""] * 1000, responses[500:], samples[500:]) == [1.0] * 1000
 
 
 def test_generator_is_deterministic_and_matches_shipped_files(tmp_path):
@@ -114,3 +150,36 @@ def test_generator_merges_into_an_existing_dataset_info(tmp_path):
     (tmp_path / "dataset_info.json").write_text('{\n  "mine": {\n    "file_name": "mine.json"\n  }\n}\n')
     info = json.loads(_generator().build_all(tmp_path)["dataset_info.json"])
     assert list(info)[0] == "mine" and set(info) == {"mine"} | set(_generator().DATASET_INFO)
+
+
+def _train_commands(script: Path) -> list[list[str]]:
+    """The arguments after `tunesmith train` of each training command in a demo script."""
+    text = script.read_text(encoding="utf-8").replace("\\\n", " ")
+    return [shlex.split(line.split("tunesmith train", 1)[1]) for line in text.splitlines()
+            if "-m tunesmith train" in line and not line.lstrip().startswith("#")]
+
+
+def test_click_demo_script_and_config_validate():
+    """examples/grpo_click_demo.sh: its SFT warm-up and its GRPO YAML are valid configs on the shipped data, and the
+    GRPO run starts from the warm-up and evaluates on every held-out prompt."""
+    from tunesmith.config.load import build_config, parse_cli_items
+
+    sft_args, grpo_args = _train_commands(REPO / "examples" / "grpo_click_demo.sh")
+    sft = build_config(*parse_cli_items(sft_args))
+    assert sft.finetune.stage == "sft" and sft.data.dataset == ["gui_click_sft"]
+    assert grpo_args == ["examples/qwen3_vl_grpo_click.yaml"]
+    yaml_path = REPO / grpo_args[0]
+    assert yaml_path.read_text(encoding="utf-8").startswith("# bash examples/grpo_click_demo.sh")
+    grpo = build_config(*parse_cli_items([str(yaml_path)]))
+    assert grpo.finetune.stage == "grpo" and grpo.model.model_name_or_path == sft.output.output_dir
+    assert grpo.rl.reward_funcs == ["grounding"] and grpo.train.eval_strategy == "steps"
+    specs = load_dataset_info(DATA_DIR)
+    assert {*sft.data.dataset, *grpo.data.dataset, *grpo.data.eval_dataset} <= set(specs)
+    assert grpo.rl.eval_num_prompts == len(_records("gui_click_eval")) == CLICKS["gui_click_eval"]
+
+
+def test_generator_makes_the_held_out_click_split():
+    train, held_out = _generator().make_gui_click_demo(None)  # no files: the records only
+    assert (len(train), len(held_out)) == (CLICKS["gui_click_demo"], CLICKS["gui_click_eval"])
+    assert not {r["images"][0] for r in train} & {r["images"][0] for r in held_out}
+    assert held_out == _records("gui_click_eval")

@@ -271,3 +271,17 @@ def test_same_recipe_gives_identical_weights(arch, built, tmp_path):
 
 def test_multimodal_recipe_hashes_differ():
     assert len({tiny.recipe_hash(arch) for arch in ARCHS}) == len(ARCHS)
+
+
+def test_qwen3_vl_position_embeddings_are_as_large_as_a_trained_models(built):
+    """At the default 0.02 init the learned position embeddings drown next to the patch embeddings and the model
+    can hardly learn where things are in an image (the GUI click demo); the recipe draws them at std 0.6."""
+    weights = load_file(built["qwen3_vl"] / "model.safetensors")
+    names = [k for k in weights if k.endswith("visual.pos_embed.weight")]
+    assert len(names) == 1 and "model.visual.pos_embed.weight" in MM_ARCHS["qwen3_vl"]["init_std"]
+    assert abs(weights[names[0]].float().std().item() - 0.6) < 0.05
+    # as large as the patch embeddings they are added to, for pixels normalised to [-1, 1]
+    proj = weights["model.visual.patch_embed.proj.weight"].float().flatten(1)
+    patches = torch.rand(256, proj.shape[1], generator=torch.Generator().manual_seed(0)) * 2 - 1
+    ratio = weights[names[0]].float().std() / (patches @ proj.T).std()
+    assert 0.5 < ratio < 2
