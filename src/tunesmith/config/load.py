@@ -8,6 +8,7 @@ yet are refused with a message that says so. Every problem is reported at once.
 from __future__ import annotations
 
 import difflib
+import json
 import importlib.util
 import logging
 import os
@@ -201,7 +202,29 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
         group = cfg.model if key == "pure_bf16" else train
         if getattr(group, key):
             problems.append(f"{key}: true with backend deepspeed: {hint}")
+    if _zero_stage(train) == 3 and _needs_frozen_copy(cfg):
+        problems.append(f"stage {cfg.finetune.stage} under ZeRO-3 cannot keep a frozen copy of the model as the "
+                        "reference; set pref_reference: precomputed (computed once before training) or use "
+                        "finetuning_type: lora")
     return problems
+
+
+def _zero_stage(train) -> int | None:
+    if train.zero_stage is not None:
+        return train.zero_stage
+    try:
+        data = json.loads(Path(train.deepspeed).read_text()) if train.deepspeed else {}
+        return int((data.get("zero_optimization") or {}).get("stage", 0))
+    except (OSError, ValueError, AttributeError):
+        return None  # the engine reports an unreadable file with its name
+
+
+def _needs_frozen_copy(cfg: RunConfig) -> bool:
+    """dpo/kto whose reference would be a deep copy of the policy (pref_reference copy, or auto without LoRA)."""
+    ft = cfg.finetune
+    uses_reference = ft.stage == "kto" or (ft.stage == "dpo" and ft.pref_loss not in ("orpo", "simpo"))
+    copy = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type != "lora")
+    return uses_reference and copy
 
 
 def _check_liger() -> list[str]:

@@ -232,23 +232,12 @@ def _deepspeed_engine(cfg: RunConfig, model, device, total_steps: int, precision
 
     config = zero.ds_config(cfg, precision, dist.world(), getattr(model.config, "hidden_size", None))
     stage = config["zero_optimization"]["stage"]
-    _no_frozen_copy_under_zero3(cfg, model, stage)
     offloaded = zero._offloads_optimizer(config["zero_optimization"])
     optimizer = build_optimizer(model, cfg.train, torch.device("cpu") if offloaded else device)
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     ds, optimizer, scheduler = zero.initialize(model, optimizer, scheduler, config)
     log.info("DeepSpeed ZeRO-%d%s, %s", stage, " with CPU offload" if offloaded else "", precision)
     return zero.DeepSpeedEngine(ds, optimizer, scheduler, device, stage=stage)
-
-
-def _no_frozen_copy_under_zero3(cfg: RunConfig, model, stage: int) -> None:
-    """A frozen reference copy cannot be deep-copied from ZeRO-3 partitions."""
-    mode = cfg.finetune.pref_reference
-    is_lora = hasattr(model, "disable_adapter")
-    if stage == 3 and cfg.finetune.stage in ("dpo", "kto") and (mode == "copy" or (mode == "auto" and not is_lora)):
-        raise TunesmithError(f"stage {cfg.finetune.stage} under ZeRO-3 cannot keep a frozen copy of the model as "
-                             "the reference; set pref_reference: precomputed (computed once before training) or "
-                             "use finetuning_type: lora")
 
 
 class _Runner:

@@ -80,3 +80,12 @@ def test_bad_files_and_incompatible_keys_are_reported(tmp_path):
     assert "skip_nonfinite: true with backend deepspeed" in text
     with pytest.raises(ConfigError, match="backend is fsdp2"):
         _cfg(zero_stage=2, backend="fsdp2")
+
+
+def test_a_frozen_reference_copy_under_zero3_is_refused_before_any_work():
+    with pytest.raises(ConfigError, match="under ZeRO-3 cannot keep a frozen copy"):
+        _cfg(stage="dpo", finetuning_type="full", deepspeed=str(EXAMPLES / "ds_z3.json"))
+    _cfg(stage="dpo", finetuning_type="full", deepspeed=str(EXAMPLES / "ds_z3.json"), pref_reference="precomputed")
+    _cfg(stage="dpo", finetuning_type="full", zero_stage=3, pref_loss="simpo")  # no reference at all
+    _cfg(stage="dpo", finetuning_type="lora", zero_stage=3)  # adapters off
+    _cfg(stage="dpo", finetuning_type="full", zero_stage=2)
