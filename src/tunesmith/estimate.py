@@ -160,7 +160,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     # A sharded engine all-gathers a layer's parameters (in the compute dtype) for its forward/backward,
     # prefetching the next: about two layers unsharded at a time.
     two_layers = 2 * (N / max(L, 1)) * (2 if (pure or m.bf16 or m.fp16) else 4) / GIB
-    if backend == "deepspeed" or (backend == "auto" and (t.deepspeed or t.zero_stage is not None)):
+    if t.wants_deepspeed:
         return _finish(cfg, dims, N, N_t, W, gpu_gib, notes, *_deepspeed_states(cfg, N, N_t, W, two_layers))
     sharded = W > 1 and backend in ("fsdp2", "auto")
     if backend == "single" and W > 1:
@@ -184,11 +184,11 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
 
 def _deepspeed_states(cfg: RunConfig, N: int, N_t: int, W: int, two_layers: float) -> tuple:
     """(sharded by, weights, gradients, optimizer, gathered, cpu) in GiB per GPU under ZeRO (module docstring)."""
-    from .engines.deepspeed_engine import read_ds_config
+    from .engines.deepspeed_engine import offloads, zero_settings
 
-    t, m = cfg.train, cfg.model
-    zero = dict((read_ds_config(t.deepspeed) if t.deepspeed else {}).get("zero_optimization") or {})
-    stage = t.zero_stage if t.zero_stage is not None else int(zero.get("stage", 0))
+    m = cfg.model
+    zero = zero_settings(cfg.train)
+    stage = int(zero["stage"])
     half = m.bf16 or m.fp16
     weights = N * (2 if half else 4) / GIB
     gradients = N_t * (2 if half else 4) / GIB
@@ -198,9 +198,9 @@ def _deepspeed_states(cfg: RunConfig, N: int, N_t: int, W: int, two_layers: floa
     weights /= W if stage >= 3 else 1
     gathered = two_layers if stage >= 3 and W > 1 else 0.0
     cpu = 0.0
-    if (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None):
+    if offloads(zero, "offload_optimizer"):
         cpu, optimizer = cpu + optimizer, 0.0
-    if stage >= 3 and (zero.get("offload_param") or {}).get("device", "none") not in ("none", None):
+    if stage >= 3 and offloads(zero, "offload_param"):
         cpu, weights = cpu + weights, 0.0
     return f"DeepSpeed ZeRO-{stage}" if stage >= 1 and W > 1 else "", weights, gradients, optimizer, gathered, cpu
 

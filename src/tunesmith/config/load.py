@@ -8,7 +8,6 @@ yet are refused with a message that says so. Every problem is reported at once.
 from __future__ import annotations
 
 import difflib
-import json
 import importlib.util
 import logging
 import os
@@ -184,17 +183,13 @@ def deepspeed_installed() -> bool:
 
 def _check_deepspeed(cfg: RunConfig) -> list[str]:
     train = cfg.train
-    wanted = train.backend == "deepspeed" or (train.backend == "auto" and (train.deepspeed or train.zero_stage is not None))
-    if not wanted:
+    if not train.wants_deepspeed:
         if train.deepspeed or train.zero_stage is not None:
             return [f"deepspeed / zero_stage are set but backend is {train.backend}; use backend: deepspeed (or auto)"]
         return []
     problems = []
     if not deepspeed_installed():
         problems.append("backend deepspeed needs DeepSpeed; pip install 'tunesmith[deepspeed]'")
-    if train.deepspeed and not Path(train.deepspeed).is_file():
-        problems.append(f"deepspeed: {train.deepspeed} does not exist; give a DeepSpeed JSON file "
-                        "(examples/deepspeed/ds_z0.json ... ds_z3_offload.json)")
     for key, hint in (("pure_bf16", "DeepSpeed's bf16 mode keeps fp32 master weights; use bf16: true"),
                       ("skip_nonfinite", "DeepSpeed steps cannot be skipped from outside; remove it"),
                       ("fsdp_offload", "use offload_optimizer / offload_param in the DeepSpeed JSON"),
@@ -202,21 +197,18 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
         group = cfg.model if key == "pure_bf16" else train
         if getattr(group, key):
             problems.append(f"{key}: true with backend deepspeed: {hint}")
-    if _zero_stage(train) == 3 and _needs_frozen_copy(cfg):
+    from ..engines.deepspeed_engine import zero_settings
+
+    try:
+        stage = zero_settings(train)["stage"]
+    except ConfigError as err:  # the file is missing or not a JSON object: named there
+        problems.extend(err.problems)
+        stage = None
+    if stage == 3 and _needs_frozen_copy(cfg):
         problems.append(f"stage {cfg.finetune.stage} under ZeRO-3 cannot keep a frozen copy of the model as the "
                         "reference; set pref_reference: precomputed (computed once before training) or use "
                         "finetuning_type: lora")
     return problems
-
-
-def _zero_stage(train) -> int | None:
-    if train.zero_stage is not None:
-        return train.zero_stage
-    try:
-        data = json.loads(Path(train.deepspeed).read_text()) if train.deepspeed else {}
-        return int((data.get("zero_optimization") or {}).get("stage", 0))
-    except (OSError, ValueError, AttributeError):
-        return None  # the engine reports an unreadable file with its name
 
 
 def _needs_frozen_copy(cfg: RunConfig) -> bool:

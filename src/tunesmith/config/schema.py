@@ -189,6 +189,12 @@ class TrainConfig(_Group):
     torch_compile: bool = Field(False, description="Compile each transformer block with torch.compile.")
     ddp_timeout: int = Field(1800, description="Seconds before a collective times out.")
 
+    @property
+    def wants_deepspeed(self) -> bool:
+        """backend: deepspeed, or auto with a DeepSpeed file or zero_stage."""
+        return self.backend == "deepspeed" or (self.backend == "auto" and (bool(self.deepspeed)
+                                                                          or self.zero_stage is not None))
+
 
 class OutputConfig(_Group):
     output_dir: str = Field("saves/run", description="Where checkpoints, logs and the final model go.")

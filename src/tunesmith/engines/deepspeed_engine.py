@@ -36,7 +36,8 @@ def read_ds_config(path: str) -> dict:
     """The user's DeepSpeed JSON, with a clear error naming the file."""
     file = Path(path)
     if not file.is_file():
-        raise ConfigError([f"deepspeed: {path} does not exist; give a DeepSpeed JSON file (see examples/deepspeed/)"])
+        raise ConfigError([f"deepspeed: {path} does not exist; give a DeepSpeed JSON file "
+                           "(examples/deepspeed/ds_z0.json ... ds_z3_offload.json)"])
     try:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as err:
@@ -46,14 +47,28 @@ def read_ds_config(path: str) -> dict:
     return data
 
 
-def ds_config(cfg, precision: str, world: int, hidden_size: int | None) -> dict:
-    """The DeepSpeed config for this run: the user's file (or zero_stage) with every "auto" filled."""
-    train = cfg.train
-    base = read_ds_config(train.deepspeed) if train.deepspeed else {}
+def zero_settings(train, base: dict | None = None) -> dict:
+    """The run's zero_optimization section: the file's (`base`, read from train.deepspeed when not given),
+    its stage overridden by zero_stage, 0 when neither says."""
+    if base is None:
+        base = read_ds_config(train.deepspeed) if train.deepspeed else {}
     zero = dict(base.get("zero_optimization") or {})
     if train.zero_stage is not None:
         zero["stage"] = train.zero_stage
     zero.setdefault("stage", 0)
+    return zero
+
+
+def offloads(zero: dict, what: str) -> bool:
+    """Whether zero_optimization's `what` (offload_optimizer, offload_param) sends states to another device."""
+    return (zero.get(what) or {}).get("device", "none") not in ("none", None)
+
+
+def ds_config(cfg, precision: str, world: int, hidden_size: int | None) -> dict:
+    """The DeepSpeed config for this run: the user's file (or zero_stage) with every "auto" filled."""
+    train = cfg.train
+    base = read_ds_config(train.deepspeed) if train.deepspeed else {}
+    zero = zero_settings(train, base)
     filled = {
         "train_micro_batch_size_per_gpu": train.per_device_train_batch_size,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
@@ -77,7 +92,7 @@ def ds_config(cfg, precision: str, world: int, hidden_size: int | None) -> dict:
     out["managed_gradient_accumulation"] = False  # step() is the accumulation boundary (see module docstring)
     out.setdefault("zero_allow_untested_optimizer", True)  # tunesmith's torch AdamW
     out.setdefault("steps_per_print", 10**9)  # the loop logs; DeepSpeed's own throughput lines would repeat it
-    if _offloads_optimizer(zero):
+    if offloads(zero, "offload_optimizer"):
         out["zero_force_ds_cpu_optimizer"] = False  # tunesmith's AdamW runs on the offloaded fp32 states
     return out
 
@@ -102,10 +117,6 @@ def _fill_zero(zero: dict, hidden_size: int | None) -> dict:
             value = sizes[key]
         out[key] = value
     return out
-
-
-def _offloads_optimizer(zero: dict) -> bool:
-    return (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
 
 
 def initialize(model, optimizer, scheduler, config: dict):

@@ -136,18 +136,17 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         from transformers import AutoModelForSequenceClassification
 
         model_class, extra = AutoModelForSequenceClassification, {"num_labels": 1}
+    config.num_labels = extra.get("num_labels", config.num_labels)  # for the from_config branches
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
     if cfg.enable_liger_kernel:
         _apply_liger_for(path, cfg)
     if on_meta:
         from accelerate import init_empty_weights
 
-        config.num_labels = extra.get("num_labels", config.num_labels)
         with init_empty_weights(include_buffers=False):
             model = model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
         return _finish_model(model, cfg, None)
     if cfg.random_init:
-        config.num_labels = extra.get("num_labels", config.num_labels)
         return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device)
     try:
         model = model_class.from_pretrained(

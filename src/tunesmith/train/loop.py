@@ -175,9 +175,9 @@ def _sharded_resume_needs_fsdp2(cfg: RunConfig) -> None:
 def backend_of(cfg: RunConfig) -> str:
     """auto: deepspeed when a DeepSpeed config or zero_stage is given, fsdp2 with several processes, else single."""
     backend = cfg.train.backend
+    if cfg.train.wants_deepspeed:
+        return "deepspeed"
     if backend == "auto":
-        if cfg.train.deepspeed or cfg.train.zero_stage is not None:
-            return "deepspeed"
         return "fsdp2" if dist.is_distributed() else "single"
     if backend == "single" and dist.is_distributed():
         raise TunesmithError("backend: single runs one process, but several were launched; use fsdp2 or deepspeed")
@@ -232,7 +232,7 @@ def _deepspeed_engine(cfg: RunConfig, model, device, total_steps: int, precision
 
     config = zero.ds_config(cfg, precision, dist.world(), getattr(model.config, "hidden_size", None))
     stage = config["zero_optimization"]["stage"]
-    offloaded = zero._offloads_optimizer(config["zero_optimization"])
+    offloaded = zero.offloads(config["zero_optimization"], "offload_optimizer")
     optimizer = build_optimizer(model, cfg.train, torch.device("cpu") if offloaded else device)
     scheduler = build_scheduler(optimizer, cfg.train, total_steps)
     ds, optimizer, scheduler = zero.initialize(model, optimizer, scheduler, config)
