@@ -26,6 +26,16 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module (the demo-data generators are scripts, not package modules)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tiny_cache):
     """Runs never touch ~/.cache: tiny models and tokenized data go to the session temp dir."""

@@ -1,8 +1,6 @@
 """Loading, mixing and splitting; the shipped demo data and its generator."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +8,7 @@ from tunesmith.data.loader import load_samples, split_eval
 from tunesmith.data.registry import load_dataset_info
 from tunesmith.errors import DataError
 
-REPO = Path(__file__).resolve().parents[3]
+from conftest import DATA_DIR, REPO, load_script
 
 
 def _make_dir(tmp_path):
@@ -94,10 +92,7 @@ def test_shipped_datasets_all_convert():
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_demo_data", REPO / "scripts" / "make_demo_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_demo_data")
 
 
 def test_generator_is_deterministic_and_matches_shipped_files():

@@ -1,6 +1,5 @@
 """The shipped multimodal demo datasets: registered, decodable, consistent, and regenerated exactly."""
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,8 +10,8 @@ from tunesmith.data.loader import load_samples
 from tunesmith.data.media import load_audio, load_image, load_video, probe_audio, probe_video
 from tunesmith.data.registry import load_dataset_info
 
-REPO = Path(__file__).resolve().parents[3]
-DATA_DIR = REPO / "data"
+from conftest import DATA_DIR, REPO, load_script
+
 DEMOS = {  # dataset -> (file, media columns)
     "mllm_demo": ("mllm_demo.json", ["images"]),
     "mllm_video_demo": ("mllm_video_demo.json", ["videos"]),
@@ -25,10 +24,7 @@ PLACEHOLDER = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_mllm_demo_data", REPO / "scripts" / "make_mllm_demo_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_mllm_demo_data")
 
 
 def _records(name: str) -> list[dict]:

@@ -1,7 +1,6 @@
 """The shipped preference demos (dpo_demo, kto_demo, mllm_dpo_demo): registered, loadable as preference
 Samples, checkably right/wrong, and regenerated exactly by the generator scripts."""
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,16 +10,9 @@ import pytest
 from tunesmith.data.loader import load_samples
 from tunesmith.data.registry import load_dataset_info
 
-REPO = Path(__file__).resolve().parents[3]
-DATA_DIR = REPO / "data"
+from conftest import DATA_DIR, REPO, load_script
+
 PREF_DEMOS = {"dpo_demo": "dpo_demo.json", "kto_demo": "kto_demo.json", "mllm_dpo_demo": "mllm_dpo_demo.json"}
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _records(name: str) -> list[dict]:
@@ -94,7 +86,7 @@ def test_mllm_dpo_chosen_agrees_with_mllm_demo():
 
 
 def test_text_pairs_are_checkably_right_and_wrong():
-    gen = _load_script("make_demo_data")
+    gen = load_script("make_demo_data")
     evasive = 0
     for rec in gen.make_dpo_demo():
         chosen, rejected, q = rec["chosen"], rec["rejected"], rec["instruction"]
@@ -119,12 +111,12 @@ def test_text_pairs_are_checkably_right_and_wrong():
 
 
 def test_generators_are_deterministic_and_match_shipped_files(tmp_path):
-    text = _load_script("make_demo_data")
+    text = load_script("make_demo_data")
     first, second = text.build_all(), text.build_all()
     assert first == second
     for file_name in ("dpo_demo.json", "kto_demo.json"):
         assert (DATA_DIR / file_name).read_text(encoding="utf-8") == first[file_name], f"regenerate data/{file_name}"
-    mllm = _load_script("make_mllm_demo_data")
+    mllm = load_script("make_mllm_demo_data")
     assert mllm.make_mllm_dpo_demo() == mllm.make_mllm_dpo_demo()
     built = mllm.build_all(tmp_path)
     assert (DATA_DIR / "mllm_dpo_demo.json").read_text(encoding="utf-8") == built["mllm_dpo_demo.json"], \

@@ -1,7 +1,6 @@
 """The shipped online-RL demo datasets: registered, correct, loadable for grpo, and regenerated exactly."""
 
 import hashlib
-import importlib.util
 import json
 import re
 import shlex
@@ -13,8 +12,8 @@ from tunesmith.data.loader import load_samples
 from tunesmith.data.registry import load_dataset_info
 from tunesmith.rollout.rewards import accuracy, grounding
 
-REPO = Path(__file__).resolve().parents[3]
-DATA_DIR = REPO / "data"
+from conftest import DATA_DIR, REPO, load_script
+
 DEMOS = {"arith_rl": "arith_rl.json", "arith_rl_eval": "arith_rl_eval.json", "gui_click_demo": "gui_click_demo.json",
          "gui_click_eval": "gui_click_eval.json"}
 CLICKS = {"gui_click_demo": 800, "gui_click_eval": 200}  # two buttons per screen, each asked about
@@ -22,10 +21,7 @@ CLICK_PROMPT = re.compile(r"^<image>(?:Click|Press) (\w+)\.$")
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_rl_demo_data", REPO / "scripts" / "make_rl_demo_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_rl_demo_data")
 
 
 def _records(name: str) -> list[dict]:
