@@ -61,14 +61,14 @@ def materialize(model, full_state: dict | None, device: torch.device) -> None:
     rank 0's full weights (`full_state`, None on the other ranks) into them, each rank receiving only
     its shard. Non-persistent buffers (e.g. rotary frequencies) were built for real on the CPU at
     construction and are put back."""
-    buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
+    kept = {(module, name): module._buffers[name].detach().clone() for module in model.modules()
+            for name in module._non_persistent_buffers_set if module._buffers.get(name) is not None}
     model.to_empty(device=device)
     set_model_state_dict(model, full_state or {},
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name in buffers:
-                buf.copy_(buffers[name])
+    with torch.no_grad():  # persistent buffers came with the state dict; put back only the others
+        for (module, name), value in kept.items():
+            module._buffers[name].copy_(value)
 
 
 class FSDP2Engine(SingleEngine):
