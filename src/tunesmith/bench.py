@@ -24,7 +24,7 @@ from pathlib import Path
 PEAK_BF16 = 989e12
 
 SHAPES = {
-    "tiny": None,  # tiny:qwen3 as built by models/tiny.py (a CPU check of the harness)
+    "tiny": None,  # tiny:qwen3 as built by models/tiny/ (a CPU check of the harness)
     "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,

@@ -64,7 +64,7 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
                  media=None) -> SFTBatch:
     """rows: each a list of samples ({input_ids, labels[, mm_plan]}). Pads to `length` or the longest row.
 
-    With `media` (a models.processing.MediaProcessor) the samples' media are decoded and processed
+    With `media` (a models.media_processor.MediaProcessor) the samples' media are decoded and processed
     here, once, in the DataLoader worker that calls this.
     """
     widths = [sum(len(s["input_ids"]) for s in row) for row in rows]

@@ -22,18 +22,20 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import av
 import numpy as np
-from PIL import Image
 
 from tunesmith.errors import DataError
 
+if TYPE_CHECKING:
+    from PIL import Image
+
+# PyAV and PIL are imported inside the functions that touch media, so a text-only run never loads PyAV
+# (a large native library; tests/unit/test_lazy_media_imports.py checks it).
+
 logger = logging.getLogger("tunesmith")
 
-# Errors PIL / PyAV raise for unreadable or corrupt input; turned into MediaError.
-_PIL_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
-_AV_ERRORS = (av.FFmpegError, OSError, ValueError, IndexError, EOFError)
 # duration * fps is a product of floats: 2.9999999 frames must count as 3.
 _EPS = 1e-6
 
@@ -89,6 +91,20 @@ def _check_exists(path) -> str:
     return path
 
 
+def _pil_errors() -> tuple[type[BaseException], ...]:
+    """Errors PIL raises for unreadable or corrupt input; turned into MediaError."""
+    from PIL import Image
+
+    return (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def _av_errors() -> tuple[type[BaseException], ...]:
+    """Errors PyAV raises for unreadable or corrupt input; turned into MediaError."""
+    import av
+
+    return (av.FFmpegError, OSError, ValueError, IndexError, EOFError)
+
+
 # ---------------------------------------------------------------- budgets
 
 
@@ -141,17 +157,21 @@ def sample_frame_indices(num_frames: int, source_fps: float, target_fps: float, 
 
 
 def _open_image(path) -> Image.Image:
+    from PIL import Image
+
     path = _check_exists(path)
     if path.startswith(("http://", "https://")):
         raise MediaError(f"image URLs are not supported: {path}. Download the image and use its local path")
     try:
         return Image.open(path)  # lazy: reads the header only
-    except _PIL_ERRORS as e:
+    except _pil_errors() as e:
         raise MediaError(f"cannot read image {path}: not a decodable image ({e})") from e
 
 
 def probe_image(path) -> ImageInfo:
     """Image size from the header only (as stored; EXIF orientation is not applied)."""
+    from PIL import Image
+
     if isinstance(path, Image.Image):
         return ImageInfo(getattr(path, "filename", "") or "<in-memory image>", *path.size)
     with _open_image(path) as image:
@@ -160,6 +180,8 @@ def probe_image(path) -> ImageInfo:
 
 def load_image(path, max_pixels: int | None, min_pixels: int | None) -> Image.Image:
     """RGB image resized (bicubic) into the pixel budget; accepts a path or an open PIL image."""
+    from PIL import Image
+
     if isinstance(path, Image.Image):
         image, name = path, getattr(path, "filename", "") or "<in-memory image>"
     else:
@@ -167,7 +189,7 @@ def load_image(path, max_pixels: int | None, min_pixels: int | None) -> Image.Im
     try:
         image.load()
         rgb = image.convert("RGB")
-    except _PIL_ERRORS as e:
+    except _pil_errors() as e:
         raise MediaError(f"cannot decode image {name}: the file is truncated or corrupt ({e})") from e
     size = resize_to_budget(rgb.width, rgb.height, max_pixels, min_pixels)
     return rgb if size == rgb.size else rgb.resize(size, Image.Resampling.BICUBIC)
@@ -177,10 +199,12 @@ def load_image(path, max_pixels: int | None, min_pixels: int | None) -> Image.Im
 
 
 def _open_av(path, what: str):
+    import av
+
     path = _check_exists(path)
     try:
         return av.open(path)
-    except _AV_ERRORS as e:
+    except _av_errors() as e:
         raise MediaError(f"cannot read {what} {path}: not a decodable media file ({e})") from e
 
 
@@ -192,6 +216,8 @@ def _video_stream(container, path):
 
 
 def _stream_duration(stream, container) -> float:
+    import av
+
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
     return float(container.duration / av.time_base) if container.duration else 0.0
@@ -219,6 +245,8 @@ def probe_video(path) -> VideoInfo:
 
 def _decode_frames(path, wanted: list[int], size: tuple[int, int]) -> tuple[dict[int, np.ndarray], int]:
     """Decode sequentially, keeping only the wanted (resized) frames; returns them and the decoded count."""
+    from PIL import Image
+
     wanted_set, kept, count = set(wanted), {}, 0
     with _open_av(path, "video") as container:
         stream = _video_stream(container, path)
@@ -233,7 +261,7 @@ def _decode_frames(path, wanted: list[int], size: tuple[int, int]) -> tuple[dict
                     kept[index] = np.asarray(image, dtype=np.uint8)
                 if index >= wanted[-1]:
                     break
-        except _AV_ERRORS as e:
+        except _av_errors() as e:
             if count == 0:
                 raise MediaError(f"cannot decode video {path}: {e}") from e
             logger.warning("video %s: decoding stopped after %d frame(s): %s", path, count, e)
@@ -309,6 +337,8 @@ def load_audio(path, sampling_rate: int) -> np.ndarray:
     decode a few hundred samples of priming/padding more than the header's
     duration, and the token count computed from the header must stay right.
     """
+    import av
+
     length = resampled_length(probe_audio(path), sampling_rate)
     chunks = []
     with _open_av(path, "audio") as container:
@@ -318,7 +348,7 @@ def load_audio(path, sampling_rate: int) -> np.ndarray:
             for frame in container.decode(stream):
                 chunks += [f.to_ndarray().mean(axis=0) for f in resampler.resample(frame)]
             chunks += [f.to_ndarray().mean(axis=0) for f in resampler.resample(None)]
-        except _AV_ERRORS as e:
+        except _av_errors() as e:
             raise MediaError(f"cannot decode the audio of {path}: {e}") from e
     if not chunks:
         raise MediaError(f"audio stream of {path} decoded to no samples")

@@ -42,7 +42,7 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
 
 
 def prepare_data(cfg: RunConfig, tokenizer, media=None) -> PreparedData:
-    """Tokenized train/eval data. `media` (models.processing.MediaProcessor) enables image/video/audio records."""
+    """Tokenized train/eval data. `media` (models.media_processor.MediaProcessor) enables image/video/audio records."""
     opts = render_options(cfg, tokenizer)
     train, report = None, {}
     if cfg.data.dataset:

@@ -238,7 +238,7 @@ def renderer_for(stage: str):
 def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
     """`datasets.map(batched=True)` entry: one input row can give several pt rows.
 
-    `media` (a models.processing.MediaProcessor) handles records with images/videos/audios;
+    `media` (a models.media_processor.MediaProcessor) handles records with images/videos/audios;
     without it such records are refused. A media record longer than cutoff_len whose cut
     would fall inside its media tokens is flagged `too_long` and dropped (and counted) later.
     """

@@ -215,7 +215,7 @@ def load_preprocessing(cfg):
 
     Vision/audio-language models bring their processor; everything else only a tokenizer.
     """
-    from .processing import MediaBudget, MediaProcessor
+    from .media_processor import MediaBudget, MediaProcessor
 
     family = family_of(load_config(cfg.model))
     if family is None:

@@ -1,4 +1,4 @@
-"""Online RL: generation of rollouts and their rewards (see rollout/rewards.py)."""
+"""Online RL: generation of rollouts and their rewards (see rollout/rewards/)."""
 
 from .rewards import REWARDS, CombinedReward, RewardModelReward, RewardSpec, build_rewards, combine, resolve_reward
 

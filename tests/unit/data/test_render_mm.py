@@ -13,7 +13,7 @@ from tunesmith.data.render import RenderOptions, render_batch
 from tunesmith.data.sample import make_sample
 from tunesmith.errors import DataError
 from tunesmith.models.families import family_of
-from tunesmith.models.processing import MediaBudget, MediaProcessor, _metadata
+from tunesmith.models.media_processor import MediaBudget, MediaProcessor, _metadata
 from tunesmith.models.tiny import build_tiny
 
 BUDGET = MediaBudget(128 * 128, 32 * 32, 64 * 64, 16 * 16, 2.0, 16, 16000, False)

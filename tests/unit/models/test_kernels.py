@@ -34,7 +34,7 @@ def test_a_loss_head_returns_the_nll_sum_inside_the_models_forward(tiny_qwen3):
     from tunesmith.data.collate import collate_rows
     from tunesmith.methods.losses import token_nll
     from tunesmith.models.kernels import install_loss_head
-    from tunesmith.models.processing import model_inputs
+    from tunesmith.models.inputs import model_inputs
 
     torch.manual_seed(0)
     rows = [[{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [9, 10, 11]}],

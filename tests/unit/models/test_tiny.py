@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tunesmith.data.templates import get_template
 from tunesmith.errors import ModelError
-from tunesmith.models import tiny
-from tunesmith.models.tiny import build_tiny, is_tiny, resolve_model_path
+from tunesmith.models.tiny import build as tiny_build
+from tunesmith.models.tiny import build_tiny, is_tiny, recipe_hash, resolve_model_path
 
 EXPECTED = {
     # arch: (template, eos, pad, bos, stop token that generation_config must hold, tied)
@@ -126,14 +126,14 @@ def test_build_leaves_callers_rng_alone(tmp_path):
 
 def test_losing_a_concurrent_build_uses_the_winners_folder(tmp_path, monkeypatch):
     """Another process finishes first: our rename fails, we return its folder and clean up."""
-    real_build = tiny._build_into
-    final = tmp_path / "tiny" / f"qwen3-{tiny.recipe_hash('qwen3')}"
+    real_build = tiny_build._build_into
+    final = tmp_path / "tiny" / f"qwen3-{recipe_hash('qwen3')}"
 
     def build_and_lose(arch, out):
         real_build(arch, out)
         shutil.copytree(out, final)  # the other process's rename lands first
 
-    monkeypatch.setattr(tiny, "_build_into", build_and_lose)
+    monkeypatch.setattr(tiny_build, "_build_into", build_and_lose)
     assert build_tiny("qwen3", tmp_path) == final
     assert sorted(p.name for p in final.parent.iterdir()) == [final.name]
 
@@ -143,7 +143,7 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(tiny, "_build_into", crash)
+    monkeypatch.setattr(tiny_build, "_build_into", crash)
     with pytest.raises(RuntimeError):
         build_tiny("qwen3", tmp_path)
     assert list((tmp_path / "tiny").iterdir()) == []

@@ -9,9 +9,8 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoModelForMultimodalLM, AutoProcessor, AutoTokenizer
 
-from tunesmith.models import tiny
 from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups
-from tunesmith.models.tiny import ARCHS, MM_ARCHS, build_tiny, is_multimodal, resolve_model_path
+from tunesmith.models.tiny import ARCHS, MM_ARCHS, build_tiny, is_multimodal, recipe_hash, resolve_model_path
 
 # arch: (processor class, model class, media it takes)
 EXPECTED = {
@@ -270,7 +269,7 @@ def test_same_recipe_gives_identical_weights(arch, built, tmp_path):
 
 
 def test_multimodal_recipe_hashes_differ():
-    assert len({tiny.recipe_hash(arch) for arch in ARCHS}) == len(ARCHS)
+    assert len({recipe_hash(arch) for arch in ARCHS}) == len(ARCHS)
 
 
 def test_qwen3_vl_position_embeddings_are_as_large_as_a_trained_models(built):

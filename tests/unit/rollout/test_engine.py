@@ -4,7 +4,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTokenizer
 
 from tunesmith.models.families import family_of
-from tunesmith.models.processing import MediaBudget, MediaProcessor
+from tunesmith.models.media_processor import MediaBudget, MediaProcessor
 from tunesmith.models.tiny import build_tiny
 from tunesmith.rollout.engine import HFRollout
 from tunesmith.train.rl_loop import _media_token_ids

@@ -1,0 +1,87 @@
+"""The keyword arguments of a model's forward for a collated batch.
+
+Token ids with per-sample position ids (no attention mask: packed samples are
+told apart by their positions, and under the varlen attention by the sample
+boundaries passed as kwargs), the media tensors the model's forward takes, and
+for mRoPE models each sample's own 3-D positions from the model's
+`compute_3d_position_ids`. Nothing here decodes media.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..errors import DataError
+from .attention import VARLEN, packing_kwargs
+from .families import family_of
+
+
+def mrope_position_ids(model, batch) -> torch.Tensor:
+    """[4, B, T] position ids: row 0 the per-sample text positions (so the mask keeps samples apart),
+    rows 1-3 each sample's own 3-D positions from the model's `compute_3d_position_ids`."""
+    inner = _rope_module(model)
+    text = batch.position_ids_BT
+    out = text.unsqueeze(0).repeat(4, 1, 1)
+    for b in range(text.shape[0]):
+        for seg in batch.segment_ids_BT[b].unique().tolist():
+            if seg < 0:
+                continue
+            cols = (batch.segment_ids_BT[b] == seg).nonzero().squeeze(-1)
+            ids = batch.input_ids_BT[b, cols].unsqueeze(0)
+            pos = _segment_positions(inner, ids, batch.media_per_sample[seg], batch.token_types_BT[b, cols].unsqueeze(0))
+            if pos is not None:
+                out[1:, b, cols] = pos[:, 0].to(out.dtype)
+    return out
+
+
+def _rope_module(model):
+    for module in model.modules():
+        if hasattr(module, "compute_3d_position_ids"):
+            return module
+    raise DataError(f"{type(model).__name__} has no compute_3d_position_ids: it does not use mRoPE")
+
+
+def _segment_positions(inner, ids, grids: dict, token_types) -> torch.Tensor | None:
+    if not grids:
+        return None
+    fn = inner.compute_3d_position_ids
+    offered = {
+        "input_ids": ids, "inputs_embeds": None, "attention_mask": torch.ones_like(ids), "cache": None,
+        "mm_token_type_ids": token_types, "image_grid_thw": grids.get("image_grid_thw"),
+        "video_grid_thw": grids.get("video_grid_thw"), "second_per_grid_ts": grids.get("second_per_grid_ts"),
+        "video_second_per_grid": grids.get("second_per_grid_ts"),
+        "audio_feature_lengths": grids.get("audio_feature_lengths"),
+        "use_audio_in_video": grids.get("use_audio_in_video", False),
+    }
+    params = inspect.signature(fn).parameters
+    pos = fn(**{k: v for k, v in offered.items() if k in params})
+    inner.rope_deltas = None  # no state may leak into the next forward or a later generate()
+    return pos
+
+
+def forward_inputs(model, batch) -> dict:
+    """The model's media keyword arguments that its forward() takes, plus mRoPE positions when it uses them."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    inputs = {k: v for k, v in batch.media.items() if k in params}
+    if "use_audio_in_video" in params:
+        inputs["use_audio_in_video"] = any(g.get("use_audio_in_video") for g in batch.media_per_sample)
+    return inputs
+
+
+def model_inputs(model, batch) -> dict:
+    """Keyword arguments of the model's forward for a batch: ids, per-sample positions, media."""
+    inputs = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT, "attention_mask": None,
+              "use_cache": False}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "_attn_implementation", None) == VARLEN:
+        inputs.update(packing_kwargs(batch))
+    if batch.token_types_BT is None:
+        return inputs
+    family = family_of(base.config)
+    inputs.update(forward_inputs(model, batch))
+    if family is not None and family.uses_mrope:
+        inputs["position_ids"] = mrope_position_ids(base, batch)
+    return inputs
