@@ -101,22 +101,26 @@ class DatasetSpec(BaseModel):
     num_samples: int | None = None
     columns: Columns = Columns()
     tags: Tags = Tags()
-    # Accepted so LLaMA-Factory files load unchanged; sources.py says clearly
-    # when an entry can only be loaded through one of these.
-    ms_hub_url: str | None = None
-    om_hub_url: str | None = None
-    script_url: str | None = None
-    cloud_file_name: str | None = None
-    file_sha1: str | None = None
+    # Accepted so LLaMA-Factory files load unchanged (same meaning as there); sources.py
+    # says clearly when an entry can only be loaded through one of these.
+    ms_hub_url: str | None = None  # ModelScope dataset id
+    om_hub_url: str | None = None  # Modelers (openMind) dataset id
+    script_url: str | None = None  # a folder under dataset_dir holding a dataset loading script
+    cloud_file_name: str | None = None  # an s3:// or gs:// JSON file
+    file_sha1: str | None = None  # old LLaMA-Factory files carry it; unused there too
     revision: str | None = None
     media_dir: str | None = None
 
     _user_columns: frozenset[str] = PrivateAttr(default=frozenset())
+    _user_tags: frozenset[str] = PrivateAttr(default=frozenset())
+    _user_keys: frozenset[str] = PrivateAttr(default=frozenset())
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> "DatasetSpec":
         fmt = self.formatting
+        self._user_keys = frozenset(self.model_fields_set)
         self._user_columns = frozenset(self.columns.model_fields_set)
+        self._user_tags = frozenset(self.tags.model_fields_set)
         if self.formatting != "alpaca":
             misplaced = sorted(self._user_columns & set(_ALPACA_ONLY))
             if misplaced:
@@ -142,6 +146,19 @@ class DatasetSpec(BaseModel):
     def user_columns(self) -> frozenset[str]:
         """Column keys the dataset_info.json entry set itself (not defaults)."""
         return self._user_columns
+
+    def as_local_entry(self, file_name: str) -> dict:
+        """This entry for a local copy of its data: the same formatting, ranking, columns and tags as the
+        dataset_info.json entry set them, read from `file_name` instead of a hub."""
+        entry: dict = {"file_name": file_name}
+        for key in ("formatting", "ranking", "num_samples", "media_dir"):
+            if key in self._user_keys:
+                entry[key] = getattr(self, key)
+        if self._user_columns:
+            entry["columns"] = {k: getattr(self.columns, k) for k in Columns.model_fields if k in self._user_columns}
+        if self._user_tags:
+            entry["tags"] = {k: getattr(self.tags, k) for k in Tags.model_fields if k in self._user_tags}
+        return entry
 
 
 def _format_validation_error(name: str, err: ValidationError, allowed: dict[str, list[str]]) -> list[str]:
