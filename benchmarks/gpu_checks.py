@@ -69,8 +69,9 @@ def check_varlen_gradients() -> str:
         model = _model_head_dim_64(attn).train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             from tunesmith.methods.sft import sft_loss
+            from tunesmith.models.forward import run_forward
 
-            loss = sft_loss(model, batch, batch.num_label_tokens).loss
+            loss = sft_loss(run_forward(model, batch, "nll"), batch, batch.num_label_tokens).loss
         loss.backward()
         grads[attn] = (loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()]))
     (l1, g1), (l2, g2) = grads.values()
@@ -80,14 +81,15 @@ def check_varlen_gradients() -> str:
 
 
 def check_liger() -> str:
-    from tunesmith.config.schema import ModelConfig
     from tunesmith.methods.sft import sft_loss
-    from tunesmith.models.kernels import fused_ce_for
+    from tunesmith.models.forward import run_forward
+    from tunesmith.models.kernels import install_fused_ce
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny("qwen3")).cuda()
     batch = collate_rows([_samples()], 0).to("cuda")
-    plain = sft_loss(model, batch, batch.num_label_tokens).loss
-    fused = sft_loss(model, batch, batch.num_label_tokens, fused_ce_for(model, ModelConfig(enable_liger_kernel=True))).loss
+    plain = sft_loss(run_forward(model, batch, "nll"), batch, batch.num_label_tokens).loss
+    install_fused_ce(model)
+    fused = sft_loss(run_forward(model, batch, "nll"), batch, batch.num_label_tokens).loss
     diff = abs(plain.item() - fused.item())
     assert diff < 1e-3, f"liger fused CE differs from plain loss by {diff}"
     return f"liger fused linear+CE vs plain: |diff| {diff:.2e}"

@@ -91,7 +91,7 @@ def run(shape: str, num_samples: int, min_len: int, max_len: int, overrides: dic
 
     from . import dist
     from .config.load import build_config
-    from .train.loop import train
+    from .train.setup import train
 
     from transformers import AutoConfig
 

@@ -84,7 +84,7 @@ def cmd_train(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
         print(train_help())
         return 0
-    from .train.loop import train
+    from .train.setup import train
 
     result = train(_config_from(items))
     return 130 if result.interrupted else 0

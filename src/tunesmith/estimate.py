@@ -60,7 +60,8 @@ import re
 import torch
 
 from .config.schema import RunConfig
-from .methods.grpo import RL_STAGES
+from .config.resolve import resolve_reference
+from .stages import STAGES
 
 GIB = 1024**3
 OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS/attention workspaces
@@ -184,7 +185,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
 
 def _deepspeed_states(cfg: RunConfig, N: int, N_t: int, W: int, two_layers: float) -> tuple:
     """(sharded by, weights, gradients, optimizer, gathered, cpu) in GiB per GPU under ZeRO (module docstring)."""
-    from .engines.deepspeed_engine import offloads, zero_settings
+    from .config.deepspeed import offloads, zero_settings
 
     m = cfg.model
     zero = zero_settings(cfg.train)
@@ -218,10 +219,9 @@ def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float
     fits = total <= gpu_gib
     if not cfg.packing:
         notes.append(f"activations assume every row is cutoff_len={cfg.data.cutoff_len} tokens long (an upper bound without packing)")
-    copy_ref = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type != "lora")
-    if ft.stage in ("dpo", "kto") and copy_ref and ft.pref_loss not in ("orpo", "simpo"):
+    if resolve_reference(cfg) == "copy":
         notes.append("a frozen reference model copy is not counted (about N*2 B more per GPU)")
-    if ft.stage in RL_STAGES:
+    if STAGES[ft.stage].is_online_rl:
         notes.append("the rollout (generation and its KV cache) is not counted")
     if not fits:
         notes.append(f"does not fit: {total:.1f} GiB > {gpu_gib:.1f} GiB; the biggest term is {biggest} "
@@ -239,7 +239,7 @@ def _activation_gib(cfg: RunConfig, dims: dict) -> tuple[float, float]:
     """(activations, logits) in GiB for one micro-batch; formulas in the module docstring."""
     m, t, ft = cfg.model, cfg.train, cfg.finetune
     L, H, A, V = dims["L"], dims["H"], dims["A"], dims["V"]
-    rows = t.per_device_train_batch_size * (2 if ft.stage in ("dpo", "rm") else 1)
+    rows = t.per_device_train_batch_size * (2 if STAGES[ft.stage].data_kind == "pairs" else 1)
     S = cfg.data.cutoff_len
     k = 1 if (m.pure_bf16 or m.bf16 or m.fp16) else 2
     flash = m.flash_attn not in ("eager", "disabled")
@@ -248,7 +248,7 @@ def _activation_gib(cfg: RunConfig, dims: dict) -> tuple[float, float]:
         act_bytes = L * rows * S * H * 2 * k + per_layer
     else:
         act_bytes = L * per_layer
-    vocab = 1 if ft.stage == "rm" else V
+    vocab = 1 if STAGES[ft.stage].reward_head else V
     logits = 0.0 if m.enable_liger_kernel else rows * S * vocab * 4 * 2 / GIB
     return act_bytes / GIB, logits
 

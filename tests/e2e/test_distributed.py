@@ -83,17 +83,12 @@ def test_an_error_in_the_ranks_is_reported_once_per_rank(tmp_path, monkeypatch):
 
 def test_backend_single_refuses_several_processes():
     from tunesmith.config.load import build_config
+    from tunesmith.config.resolve import RunFacts, resolve
     from tunesmith.errors import TunesmithError
-    from tunesmith.train import loop
 
     cfg = build_config(None, {"dataset": "x", "backend": "single"})
-    old = loop.dist.is_distributed
-    loop.dist.is_distributed = lambda: True
-    try:
-        with pytest.raises(TunesmithError, match="backend: single runs one process"):
-            loop.backend_of(cfg)
-    finally:
-        loop.dist.is_distributed = old
+    with pytest.raises(TunesmithError, match="backend: single runs one process"):
+        resolve(cfg, RunFacts(world_size=2))
 
 
 @pytest.mark.slow
@@ -144,3 +139,45 @@ def test_online_rl_under_zero3_equals_one_device_and_resumes(tmp_path, monkeypat
     assert _losses(zero3) == pytest.approx(_losses(single), rel=1e-5, abs=1e-9)
     cli(*rl, "zero_stage=3", "save_strategy=no", f"output_dir={zero3}", f"resume_from_checkpoint={zero3 / 'checkpoint-2'}")
     assert _losses(zero3)[-1] == pytest.approx(_losses(single)[-1], rel=1e-5, abs=1e-9)
+
+
+def _rl_on_path(monkeypatch):
+    here = os.path.dirname(__file__)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(here, ".."), os.path.join(here, "..", "unit", "methods"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    return ["train", "model_name_or_path=tiny:qwen3", f"dataset_dir={BASE[1].split('=')[1]}", "stage=grpo",
+            "dataset=arith_rl", "template=qwen3_nothink", "finetuning_type=full", "max_steps=4", "num_generations=4",
+            "prompts_per_step=4", "max_new_tokens=6", "logging_steps=1", "per_device_train_batch_size=8",
+            "reward_funcs=test_grpo_loop:varied_reward"]
+
+
+@pytest.mark.slow
+def test_online_rl_on_two_ranks_resumes_exactly(tmp_path, monkeypatch):
+    """Two gloo processes save, stop and resume a GRPO run (each rank's RNG state and the prompt position come
+    back): the resumed steps equal the straight run's."""
+    rl = _rl_on_path(monkeypatch)
+    _two_ranks(monkeypatch)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    cli(*rl, "save_strategy=no", f"output_dir={straight}")
+    cli(*rl, "max_steps=2", "save_strategy=steps", "save_steps=2", f"output_dir={resumed}")
+    ckpt = resumed / "checkpoint-2"
+    assert (ckpt / "rng_state_0.json").exists() and (ckpt / "rng_state_1.json").exists()
+    cli(*rl, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}")
+    assert [m["step"] for m in metrics(resumed) if "loss" in m] == [1, 2, 3, 4]
+    assert _losses(resumed) == pytest.approx(_losses(straight), rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_kto_kl_reference_point_is_reduced_across_ranks(tmp_path, monkeypatch):
+    """KTO's KL estimate z0 is summed over every rank's mismatched pairs, like the normaliser: two ranks with 2
+    examples each give the losses of one process with 4."""
+    kto = [*BASE, "stage=kto", "dataset=kto_demo", "finetuning_type=full", "pref_reference=none", "max_steps=3",
+           "logging_steps=1", "learning_rate=1e-3", "save_strategy=no"]
+    single = tmp_path / "single"
+    cli("train", *kto, "per_device_train_batch_size=4", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    sharded = tmp_path / "two"
+    cli("train", *kto, "per_device_train_batch_size=2", f"output_dir={sharded}")
+    assert _losses(sharded) == pytest.approx(_losses(single), rel=1e-5)
+    kl = [m["kl"] for m in metrics(sharded) if "kl" in m]
+    assert kl == pytest.approx([m["kl"] for m in metrics(single) if "kl" in m], rel=1e-5)

@@ -102,8 +102,8 @@ def test_gradient_checkpointing_lowers_the_activations():
     assert plain["activations"] == pytest.approx(28 * 4 * 4096 * 34 * 2048 / GIB)
     eager = est(finetuning_type="full", bf16=True, cutoff_len=4096, per_device_train_batch_size=4, flash_attn="eager")
     assert eager["activations"] > plain["activations"]
-    liger_cfg = cfg(finetuning_type="full", bf16=True)
-    liger_cfg.model.enable_liger_kernel = True  # set after validation: the check wants liger-kernel installed
+    plain_cfg = cfg(finetuning_type="full", bf16=True)  # liger set after validation: the check wants liger-kernel
+    liger_cfg = plain_cfg.model_copy(update={"model": plain_cfg.model.model_copy(update={"enable_liger_kernel": True})})
     liger = estimate_memory(liger_cfg, 1, 141.0, hf_config=Qwen3Config(**QWEN3_1_7B))
     assert liger["logits"] == 0 and est(finetuning_type="full", bf16=True)["logits"] > 0
 

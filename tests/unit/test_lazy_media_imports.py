@@ -13,7 +13,7 @@ DECODERS = ("av", "cv2", "decord", "soundfile")
 TEXT_ONLY_FLOW = textwrap.dedent(f"""
     import sys
 
-    import tunesmith.cli, tunesmith.data.pipeline, tunesmith.models.load, tunesmith.train.loop
+    import tunesmith.cli, tunesmith.data.pipeline, tunesmith.models.load, tunesmith.train.runner
     from tunesmith.cli import main
 
     main(["data", "dataset=identity", "model_name_or_path=tiny:qwen3"])

@@ -18,6 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import ConfigError
+from ..stages import STAGE_NAMES, STAGES, uses_reference
+from .deepspeed import zero_settings
 from .schema import GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
@@ -125,7 +127,8 @@ def _route_keys(flat: dict[str, Any], problems: list[str]) -> dict[str, dict[str
         if key in NOT_YET:
             problems.append(f"'{key}': {NOT_YET[key]}; remove the key")
         elif key == "stage" and value in NOT_YET_STAGES:
-            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use pt, sft, rm, dpo, kto or grpo")
+            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use one of "
+                            f"{', '.join(STAGE_NAMES)}")
         elif key in KEY_TO_GROUP:
             routed[KEY_TO_GROUP[key]][key] = value
         else:
@@ -169,7 +172,7 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     bad_sinks = [s for s in cfg.output.report_to if s not in ("none", "tensorboard", "wandb", "swanlab", "all")]
     if bad_sinks:
         problems.append(f"report_to: unknown sink(s) {bad_sinks}; use none, tensorboard, wandb or swanlab")
-    if cfg.finetune.stage in ("rm", "dpo", "kto") and cfg.packing:
+    if STAGES[cfg.finetune.stage].scores_whole_sequences and cfg.packing:
         problems.append(f"stage {cfg.finetune.stage} scores whole sequences and is not packed; remove packing")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
@@ -197,8 +200,6 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
         group = cfg.model if key == "pure_bf16" else train
         if getattr(group, key):
             problems.append(f"{key}: true with backend deepspeed: {hint}")
-    from ..engines.deepspeed_engine import zero_settings
-
     try:
         stage = zero_settings(train)["stage"]
     except ConfigError as err:  # the file is missing or not a JSON object: named there
@@ -214,9 +215,8 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
 def _needs_frozen_copy(cfg: RunConfig) -> bool:
     """dpo/kto whose reference would be a deep copy of the policy (pref_reference copy, or auto without LoRA)."""
     ft = cfg.finetune
-    uses_reference = ft.stage == "kto" or (ft.stage == "dpo" and ft.pref_loss not in ("orpo", "simpo"))
     copy = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type != "lora")
-    return uses_reference and copy
+    return uses_reference(cfg) and not STAGES[ft.stage].is_online_rl and copy
 
 
 def _check_liger() -> list[str]:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..rollout.rewards.names import BUILTIN_REWARDS
+from ..stages import STAGE_NAMES, STAGES
 
 
 def _no_is_false(value):
@@ -27,7 +30,8 @@ def _split_names(value):
 
 
 class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # Frozen: config.resolve() derives everything once; nothing changes the config after that.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
 
 class ModelConfig(_Group):
@@ -101,9 +105,8 @@ class DataConfig(_Group):
 
 
 class FinetuneConfig(_Group):
-    stage: Literal["pt", "sft", "rm", "dpo", "kto", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "reinforce"] = (
-        Field("sft", description="Training stage: pt, sft, rm (reward model), dpo (see pref_loss), kto, or online RL: "
-              "grpo and its presets dr_grpo, dapo, gspo, gspo_token, reinforce.")
+    stage: Literal[STAGE_NAMES] = Field(
+        "sft", description="Training stage: " + "; ".join(f"{s.name} ({s.summary})" for s in STAGES.values()) + "."
     )
     finetuning_type: Literal["full", "freeze", "lora"] = Field("lora", description="Which parameters train.")
     freeze_trainable_layers: int = Field(
@@ -131,10 +134,11 @@ class FinetuneConfig(_Group):
     pref_ftx: float = Field(0.0, ge=0, description="dpo: add this times the SFT loss on the chosen responses.")
     pref_label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="dpo sigmoid/robust: label smoothing.")
     simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma.")
-    pref_reference: Literal["auto", "copy", "precomputed", "none"] = Field(
+    pref_reference: Literal["auto", "copy", "adapters_off", "precomputed", "none"] = Field(
         "auto",
-        description="dpo/kto reference: auto (LoRA: the base with adapters off; else a frozen copy), copy, "
-        "precomputed (log-probs computed once before training, cached) or none (reference-free).",
+        description="dpo/kto/online-RL KL reference: auto (LoRA: the base with adapters off; else a frozen copy), "
+        "copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
+        "none (reference-free). Resolved before the run: the saved config names the one used.",
     )
     kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of desirable examples.")
     kto_rejected_weight: float = Field(1.0, gt=0, description="kto: weight of undesirable examples.")
@@ -188,6 +192,12 @@ class TrainConfig(_Group):
     fsdp_offload: bool = Field(False, description="fsdp2: keep sharded parameters and optimizer states on the CPU.")
     torch_compile: bool = Field(False, description="Compile each transformer block with torch.compile.")
     ddp_timeout: int = Field(1800, description="Seconds before a collective times out.")
+    num_steps_per_epoch: int | None = Field(
+        None, ge=1, description="Resolved by tunesmith from the prepared data and saved with the run (a re-run checks "
+        "its data still gives it); leave unset.")
+    num_total_steps: int | None = Field(
+        None, ge=1, description="Resolved by tunesmith: the run's optimiser steps (max_steps, or num_train_epochs x "
+        "num_steps_per_epoch); leave unset.")
 
     @property
     def wants_deepspeed(self) -> bool:
@@ -224,6 +234,32 @@ class OutputConfig(_Group):
     _strategy = field_validator("save_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
 
 
+class RewardFunc(BaseModel):
+    """One reward of online RL: a registered name or `module.path:function`, its weight, its keyword arguments."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    weight: float = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value):
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if ":" not in name and name not in BUILTIN_REWARDS:
+            raise ValueError(f"unknown reward '{name}'; registered rewards: {', '.join(BUILTIN_REWARDS)}, or your "
+                             "own as 'module.path:function'")
+        return name
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.model_extra or {})
+
+
 class RLConfig(_Group):
     """Online RL (stage grpo and its presets dr_grpo, dapo, gspo, gspo_token, reinforce)."""
 
@@ -251,8 +287,8 @@ class RLConfig(_Group):
     kl_in_reward: bool = Field(False, description="Subtract the KL from the reward instead of adding it to the loss.")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, draw more.")
     max_resample_rounds: int = Field(3, ge=0, description="Dynamic sampling: extra draws before giving up.")
-    reward_funcs: list = Field(
-        default_factory=lambda: ["accuracy"],
+    reward_funcs: list[RewardFunc] = Field(
+        default_factory=lambda: [RewardFunc(name="accuracy")],
         description="Reward functions: names (accuracy, format, length, grounding, reward_model), "
         "`module.path:function`, or {name, weight, ...} mappings; summed with their weights.",
     )
@@ -277,7 +313,7 @@ SECRET_KEYS = frozenset({"swanlab_api_key", "hf_hub_token", "ms_hub_token", "wan
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -288,16 +324,22 @@ class RunConfig(BaseModel):
 
     @property
     def packing(self) -> bool:
-        """Packing is on for pt unless turned off; neat_packing turns it on."""
+        """Packing is on for plain-text stages (pt) unless turned off; neat_packing turns it on."""
         if self.data.neat_packing:
             return True
         if self.data.packing is None:
-            return self.finetune.stage == "pt"
+            return STAGES[self.finetune.stage].data_kind == "text"
         return self.data.packing
 
     def flat(self) -> dict:
         """The flat key -> value view that users write."""
         out: dict = {}
         for name in GROUPS:
-            out.update(getattr(self, name).model_dump())
+            out.update(getattr(self, name).model_dump(mode="json"))
         return out
+
+    def replace(self, **groups: dict) -> "RunConfig":
+        """A copy with some fields of some groups changed, validated again: `cfg.replace(rl={"kl_coef": 0.1})`."""
+        updated = {name: type(getattr(self, name))(**{**getattr(self, name).model_dump(exclude_unset=True), **values})
+                   for name, values in groups.items()}
+        return self.model_copy(update=updated)

@@ -154,10 +154,3 @@ def collate_kto(rows: list[list[dict]], pad_id: int, length: int | None = None, 
     if media is not None:
         _doubled_media(batch, records, media)
     return batch
-
-
-COLLATORS = {"rm": collate_pairs, "dpo": collate_pairs, "kto": collate_kto}
-
-
-def collator_for(stage: str):
-    return COLLATORS.get(stage, collate_rows)

@@ -25,11 +25,16 @@ from tunesmith.data.registry import DatasetSpec
 from tunesmith.data.sample import SAMPLE_COLUMNS, make_sample
 from tunesmith.data.sources import ROW_INDEX
 from tunesmith.errors import DataError
+from tunesmith.stages import STAGES
 
 logger = logging.getLogger("tunesmith")
 
-# Online-RL prompts may end with the user turn: the policy writes the answer.
-PROMPT_ONLY_STAGES = frozenset({"pt", "ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "reinforce"})
+# Plain text and online-RL prompts need no response: the policy writes the answer.
+_PROMPT_ONLY_KINDS = ("text", "prompts")
+
+
+def _prompt_only(stage: str) -> bool:
+    return STAGES[stage].data_kind in _PROMPT_ONLY_KINDS
 _MAX_LOGGED_SKIPS = 5
 _ERROR = "_error"
 
@@ -91,7 +96,7 @@ def convert_rows(
 def _required_fields(spec: DatasetSpec, stage: str) -> list[str]:
     if spec.formatting == "alpaca":
         fields = ["prompt"]
-        if not spec.ranking and stage not in PROMPT_ONLY_STAGES:
+        if not spec.ranking and not _prompt_only(stage):
             fields.append("response")
     else:
         fields = ["messages"]
@@ -263,11 +268,11 @@ def _chat_messages(row: dict, spec: DatasetSpec, where: str) -> tuple[list[dict]
 
 
 def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, where: str) -> None:
-    """What each stage needs from the turn order (see PROMPT_ONLY_STAGES)."""
+    """What each stage needs from the turn order (see _prompt_only)."""
     turns = [m for m in messages if m["role"] != "system"]
     if not turns:
         raise DataError(f"{where}: empty conversation (no user or assistant turn)")
-    if stage == "pt":
+    if STAGES[stage].data_kind == "text":
         if not messages[0]["content"].strip():
             raise DataError(f"{where}: empty text for stage pt")
         return
@@ -277,7 +282,7 @@ def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, whe
             raise DataError(f"{where}: a preference record's conversation must end with a user (or tool) turn "
                             f"before chosen/rejected; it ends with {prompt_last or 'nothing'}")
         return
-    if stage not in PROMPT_ONLY_STAGES and turns[-1]["role"] != "assistant":
+    if not _prompt_only(stage) and turns[-1]["role"] != "assistant":
         raise DataError(
             f"{where}: conversation ends with a {turns[-1]['role']} turn, but stage '{stage}' trains on the final "
             f"assistant reply. Remove the trailing turn(s) or add the reply"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..stages import STAGES
 from ..errors import DataError
 from .sample import where
 
@@ -130,7 +131,7 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         expansions, plan = media.plan(sample)
     except DataError as err:
         raise DataError(f"{where(sample)}: {err}") from None
-    if opts.stage == "pt":
+    if STAGES[opts.stage].data_kind == "text":
         text = with_markers(sample["messages"][0]["content"], media.markers) + tokenizer.eos_token
         spans = [(0, len(text))]
     else:

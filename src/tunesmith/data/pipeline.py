@@ -12,10 +12,12 @@ from pathlib import Path
 from ..config.schema import RunConfig
 from ..errors import DataError
 from .. import dist
+from ..stages import STAGES
 from . import cache
 from .loader import load_samples, split_eval
 from .registry import get_spec
-from .render import IGNORE_INDEX, RenderOptions, renderer_for
+from .prompts import render_prompt_batch
+from .render import IGNORE_INDEX, RenderOptions, render_batch, render_kto_batch, render_pair_batch
 from .templates import resolve
 
 log = logging.getLogger("tunesmith")
@@ -101,6 +103,11 @@ def _media_fingerprint(media) -> dict | None:
     return {"family": media.family.name, "budget": media.budget.__dict__, "processors": subs}
 
 
+# The datasets.map function that tokenizes each data kind (stages.py).
+RENDERERS = {"text": render_batch, "conversations": render_batch, "pairs": render_pair_batch,
+             "unpaired": render_kto_batch, "prompts": render_prompt_batch}
+
+
 def identity_placeholders(cfg: RunConfig) -> dict[str, str]:
     return {"name": cfg.data.identity_name, "author": cfg.data.identity_author}
 
@@ -184,7 +191,7 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
     if shard is not None:
         samples = samples.shard(num_shards=shard[1], index=shard[0], contiguous=True)
     tokenized = samples.map(
-        renderer_for(cfg.finetune.stage),
+        RENDERERS[STAGES[cfg.finetune.stage].data_kind],
         batched=True,
         batch_size=cfg.data.preprocessing_batch_size,
         fn_kwargs={"tokenizer": tokenizer, "opts": opts, "media": media},
@@ -197,7 +204,7 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
     bad = [reason for reason in tokenized["bad"] if reason] if "bad" in columns else []
     for reason in bad[:5]:
         log.warning("skipped: %s", reason)
-    kept = tokenized.filter(
+    kept = tokenized if STAGES[cfg.finetune.stage].data_kind == "prompts" else tokenized.filter(
         lambda b: [any(t != IGNORE_INDEX for t in labels[1:]) for labels in b["labels"]],
         batched=True,
         desc="Dropping samples without supervised tokens",

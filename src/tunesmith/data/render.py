@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import DataError
+from ..stages import STAGES
 from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
 from .sample import where
 
@@ -149,7 +150,6 @@ def _refuse_media(sample: dict) -> None:
         )
 
 
-PAIR_STAGES = ("rm", "dpo")
 
 
 def _response_only(opts: RenderOptions) -> RenderOptions:
@@ -226,15 +226,6 @@ def _margin(sample: dict) -> float:
         raise DataError(f"{where(sample)}: margin must be a number, got {value!r}") from None
 
 
-def renderer_for(stage: str):
-    """The datasets.map function that tokenizes samples for a stage."""
-    if stage in PAIR_STAGES:
-        return render_pair_batch
-    if stage == "kto":
-        return render_kto_batch
-    return render_batch
-
-
 def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
     """`datasets.map(batched=True)` entry: one input row can give several pt rows.
 
@@ -271,7 +262,7 @@ def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dic
                 emit({"input_ids": [], "labels": []}, too_long=1)
             else:
                 emit(row, row["num_truncated"], plan=row["mm_plan"])
-        elif opts.stage == "pt":
+        elif STAGES[opts.stage].data_kind == "text":
             for piece in split_long(render_pt(sample, tokenizer, opts), opts.cutoff_len):
                 emit(piece)
         else:

@@ -18,50 +18,20 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from ..config.deepspeed import offloads, read_ds_config, zero_settings
 from ..errors import ConfigError
-from .base import StepResult
-from .single import NonFiniteError
+from ..models.forward import run_forward
+from .base import (LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode, forward_module,
+                   switched_to_reference)
+from .reference import ReferenceView
 
 log = logging.getLogger("tunesmith")
 
 _TAG = "deepspeed"  # the sub-folder of a checkpoint that holds DeepSpeed's own state
-
-
-def read_ds_config(path: str) -> dict:
-    """The user's DeepSpeed JSON, with a clear error naming the file."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError([f"deepspeed: {path} does not exist; give a DeepSpeed JSON file "
-                           "(examples/deepspeed/ds_z0.json ... ds_z3_offload.json)"])
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError([f"deepspeed: {path} is not valid JSON ({err})"]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"deepspeed: {path} must hold a JSON object"])
-    return data
-
-
-def zero_settings(train, base: dict | None = None) -> dict:
-    """The run's zero_optimization section: the file's (`base`, read from train.deepspeed when not given),
-    its stage overridden by zero_stage, 0 when neither says."""
-    if base is None:
-        base = read_ds_config(train.deepspeed) if train.deepspeed else {}
-    zero = dict(base.get("zero_optimization") or {})
-    if train.zero_stage is not None:
-        zero["stage"] = train.zero_stage
-    zero.setdefault("stage", 0)
-    return zero
-
-
-def offloads(zero: dict, what: str) -> bool:
-    """Whether zero_optimization's `what` (offload_optimizer, offload_param) sends states to another device."""
-    return (zero.get(what) or {}).get("device", "none") not in ("none", None)
 
 
 def ds_config(cfg, precision: str, world: int, hidden_size: int | None) -> dict:
@@ -142,37 +112,43 @@ class ThroughEngine:
 
 
 class DeepSpeedEngine:
-    """The loop's engine contract on a deepspeed.DeepSpeedEngine."""
+    """The Engine interface on a deepspeed.DeepSpeedEngine. In bf16/fp16 the module holds 16-bit weights
+    (DeepSpeed keeps the fp32 masters), so no autocast is used."""
 
-    loads_model_state = True  # engine.load restores the (partitioned) weights too
-
-    def __init__(self, ds, optimizer, scheduler, device: torch.device, *, stage: int):
+    def __init__(self, ds, optimizer, scheduler, device: torch.device, *, stage: int, reference_mode: str = "none"):
         self.model = ThroughEngine(ds)
         self.ds = ds
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
         self.stage = stage
+        self.ref = ReferenceView(ds.module, reference_mode)
+        self._on_reference = False
         self._nonfinite_loss = False
 
-    def _autocast(self):
-        import contextlib
-
-        return contextlib.nullcontext()  # the module itself holds bf16/fp16 weights
-
-    def forward_backward(self, batch, loss_fn: Callable):
+    def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         self.ds.train()
-        out = loss_fn(self.model, batch.to(self.device))
-        if not torch.isfinite(out.loss.detach()):
-            self._nonfinite_loss = True
-        # DeepSpeed averages gradients over ranks; the loop's normaliser expects their sum.
-        self.ds.backward(out.loss * dist.get_world_size(), scale_wrt_gas=False)
-        return out
+        total = StepOutput()
+        for batch in micro_batches:
+            batch = batch.to(self.device)
+            out = loss_fn.fn(run_forward(self.model, batch, loss_fn.outputs), batch)
+            self._nonfinite_loss |= not check_finite(out)
+            # DeepSpeed averages gradients over ranks; the Runner's normaliser expects their sum.
+            self.ds.backward(out.loss * dist.get_world_size(), scale_wrt_gas=False)
+            total.add(out)
+        return total
 
     @torch.no_grad()
-    def evaluate(self, batch, loss_fn: Callable):
-        self.ds.eval()
-        return loss_fn(self.model, batch.to(self.device))
+    def forward(self, micro_batches: list, fn: LossFn) -> list:
+        results = []
+        with forward_module(self, self.model) as module, eval_mode(self.ds):
+            for batch in micro_batches:
+                batch = batch.to(self.device)
+                results.append(fn.fn(run_forward(module, batch, fn.outputs), batch))
+        return results
+
+    def reference(self):
+        return switched_to_reference(self)
 
     def step(self) -> StepResult:
         lr = self.scheduler.get_last_lr()[0]
@@ -198,13 +174,13 @@ class DeepSpeedEngine:
             raise ConfigError([f"resume: {path} holds no DeepSpeed state (saved by another backend?); resume it with "
                                "the backend that wrote it"])
 
-    def export_hf(self, path: Path, tokenizer) -> None:
+    def export_hf(self, path: Path, saver) -> None:
         """Full weights gathered on rank 0 (layer by layer under ZeRO-3) into a Hugging Face folder."""
         module = self.ds.module
         state = self.ds._zero3_consolidated_16bit_state_dict() if self.stage == 3 else None
         if dist.get_rank() == 0:
             module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
-            tokenizer.save_pretrained(str(path))
+            saver.save_pretrained(str(path))
         dist.barrier()
 
     def full_state_for_rollout(self) -> dict:

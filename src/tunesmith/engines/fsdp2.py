@@ -25,7 +25,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from .single import SingleEngine
+from ..errors import TunesmithError
+from .base import LossFn, StepOutput, StepResult, switched_to_reference
+from .local_step import backward_each, forward_each, step_of
+from .reference import ReferenceView
 
 _BLOCK_LISTS = ("layers", "blocks")  # ModuleLists that hold transformer blocks (LM layers, ViT blocks)
 
@@ -71,17 +74,39 @@ def materialize(model, full_state: dict | None, device: torch.device) -> None:
             module._buffers[name].copy_(value)
 
 
-class FSDP2Engine(SingleEngine):
-    """The single-device engine's loop contract, on a sharded model; checkpoints through DCP."""
-
-    loads_model_state = True  # engine.load restores the (sharded) weights too
+class FSDP2Engine:
+    """Every block sharded over the ranks; checkpoints through DCP (they reshard to another world size)."""
 
     def __init__(self, model, optimizer, scheduler, device, *, precision: str, max_grad_norm: float,
-                 skip_nonfinite: bool):
-        # FSDP2 casts parameters for compute itself; autocast is not needed (and pure_bf16 keeps bf16 params).
-        super().__init__(model, optimizer, scheduler, device, precision="fp32" if precision == "bf16" else precision,
-                         max_grad_norm=max_grad_norm, skip_nonfinite=skip_nonfinite)
-        self.loss_scale = dist.get_world_size()
+                 skip_nonfinite: bool, reference_mode: str = "none"):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.device = device
+        # FSDP2 casts parameters for compute itself (MixedPrecisionPolicy): no autocast; pure_bf16 keeps bf16.
+        self.precision = "fp32" if precision == "bf16" else precision
+        self.max_grad_norm = max_grad_norm
+        self.skip_nonfinite = skip_nonfinite
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        if reference_mode == "copy" and dist.get_world_size() > 1:
+            raise TunesmithError("a frozen-copy reference model is not available with FSDP2 on several processes "
+                                 "yet; use finetuning_type: lora (the reference is the base with adapters off), "
+                                 "pref_reference: precomputed (dpo/kto) or kl_coef: 0 (online RL)")
+        self.ref = ReferenceView(model, reference_mode)
+        self._on_reference = False
+        self._nonfinite_loss = False
+
+    def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
+        return backward_each(self, micro_batches, loss_fn, loss_scale=dist.get_world_size())
+
+    def forward(self, micro_batches: list, fn: LossFn) -> list:
+        return forward_each(self, micro_batches, fn)
+
+    def reference(self):
+        return switched_to_reference(self)
+
+    def step(self) -> StepResult:
+        return step_of(self)
 
     def save(self, path: Path) -> None:
         state = {"model": get_model_state_dict(self.model),
@@ -91,22 +116,22 @@ class FSDP2Engine(SingleEngine):
             torch.save({"scheduler": self.scheduler.state_dict()}, Path(path) / "engine_state.pt")
 
     def load(self, path: Path) -> None:
+        """Weights and optimizer from DCP (resharded to this world size), the schedule from rank 0's file."""
         state = {"model": get_model_state_dict(self.model),
                  "optim": get_optimizer_state_dict(self.model, self.optimizer)}
-        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))  # reshards to this world size
+        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
         set_model_state_dict(self.model, state["model"])
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         saved = torch.load(Path(path) / "engine_state.pt", map_location="cpu", weights_only=True)
         self.scheduler.load_state_dict(saved["scheduler"])
 
-    def export_hf(self, path: Path, tokenizer) -> None:
+    def export_hf(self, path: Path, saver) -> None:
         """Gather the full weights (to CPU, rank 0) and write a normal Hugging Face folder."""
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
             self.model.save_pretrained(str(path), state_dict=full, safe_serialization=True)
-            tokenizer.save_pretrained(str(path))
+            saver.save_pretrained(str(path))
         dist.barrier()
 
     def full_state_for_rollout(self) -> dict:
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
-

@@ -12,7 +12,7 @@ from ..data.render import RenderOptions, render_sft
 from ..data.sample import make_sample
 from ..data.sources import read_json_records
 from ..errors import DataError
-from ..methods.rm import sequence_rewards
+from ..models.forward import sequence_rewards
 from ..models.load import pick_device
 
 

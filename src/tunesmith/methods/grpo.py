@@ -3,7 +3,9 @@
 Log-probs come in fp32 from temperature-scaled logits, the same distribution the
 responses were sampled from. Token losses are aggregated over the whole optimiser
 step: `units` counts valid tokens (token-mean) or sequences (seq-mean-*), and the
-loop sums it over every micro-batch before any of them runs.
+Runner sums it over every micro-batch before any of them runs. The presets of the
+named algorithms (dapo, gspo, ...) live in stages.py and are applied by
+config.resolve(), so `cfg.rl` here is exactly what runs.
 """
 
 from __future__ import annotations
@@ -11,52 +13,62 @@ from __future__ import annotations
 import torch
 
 from ..data.collate import collate_rows
-from .base import LossOutput
+from ..models.forward import ModelOutputs
+from .base import LossOutput, PrePass
 from .losses import IGNORE_INDEX, token_logps
 from .policy_losses import POLICY_LOSSES, aggregate, kl_penalty
-from .sft import forward_logits
-
-# Stage presets: the settings each named algorithm implies, unless the YAML sets them.
-PRESETS = {
-    "grpo": {},
-    "dr_grpo": {"advantage": "dr_grpo", "loss_agg_mode": "seq-mean-token-sum-norm"},
-    "dapo": {"clip_ratio_high": 0.28, "dynamic_sampling": True, "loss_agg_mode": "token-mean"},
-    "gspo": {"policy_loss": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4,
-             "loss_agg_mode": "seq-mean-token-mean"},
-    "gspo_token": {"policy_loss": "gspo_token", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4,
-                   "loss_agg_mode": "seq-mean-token-mean"},
-    "reinforce": {"advantage": "reinforce", "policy_loss": "reinforce", "loss_agg_mode": "token-mean",
-                  "ppo_epochs": 1, "num_mini_batches": 1, "kl_coef": 0.0},
-}
-RL_STAGES = tuple(PRESETS)
+from .preference import LIVE_REFERENCES
 
 
-def response_logps(model, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token log-probs [B, T] of the targets under temperature-scaled logits, the response mask, the logits."""
-    logits = forward_logits(model, batch)
+def response_logps(logits_BTV: torch.Tensor, batch, temperature: float) -> torch.Tensor:
+    """Token log-probs [B, T] of the targets under temperature-scaled logits."""
     if temperature and temperature != 1.0:
-        logits = logits / temperature
-    return token_logps(logits, batch.targets_BT), batch.targets_BT != IGNORE_INDEX, logits
+        logits_BTV = logits_BTV / temperature
+    return token_logps(logits_BTV, batch.targets_BT)
 
 
 class GRPOMethod:
     collate = staticmethod(collate_rows)
+    outputs = "logits"
+    reference_columns = None
 
-    def __init__(self, rl_cfg, stage: str):
-        self.stage = stage
-        self.cfg = rl_cfg
-        self.policy_loss = POLICY_LOSSES[rl_cfg.policy_loss]
-        self.per_token = rl_cfg.loss_agg_mode == "token-mean"
+    def __init__(self, cfg):
+        self.stage = cfg.finetune.stage
+        self.cfg = cfg.rl
+        self.reference = cfg.finetune.pref_reference  # resolved: none unless kl_coef > 0
+        self.policy_loss = POLICY_LOSSES[cfg.rl.policy_loss]
+        self.per_token = cfg.rl.loss_agg_mode == "token-mean"
+        self.on_policy = cfg.rl.ppo_epochs == 1 and cfg.rl.num_mini_batches == 1
 
     def units(self, batch) -> int:
         return int((batch.targets_BT != IGNORE_INDEX).sum()) if self.per_token else batch.num_samples
 
-    def prepare(self, runner) -> None:
-        pass
+    def token_logps(self, outputs: ModelOutputs, batch) -> torch.Tensor:
+        return response_logps(outputs.logits_BTV, batch, self.cfg.temperature)
 
-    def loss(self, model, batch, norm: int) -> LossOutput:
+    def prepasses(self) -> list[PrePass]:
+        """Old log-probs once per rollout batch (strictly on-policy: the detached current ones, no extra
+        forward); reference log-probs for the KL term."""
+        passes = [] if self.on_policy else [PrePass("old_logps_BT", "logits", self.token_logps)]
+        if self.cfg.kl_coef and self.reference in LIVE_REFERENCES:
+            passes.append(PrePass("ref_logps_BT", "logits", self.token_logps, reference=True))
+        return passes
+
+    def step_sums(self, batch) -> dict[str, float]:
+        return {}
+
+    def sequence_kl(self, batch) -> torch.Tensor:
+        """Per-sequence KL(policy || reference) over the response tokens (kl_in_reward), from the pre-passes."""
+        mask = batch.targets_BT != IGNORE_INDEX
+        policy = batch.extra["old_logps_BT"] if "old_logps_BT" in batch.extra else batch.extra["policy_logps_BT"]
+        kl = kl_penalty(policy, batch.extra["ref_logps_BT"].to(policy.device), self.cfg.kl_estimator) * mask
+        return kl.sum(-1).float().cpu()
+
+    def loss(self, outputs: ModelOutputs, batch, stats: dict) -> LossOutput:
         cfg = self.cfg
-        logps, mask, logits = response_logps(model, batch, cfg.temperature)
+        logits = outputs.logits_BTV
+        logps = self.token_logps(outputs, batch)
+        mask = batch.targets_BT != IGNORE_INDEX
         old = batch.extra.get("old_logps_BT")
         old = logps.detach() if old is None else old.to(logps.device)
         adv = batch.extra["advantages_B"].to(logps.device)[:, None].expand_as(logps)
@@ -68,7 +80,8 @@ class GRPOMethod:
             if not cfg.kl_in_reward:
                 losses = losses + cfg.kl_coef * kl
             sums["kl"] = float(kl.sum())
-        loss = aggregate(losses, mask.float(), cfg.loss_agg_mode, normaliser=norm, constant_length=cfg.max_new_tokens)
+        loss = aggregate(losses, mask.float(), cfg.loss_agg_mode, normaliser=stats["units"],
+                         constant_length=cfg.max_new_tokens)
         with torch.no_grad():
             probs = torch.softmax(logits.float(), -1)
             entropy = -(probs * torch.log(probs.clamp(min=1e-12))).sum(-1)

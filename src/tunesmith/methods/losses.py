@@ -241,16 +241,6 @@ bradley_terry.uses_average = False
 bradley_terry.needs_reference = False
 
 
-def kto_kl_estimate(policy_mismatched_logps_B: torch.Tensor, ref_mismatched_logps_B: torch.Tensor) -> torch.Tensor:
-    """KTO reference point z₀: batch estimate of KL(π‖ref) from mismatched (prompt, completion) pairs.
-
-    z₀ = max(mean_b(π_b − ref_b), 0), detached (0-dim fp32 tensor). Under data parallelism the
-    caller all-reduces the mean before use, as TRL does.
-    """
-    diff = policy_mismatched_logps_B.detach().float() - ref_mismatched_logps_B.detach().float()
-    return diff.mean().clamp(min=0.0)
-
-
 @register("kto")
 def kto(
     policy_logps_B: torch.Tensor,
@@ -265,7 +255,7 @@ def kto(
 ):
     """KTO (Ethayarajh et al. 2024; TRL ``KTOTrainer``) on summed log-probs, per example.
 
-    r = π − ref;  z = max(kl, 0) (detached, broadcast);
+    r = π − ref;  z = max(kl, 0) (detached, broadcast; methods/kto.py estimates it over the step);
     desirable:   λ_D·(1 − σ(β(r − z)));   undesirable: λ_U·(1 − σ(β(z − r))).
     Metrics: rewards = β·r, desirable (0/1), kl = z.
     """

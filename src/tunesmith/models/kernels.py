@@ -11,32 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from ..config.schema import ModelConfig
 
-
-def _base_model(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def fused_ce_for(model, cfg: ModelConfig):
-    """A callable (model, batch) -> NLL sum, or None to use the plain logits path."""
-    if not cfg.enable_liger_kernel:
-        return None
+def install_fused_ce(model) -> None:
+    """Liger's fused linear + cross-entropy on the output layer; `models.forward` uses it for "nll" outputs."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    head = install_loss_head(_base_model(model).get_output_embeddings(),
-                             LigerFusedLinearCrossEntropyLoss(reduction="sum", ignore_index=-100))
-
-    def nll_sum(model, batch):
-        from .processing import model_inputs
-
-        head.loss_targets = batch.targets_BT.reshape(-1)
-        try:
-            return model(**model_inputs(model, batch)).logits  # the head returned the NLL sum
-        finally:
-            head.loss_targets = None
-
-    return nll_sum
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    install_loss_head(base.get_output_embeddings(), LigerFusedLinearCrossEntropyLoss(reduction="sum", ignore_index=-100))
 
 
 def install_loss_head(head: torch.nn.Module, loss) -> torch.nn.Module:

@@ -14,8 +14,14 @@ log = logging.getLogger("tunesmith")
 
 
 class JsonlSink:
-    def __init__(self, path: Path, append: bool):
-        self.file = open(path, "a" if append else "w", encoding="utf-8")
+    """metrics.jsonl. Resuming from step N keeps the rows up to step N and drops later ones (they were logged
+    after the checkpoint, and the resumed run logs those steps again), so no step appears twice."""
+
+    def __init__(self, path: Path, resume_step: int | None):
+        if resume_step is not None and path.exists():
+            kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        self.file = open(path, "a" if resume_step is not None else "w", encoding="utf-8")
 
     def log(self, metrics: dict, step: int) -> None:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -88,13 +94,14 @@ def _needs(package: str, sink: str):
         raise ConfigError([f"report_to: {sink} needs the {package} package; pip install {package}"])
 
 
-def build_sinks(cfg: RunConfig, output_dir: Path, append: bool) -> list:
+def build_sinks(cfg: RunConfig, output_dir: Path, resume_step: int | None) -> list:
+    """The metric sinks; `resume_step`: the step a resumed run continues from (None for a new run)."""
     wanted = set(cfg.output.report_to)
     if "all" in wanted:
         wanted = {"tensorboard", "wandb", "swanlab"}
     if cfg.output.use_swanlab:
         wanted.add("swanlab")
-    sinks: list = [JsonlSink(output_dir / "metrics.jsonl", append)]
+    sinks: list = [JsonlSink(output_dir / "metrics.jsonl", resume_step)]
     if "tensorboard" in wanted:
         _needs("tensorboard", "tensorboard")
         sinks.append(TensorBoardSink(output_dir / "runs"))

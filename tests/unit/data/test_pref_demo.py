@@ -53,7 +53,7 @@ def test_kto_demo_loads_with_both_tags():
 
 
 def test_all_three_load_together_for_other_stages():
-    for stage in ("sft", "rm", "orpo"):
+    for stage in ("sft", "rm", "dpo", "kto"):
         ds, report = load_samples(list(PREF_DEMOS), dataset_dir=DATA_DIR, stage=stage)
         assert all(r["skipped"] == 0 for r in report.values())
 

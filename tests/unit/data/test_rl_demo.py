@@ -168,7 +168,7 @@ def test_click_demo_script_and_config_validate():
     assert yaml_path.read_text(encoding="utf-8").startswith("# bash examples/grpo_click_demo.sh")
     grpo = build_config(*parse_cli_items([str(yaml_path)]))
     assert grpo.finetune.stage == "grpo" and grpo.model.model_name_or_path == sft.output.output_dir
-    assert grpo.rl.reward_funcs == ["grounding"] and grpo.train.eval_strategy == "steps"
+    assert [f.name for f in grpo.rl.reward_funcs] == ["grounding"] and grpo.train.eval_strategy == "steps"
     specs = load_dataset_info(DATA_DIR)
     assert {*sft.data.dataset, *grpo.data.dataset, *grpo.data.eval_dataset} <= set(specs)
     assert grpo.rl.eval_num_prompts == len(_records("gui_click_eval")) == CLICKS["gui_click_eval"]

@@ -7,7 +7,7 @@ import pytest
 from tunesmith.config.load import build_config
 from tunesmith.engines.deepspeed_engine import ds_config
 from tunesmith.errors import ConfigError
-from tunesmith.train.loop import backend_of
+from tunesmith.config.resolve import RunFacts, resolve_backend
 
 from conftest import REPO
 
@@ -42,7 +42,7 @@ def test_shipped_configs_fill_every_auto(name):
 
 def test_zero_stage_alone_selects_deepspeed_and_overrides_the_file():
     cfg = _cfg(zero_stage=1)
-    assert backend_of(cfg) == "deepspeed"
+    assert resolve_backend(cfg, RunFacts()) == "deepspeed"
     assert ds_config(cfg, "fp32", world=1, hidden_size=64)["zero_optimization"]["stage"] == 1
     cfg = _cfg(deepspeed=str(EXAMPLES / "ds_z3.json"), zero_stage=2)
     assert ds_config(cfg, "bf16", world=1, hidden_size=64)["zero_optimization"]["stage"] == 2

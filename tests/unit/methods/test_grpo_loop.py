@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import run_config
-from tunesmith.train.loop import train
+from tunesmith.train.setup import train
 
 RL = dict(stage="grpo", dataset="arith_rl", template="qwen3_nothink", max_samples=32, max_steps=2, num_generations=4,
           prompts_per_step=4, max_new_tokens=6, per_device_train_batch_size=8, learning_rate=1e-4)
@@ -51,10 +51,9 @@ def test_multi_update_mode_with_kl_to_a_frozen_copy(tmp_path):
 
 def test_presets_fill_only_what_the_config_leaves_unset():
     from tunesmith.config.load import build_config
-    from tunesmith.train.rl_loop import apply_preset
+    from tunesmith.config.resolve import resolve
 
-    cfg = build_config(None, {"dataset": "x", "stage": "gspo", "clip_ratio_high": 5e-4})
-    apply_preset(cfg)
+    cfg = resolve(build_config(None, {"dataset": "x", "stage": "gspo", "clip_ratio_high": 5e-4}))
     assert cfg.rl.policy_loss == "gspo" and cfg.rl.clip_ratio_low == 3e-4 and cfg.rl.clip_ratio_high == 5e-4
 
 
@@ -83,20 +82,20 @@ def test_vision_language_prompts_go_through_the_same_loop(tmp_path):
 
 
 def test_kl_in_reward_lowers_the_rewards_not_the_loss(tmp_path, monkeypatch):
-    from tunesmith.train import rl_loop
+    from tunesmith.methods.grpo import GRPOMethod
 
-    seen = {}
-    real = rl_loop.RLRunner._sequence_kl
+    seen = {"kl": []}
+    real = GRPOMethod.sequence_kl
 
-    def spy(self, batches):
-        seen["kl"] = real(self, batches)
-        return seen["kl"] + 1.0  # a visible, known KL per sequence
+    def spy(self, batch):
+        seen["kl"].append(real(self, batch))
+        return seen["kl"][-1] + 1.0  # a visible, known KL per sequence
 
-    monkeypatch.setattr(rl_loop.RLRunner, "_sequence_kl", spy)
+    monkeypatch.setattr(GRPOMethod, "sequence_kl", spy)
     out = tmp_path / "k"
     train(run_config(out, **{**RL, "max_steps": 1}, kl_coef=0.5, kl_in_reward=True,
                      reward_funcs=["test_grpo_loop:varied_reward"]))
     step = next(m for m in _metrics(out) if "reward_mean" in m)
     raw = step["reward_test_grpo_loop:varied_reward"]
-    assert step["reward_mean"] == pytest.approx(raw - 0.5 * (float(seen["kl"].mean()) + 1.0), abs=1e-4)
+    assert step["reward_mean"] == pytest.approx(raw - 0.5 * (float(torch.cat(seen["kl"]).mean()) + 1.0), abs=1e-4)
     assert "lr" in step and "grad_norm" in step

@@ -17,7 +17,6 @@ from tunesmith.methods.losses import (
     dpo_robust,
     dpo_sigmoid,
     kto,
-    kto_kl_estimate,
     orpo,
     sequence_logps,
     simpo,
@@ -214,9 +213,18 @@ def test_kto_gradient_flows_to_policy_only():
     close(pol.grad, [-0.02498438, 0.02498438])
 
 
-def test_kto_kl_estimate_clamps_and_detaches():
-    p = torch.tensor([-5.0, -6.0], requires_grad=True)
-    assert kto_kl_estimate(p, torch.tensor([-5.5, -5.0])).item() == 0.0  # mean −0.25 → 0
-    est = kto_kl_estimate(p, torch.tensor([-6.0, -6.5]))  # mean of [1, 0.5]
-    assert est.dim() == 0 and not est.requires_grad
-    close(est, 0.75)
+def test_kto_kl_reference_point_is_the_step_mean_of_the_mismatched_pairs_clamped_at_zero():
+    """KTOMethod: z0 = max(sum(policy - ref) / count, 0) over the step's mismatched twins (the second half)."""
+    from types import SimpleNamespace
+
+    from tunesmith.methods.kto import KTOMethod
+
+    cfg = SimpleNamespace(finetune=SimpleNamespace(pref_beta=0.1, kto_chosen_weight=1.0, kto_rejected_weight=1.0,
+                                                   pref_reference="copy"))
+    method = KTOMethod(cfg)
+    batch = SimpleNamespace(extra={"num_examples": 2, "policy_logps_B": torch.tensor([0.0, 0.0, -6.0, -6.0]),
+                                   "ref_logps_B": torch.tensor([0.0, 0.0, -7.0, -6.5])})
+    close(torch.tensor(method.step_sums(batch)["kl_sum"]), 1.5)
+    assert method.step_sums(batch)["kl_count"] == 2
+    batch.extra["ref_logps_B"] = torch.tensor([0.0, 0.0, -5.0, -5.0])
+    close(torch.tensor(method.step_sums(batch)["kl_sum"]), -2.0)  # the loss clamps the mean (-1) to 0

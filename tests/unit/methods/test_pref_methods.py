@@ -9,8 +9,8 @@ from conftest import run_config
 from tunesmith.config.load import build_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.errors import ConfigError
-from tunesmith.methods.rm import last_token_index, sequence_rewards
-from tunesmith.train.loop import train
+from tunesmith.models.forward import last_token_index, sequence_rewards
+from tunesmith.train.setup import train
 
 
 def _metrics(out):
@@ -106,14 +106,18 @@ def test_precomputed_reference_is_computed_once_and_reused(tmp_path):
 def test_lora_reference_holds_no_second_model():
     from transformers import AutoModelForCausalLM
 
-    from tunesmith.methods.dpo import DPOMethod
+    from tunesmith.config.resolve import resolve
+    from tunesmith.engines.reference import ReferenceView
     from tunesmith.models.adapters import apply_finetuning
     from tunesmith.models.tiny import build_tiny
 
-    cfg = build_config(None, {"dataset": "dpo_demo", "stage": "dpo", "finetuning_type": "lora"})
+    cfg = resolve(build_config(None, {"dataset": "dpo_demo", "stage": "dpo", "finetuning_type": "lora"}))
+    assert cfg.finetune.pref_reference == "adapters_off"
     model = apply_finetuning(AutoModelForCausalLM.from_pretrained(build_tiny("qwen3")), cfg.finetune)
-    method = DPOMethod(cfg, model)
-    assert method.reference.mode == "adapters_off" and method.reference.model is None
+    view = ReferenceView(model, cfg.finetune.pref_reference)
+    assert view.frozen is None
+    with view.module(model) as reference:
+        assert reference is model  # the policy itself, adapters disabled
 
 
 def test_reward_margin_column_enters_the_loss(tmp_path):

@@ -7,7 +7,7 @@ from tunesmith.models.families import family_of
 from tunesmith.models.media_processor import MediaBudget, MediaProcessor
 from tunesmith.models.tiny import build_tiny
 from tunesmith.rollout.engine import HFRollout
-from tunesmith.train.rl_loop import _media_token_ids
+from tunesmith.train.rollout_steps import media_token_ids
 
 
 def _rollout(tokenizer, suppress_ids=()):
@@ -37,5 +37,5 @@ def test_a_vlm_suppresses_its_media_placeholders_and_markers():
     tok = processor.tokenizer
     expected = {tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
                                                        "<|vision_end|>")}
-    assert set(_media_token_ids(tok, media)) == expected
-    assert _media_token_ids(tok, None) == []  # a text model suppresses nothing
+    assert set(media_token_ids(tok, media)) == expected
+    assert media_token_ids(tok, None) == []  # a text model suppresses nothing

@@ -11,8 +11,8 @@ from conftest import run_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.data.pipeline import prepare_data
 from tunesmith.methods.losses import per_segment_mean, token_nll
-from tunesmith.methods.sft import forward_logits
-from tunesmith.train.loop import train
+from tunesmith.models.forward import run_forward
+from tunesmith.train.setup import train
 
 
 def _weights(path):
@@ -39,7 +39,7 @@ def test_packed_and_unpacked_per_sample_losses_agree(tmp_path, tiny_qwen3, attn)
 
     def per_sample(batch):
         with torch.no_grad():
-            nll = token_nll(forward_logits(model, batch), batch.targets_BT)
+            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
         return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
 
     unpacked = per_sample(collate_rows([[s] for s in samples], tok.pad_token_id))

@@ -5,11 +5,13 @@ import torch
 
 from conftest import run_config
 from tunesmith.data.collate import collate_rows
-from tunesmith.engines.single import NonFiniteError, SingleEngine
+from tunesmith.engines.base import NonFiniteError
+from tunesmith.engines.single import SingleEngine
 from tunesmith.errors import TunesmithError
 from tunesmith.methods.base import LossOutput
+from tunesmith.models.forward import LossFn
 from tunesmith.train import checkpoint as ckpt
-from tunesmith.train.loop import train
+from tunesmith.train.setup import train
 
 
 @pytest.mark.parametrize(
@@ -51,21 +53,35 @@ def _engine(model, skip):
                         skip_nonfinite=skip)
 
 
-def _nan_loss(model, batch):
-    loss = model.weight.sum() * float("nan")
-    return LossOutput(loss, {}, 1)
+class _Tiny(torch.nn.Module):
+    """A model whose "logits" are its weight: enough to drive an engine."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(2, 2))
+
+    def forward(self, **inputs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.weight[None])
 
 
-def test_nonfinite_stops_or_skips():
+_NAN_LOSS = LossFn("logits", lambda outputs, batch: LossOutput(outputs.logits_BTV.sum() * float("nan"), {}, 1))
+
+
+def test_nonfinite_stops_or_skips(monkeypatch):
+    from tunesmith.models import forward
+
+    monkeypatch.setattr(forward, "model_inputs", lambda model, batch: {})
     batch = collate_rows([[{"input_ids": [1, 2], "labels": [1, 2]}]], pad_id=0)
-    model = torch.nn.Linear(2, 2)
+    model = _Tiny()
     engine = _engine(model, skip=False)
-    engine.forward_backward(batch, _nan_loss)
+    engine.forward_backward([batch], _NAN_LOSS)
     with pytest.raises(NonFiniteError):
         engine.step()
     before = model.weight.detach().clone()
     engine = _engine(model, skip=True)
-    engine.forward_backward(batch, _nan_loss)
+    engine.forward_backward([batch], _NAN_LOSS)
     assert engine.step().skipped
     assert torch.equal(model.weight, before)
 
@@ -76,9 +92,9 @@ def _nan_on_second_step(monkeypatch):
     calls = {"n": 0}
     real = sft.sft_loss
 
-    def flaky(model, batch, num_label_tokens, fused_ce=None):
+    def flaky(outputs, batch, num_label_tokens):
         calls["n"] += 1
-        out = real(model, batch, num_label_tokens, fused_ce)
+        out = real(outputs, batch, num_label_tokens)
         if calls["n"] == 2:
             out.loss = out.loss * float("nan")
         return out

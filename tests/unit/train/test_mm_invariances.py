@@ -8,7 +8,7 @@ from conftest import DATA_DIR, run_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.data.pipeline import prepare_data
 from tunesmith.methods.losses import per_segment_mean, token_nll
-from tunesmith.methods.sft import forward_logits
+from tunesmith.models.forward import run_forward
 from tunesmith.models.adapters import apply_finetuning
 from tunesmith.models.load import load_preprocessing
 from tunesmith.models.tiny import build_tiny
@@ -35,7 +35,7 @@ def test_packed_equals_unpacked_per_sample(arch, datasets):
     def per_sample(rows):
         batch = collate_rows(rows, pad_id, media=media)
         with torch.no_grad():
-            nll = token_nll(forward_logits(model, batch), batch.targets_BT)
+            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
         return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
 
     unpacked = per_sample([[s] for s in samples])
@@ -70,7 +70,7 @@ def test_freezing_defaults_and_lora_targets():
     ("qwen2_5_omni", "mllm_video_audio_demo", {"use_audio_in_video": True}),
 ])
 def test_mixed_text_and_media_runs_train(tmp_path, arch, datasets, extra):
-    from tunesmith.train.loop import train
+    from tunesmith.train.setup import train
 
     result = train(run_config(tmp_path / "o", model_name_or_path=f"tiny:{arch}", dataset=datasets, template="auto",
                               image_max_pixels=16384, video_max_pixels=4096, cutoff_len=2048, max_samples=8,
@@ -89,7 +89,7 @@ def test_our_mrope_positions_equal_the_models_own(arch, datasets):
     native = {k: v for k, v in batch.media.items() if k in ("pixel_values", "image_grid_thw", "pixel_values_videos",
                                                           "video_grid_thw", "second_per_grid_ts")}
     with torch.no_grad():
-        ours = forward_logits(model, batch)
+        ours = run_forward(model, batch, "logits").logits_BTV
         theirs = model(input_ids=batch.input_ids_BT, attention_mask=torch.ones_like(batch.input_ids_BT),
                        mm_token_type_ids=batch.token_types_BT, use_cache=False, **native).logits
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)

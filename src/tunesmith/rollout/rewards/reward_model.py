@@ -62,7 +62,7 @@ class RewardModelReward:
         from ...data.collate import collate_rows
         from ...data.render import RenderOptions, render_sft
         from ...data.sample import make_sample
-        from ...methods.rm import sequence_rewards
+        from ...models.forward import sequence_rewards
 
         self._load()
         samples = samples if samples is not None else [{}] * len(responses)

@@ -1,0 +1,105 @@
+"""resolve(): everything the YAML leaves to be derived, decided once, before anything runs or is saved.
+
+    build_config(yaml, overrides) -> RunConfig        (what the user wrote, validated)
+    resolve(cfg, RunFacts)        -> RunConfig        (presets, backend, reference, defaults: frozen)
+    resolve_steps(cfg, steps_per_epoch) -> RunConfig  (totals, once the data is prepared)
+
+The result is what runs and what is saved as tunesmith_config.yaml; loading that
+file and resolving it again gives the same config, so a re-run reproduces the run.
+The facts that resolution needs from outside the config (how many processes,
+which device, what a resumed checkpoint holds) are gathered by the caller and
+passed in: config/ imports nothing from engines/, train/ or methods/.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..stages import STAGES, uses_reference
+from .schema import RunConfig
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    world_size: int = 1
+    device_type: str = "cpu"
+    resume_backend: str | None = None  # the backend whose state the checkpoint to resume holds
+
+
+def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
+    changes: dict[str, dict] = {"rl": {}, "train": {}, "finetune": {}}
+    stage = STAGES[cfg.finetune.stage]
+    given_rl = cfg.rl.model_fields_set
+    changes["rl"].update({k: v for k, v in stage.preset.items() if k not in given_rl})
+    changes["train"]["backend"] = resolve_backend(cfg, facts)
+    if cfg.train.eval_steps is None:
+        changes["train"]["eval_steps"] = cfg.output.logging_steps
+    if cfg.finetune.lora_alpha is None:
+        changes["finetune"]["lora_alpha"] = float(2 * cfg.finetune.lora_rank)
+    if stage.is_online_rl:
+        changes["rl"]["reward_funcs"] = _reward_funcs(cfg)
+    resolved = cfg.replace(**{k: v for k, v in changes.items() if v})
+    reference = resolve_reference(resolved)
+    if reference != resolved.finetune.pref_reference:
+        resolved = resolved.replace(finetune={"pref_reference": reference})
+    return resolved
+
+
+def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
+    """auto: deepspeed when a DeepSpeed config or zero_stage is given, fsdp2 with several processes or when
+    resuming FSDP2 (DCP) state, else single."""
+    backend = cfg.train.backend
+    if cfg.train.wants_deepspeed:
+        return "deepspeed"
+    if backend == "auto":
+        return "fsdp2" if facts.world_size > 1 or facts.resume_backend == "fsdp2" else "single"
+    if backend == "single" and facts.world_size > 1:
+        raise ConfigError([f"backend: single runs one process, but {facts.world_size} were launched; use fsdp2 or "
+                           "deepspeed (or backend: auto)"])
+    return backend
+
+
+def resolve_reference(cfg: RunConfig) -> str:
+    """The reference the loss uses: none when it needs none; auto is the base with LoRA adapters off for a LoRA
+    run, else a frozen copy."""
+    mode = cfg.finetune.pref_reference
+    if not uses_reference(cfg):
+        return "none"
+    lora = cfg.finetune.finetuning_type == "lora"
+    if mode == "auto":
+        return "adapters_off" if lora else "copy"
+    if mode == "adapters_off" and not lora:
+        raise ConfigError(["pref_reference: adapters_off needs finetuning_type: lora; use copy or auto"])
+    if mode == "precomputed" and STAGES[cfg.finetune.stage].is_online_rl:
+        raise ConfigError(["pref_reference: precomputed does not apply to online RL (responses are new each step); "
+                           "use auto, copy or none"])
+    return mode
+
+
+def _reward_funcs(cfg: RunConfig) -> list[dict]:
+    """A bare `reward_model` entry takes its model from reward_model_path."""
+    out = []
+    for func in cfg.rl.reward_funcs:
+        entry = func.model_dump()
+        if func.name == "reward_model" and "path" not in entry:
+            if not cfg.rl.reward_model_path:
+                raise ConfigError(["reward_funcs: reward_model needs reward_model_path (a `stage: rm` output) or a "
+                                   "{name: reward_model, path: ...} entry"])
+            entry["path"] = cfg.rl.reward_model_path
+        out.append(entry)
+    return out
+
+
+def resolve_steps(cfg: RunConfig, steps_per_epoch: int) -> RunConfig:
+    """The run's length from the prepared data: steps per epoch and total optimiser steps (runner steps for
+    online RL). A saved config is checked against its data, so a re-run on changed data is refused."""
+    t = cfg.train
+    total = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.num_train_epochs * steps_per_epoch))
+    for key, value in (("num_steps_per_epoch", steps_per_epoch), ("num_total_steps", total)):
+        saved = getattr(t, key)
+        if saved is not None and saved != value:
+            raise ConfigError([f"{key} = {saved} in the config, but the prepared data gives {value}: the data or the "
+                               f"batch settings changed since the config was saved; remove {key} to resolve it anew"])
+    return cfg.replace(train={"num_steps_per_epoch": steps_per_epoch, "num_total_steps": total})

@@ -1,0 +1,62 @@
+"""Online-RL prompts as a data kind: each sample's conversation up to the answer, rendered with the
+generation prompt, tokenized and cached like any dataset (through pipeline.prepare_data).
+
+A record that ends with an assistant turn (an SFT-style record) gives that turn as the reference
+`answer` for the rewards. Media prompts (vision-language models) are planned from their headers,
+as for SFT: the media tokens are expanded to what the processor would produce, and the plan
+travels with the prompt. Each row keeps its columns (answer, target_box, ...) as JSON in `sample`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import DataError
+from .mm import check_placeholders, expand_media_tokens, has_media, to_content_parts
+from .render import IGNORE_INDEX, RenderOptions, render_text
+from .sample import where
+
+
+def render_prompt_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
+    """`datasets.map(batched=True)` entry for prompts: input_ids (no labels), text, mm_plan, sample."""
+    out = {k: [] for k in ("input_ids", "labels", "text", "mm_plan", "sample", "length", "num_truncated", "source")}
+    for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
+        messages = sample["messages"]
+        extra = json.loads(sample.get("extra") or "{}")
+        if messages and messages[-1]["role"] == "assistant":
+            extra.setdefault("answer", messages[-1]["content"])
+            messages = messages[:-1]
+        prompt = _prompt_ids(sample, messages, tokenizer, opts, media)
+        if len(prompt["ids"]) > opts.cutoff_len:
+            raise DataError(f"{where(sample)}: the prompt has {len(prompt['ids'])} tokens, more than "
+                            f"cutoff_len={opts.cutoff_len}; raise cutoff_len")
+        for key, value in (("input_ids", prompt["ids"]), ("labels", []), ("text", prompt["text"]),
+                           ("mm_plan", prompt["mm_plan"]), ("length", len(prompt["ids"])), ("num_truncated", 0),
+                           ("sample", json.dumps({**extra, "messages": messages})), ("source", sample["source"])):
+            out[key].append(value)
+    return out
+
+
+def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts: RenderOptions, media) -> dict:
+    has = has_media(sample)
+    if has and media is None:
+        raise DataError(f"{where(sample)} has media but the model is a text-only model")
+    text = render_text(tokenizer, to_content_parts(messages) if has else messages, opts, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not has:
+        return {"ids": ids, "text": text, "mm_plan": ""}
+    check_placeholders({**sample, "messages": messages})
+    expansions, plan = media.plan(sample)
+    ids, _ = expand_media_tokens(ids, list(ids), expansions, IGNORE_INDEX)
+    return {"ids": ids, "text": text, "mm_plan": plan}
+
+
+def prompt_records(dataset) -> list[dict]:
+    """The rollout source's view of a prepared prompt dataset: ids, text, mm_plan and the sample's columns."""
+    if dataset is None:
+        return []
+    columns = dataset.select_columns([c for c in ("input_ids", "text", "mm_plan", "sample")
+                                      if c in dataset.column_names]).to_dict()
+    plans = columns.get("mm_plan") or [""] * len(dataset)  # text-only data keeps no media plans
+    return [{"ids": ids, "text": text, "mm_plan": plan or "", "sample": json.loads(sample)}
+            for ids, text, plan, sample in zip(columns["input_ids"], columns["text"], plans, columns["sample"])]

@@ -1,0 +1,78 @@
+"""The optimiser step shared by the engines that run torch's optimizer themselves (single, fsdp2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..models.forward import run_forward
+from .base import LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode, forward_module
+
+
+def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, skip_nonfinite: bool,
+                  nonfinite_loss: bool) -> StepResult:
+    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if scaler:
+        scaler.unscale_(optimizer)
+    max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    lr = scheduler.get_last_lr()[0]
+    if (nonfinite_loss or not math.isfinite(grad_norm)) and scaler is None:
+        optimizer.zero_grad(set_to_none=True)
+        if not skip_nonfinite:
+            raise NonFiniteError(f"non-finite loss or gradient (grad norm {grad_norm})")
+        return StepResult(grad_norm, True, lr)
+    if scaler:
+        scaler.step(optimizer)  # skips the update itself on inf/nan
+        scaler.update()
+    else:
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(grad_norm, False, lr)
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 / fp16 mixed precision on one device; a no-op for fp32 and pure_bf16."""
+    import contextlib
+
+    if precision in ("bf16", "fp16"):
+        return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return contextlib.nullcontext()
+
+
+def backward_each(engine, micro_batches: list, loss_fn: LossFn, loss_scale: int = 1) -> StepOutput:
+    """Forward and backward of each micro-batch on engine.model (gradients accumulate). `loss_scale`: sharded
+    engines average gradients over ranks, and the Runner's normaliser wants their sum."""
+    engine.model.train()
+    total = StepOutput()
+    for batch in micro_batches:
+        batch = batch.to(engine.device)
+        with autocast(engine.precision, engine.device):
+            out = loss_fn.fn(run_forward(engine.model, batch, loss_fn.outputs), batch)
+        engine._nonfinite_loss |= not check_finite(out)
+        loss = out.loss * loss_scale if loss_scale != 1 else out.loss
+        (engine.scaler.scale(loss) if engine.scaler else loss).backward()
+        total.add(out)
+    return total
+
+
+@torch.no_grad()
+def forward_each(engine, micro_batches: list, fn: LossFn) -> list:
+    """fn of each micro-batch's outputs, no gradients, eval mode; the reference policy inside engine.reference()."""
+    results = []
+    with forward_module(engine, engine.model) as module, eval_mode(engine.model):
+        for batch in micro_batches:
+            batch = batch.to(engine.device)
+            with autocast(engine.precision, engine.device):
+                results.append(fn.fn(run_forward(module, batch, fn.outputs), batch))
+    return results
+
+
+def step_of(engine) -> StepResult:
+    bad_loss, engine._nonfinite_loss = engine._nonfinite_loss, False
+    return clip_and_step(engine.model, engine.optimizer, engine.scheduler, engine.scaler,
+                         max_grad_norm=engine.max_grad_norm, skip_nonfinite=engine.skip_nonfinite,
+                         nonfinite_loss=bad_loss)

@@ -1,0 +1,73 @@
+"""The forward passes a method can ask an engine for, and the outputs they give.
+
+Methods name what they need (`Method.outputs`): "logits", "nll" (the summed
+next-token NLL from a fused linear+CE head when one is installed, else logits)
+or "rewards" (a reward model's scalar per row). Engines call `run_forward`; no
+method calls the model itself, so an engine may run the forward inside its own
+schedule (pipeline parallelism) or on other weights (the reference view).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+
+from .inputs import model_inputs
+
+OutputKind = Literal["logits", "nll", "rewards"]
+
+
+@dataclass
+class ModelOutputs:
+    logits_BTV: torch.Tensor | None = None
+    nll_sum: torch.Tensor | None = None  # fused head: the NLL summed over the batch's label tokens
+    rewards_B: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossFn:
+    """What to compute from a micro-batch: the outputs to produce, then fn(outputs, batch). Engines run it
+    (`forward_backward` for losses, `forward` for values without gradients)."""
+
+    outputs: OutputKind
+    fn: Callable[[ModelOutputs, object], object]
+
+
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def fused_loss_head(model):
+    """The output layer when a fused loss head is installed on it (models.kernels.install_loss_head), else None."""
+    head = _base(model).get_output_embeddings()
+    return head if hasattr(head, "loss_targets") else None
+
+
+def run_forward(model, batch, kind: OutputKind) -> ModelOutputs:
+    if kind == "rewards":
+        return ModelOutputs(rewards_B=sequence_rewards(model, batch))
+    head = fused_loss_head(model) if kind == "nll" else None
+    if head is None:
+        return ModelOutputs(logits_BTV=model(**model_inputs(model, batch)).logits)
+    head.loss_targets = batch.targets_BT.reshape(-1)
+    try:
+        return ModelOutputs(nll_sum=model(**model_inputs(model, batch)).logits)  # the head returned the NLL sum
+    finally:
+        head.loss_targets = None
+
+
+def last_token_index(segment_ids_BT: torch.Tensor) -> torch.Tensor:
+    """Index of each row's last real (non-padding) token, under left or right padding."""
+    positions = torch.arange(segment_ids_BT.shape[1], device=segment_ids_BT.device).expand_as(segment_ids_BT)
+    return torch.where(segment_ids_BT >= 0, positions, -1).max(-1).values
+
+
+def sequence_rewards(model, batch) -> torch.Tensor:
+    """One scalar per row: the score head at the row's last real token, so left and right padding agree."""
+    base = _base(model)
+    hidden = base.model(**model_inputs(base, batch)).last_hidden_state
+    last = last_token_index(batch.segment_ids_BT)
+    picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    return base.score(picked).squeeze(-1).float()

@@ -1,0 +1,222 @@
+"""The one training loop. `train(cfg)` sets a run up; `Runner` runs every stage.
+
+The Runner alone owns the schedule, the global normalisers, logging, evaluation
+(steps / epoch), saving (steps / epoch / final), resume and signals. Per optimiser
+step it first has the engine compute the method's pre-passes, then sums the
+normaliser (label tokens, pairs, examples, sequences) and the method's step
+statistics over all micro-batches and ranks, then runs the micro-batches: each
+loss is divided by that sum, so batch 4 x accumulation 1 and batch 1 x
+accumulation 4 give the same loss and gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import dist
+from ..engines.base import NonFiniteError
+from ..errors import TunesmithError
+from . import checkpoint as ckpt
+from .metrics import build_sinks, plot_loss
+from .progress import TrainProgress
+from .signals import StopFlag
+from .steps import Step, loss_fn, run_prepasses, step_stats
+
+log = logging.getLogger("tunesmith")
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    global_step: int
+    step_losses: list[float] = field(default_factory=list)
+    eval_loss: float | None = None
+    eval_metrics: dict = field(default_factory=dict)
+    interrupted: bool = False
+
+
+class Runner:
+    def __init__(self, cfg, engine, method, source, saver, output_dir: Path, resume: Path | None = None):
+        self.cfg, self.engine, self.method, self.source = cfg, engine, method, source
+        self.saver, self.output_dir, self.resume = saver, output_dir, resume
+        self.total_steps = cfg.train.num_total_steps
+        self.state = {"global_step": 0, "num_skipped_steps": 0, "tokens_seen": 0}
+        self.result = TrainResult(output_dir, 0)
+        self.timing: dict = {}
+
+    def run(self) -> TrainResult:
+        self.source.prepare(self.engine)
+        if self.resume is not None:
+            self._restore(self.resume)
+        sinks = build_sinks(self.cfg, self.output_dir, self._resume_step()) if dist.is_main() else []
+        started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
+        try:
+            if self.source.eval_before_training and self.state["global_step"] == 0 and self._evaluates():
+                self._log_eval(sinks, None)
+            with StopFlag() as stop, TrainProgress(self.total_steps, self.state["global_step"]) as bar:
+                self._train_steps(stop, bar, sinks)
+            seconds = time.perf_counter() - started
+            tokens = self.state["tokens_seen"] - tokens_before
+            self.timing = {"train_seconds": seconds, "train_tokens": tokens, "train_tokens_per_s": tokens / seconds}
+        finally:
+            for sink in sinks:
+                sink.close()
+        if not self.result.interrupted:
+            self._finish()
+        return self.result
+
+    def _resume_step(self) -> int | None:
+        return self.state["global_step"] if self.resume is not None else None
+
+    def _restore(self, path: Path) -> None:
+        self.engine.load(path)  # weights, optimizer and schedule, however the backend stores them
+        saved = json.loads((path / "trainer_state.json").read_text())
+        self.source.load_state_dict(saved.pop("data"))
+        self.state.update(saved)
+        ckpt.load_rng(path)
+        self.result.global_step = self.state["global_step"]
+        log.info("resumed from %s at step %d", path, self.state["global_step"])
+
+    def _train_steps(self, stop: StopFlag, bar, sinks) -> None:
+        window = _Window()
+        while self.state["global_step"] < self.total_steps:
+            step = self.source.next_step(self.engine)
+            self._run_step(step, window)
+            bar.update(self.state["global_step"], window.last.get(self.source.progress_key, float("nan")))
+            self._after_step(window, sinks, bar, step.epoch_ended)
+            if stop.requested:
+                self._save()
+                self.result.interrupted = True
+                log.warning("stopped at step %d; resume with resume_from_checkpoint: true", self.state["global_step"])
+                return
+
+    def _run_step(self, step: Step, window) -> None:
+        started = time.perf_counter()
+        number = self.state["global_step"] + 1
+        losses, norms, lr, sums, count = [], [], 0.0, {}, 0
+        for update in step.updates:
+            run_prepasses(self.engine, self.method, update)
+            stats = step_stats(self.method, update)
+            out = self.engine.forward_backward(update, loss_fn(self.method, stats))
+            try:
+                result = self.engine.step()
+            except NonFiniteError as err:
+                raise TunesmithError(f"step {number}: {err}. Lower learning_rate, or set skip_nonfinite: true") from None
+            if result.skipped:
+                self.state["num_skipped_steps"] += 1
+                log.warning("step %d skipped: non-finite loss or gradient", number)
+            losses.append(dist.sum_float(out.loss))  # each rank holds its share of the step loss
+            norms.append(result.grad_norm)
+            lr = result.lr
+            count += out.count
+            for key, value in out.sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        seconds = time.perf_counter() - started
+        self.state["global_step"] = number
+        num_tokens = dist.sum_int(step.num_tokens)
+        self.state["tokens_seen"] += num_tokens
+        metrics = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": lr,
+                   **step.metrics}
+        if step.train_tokens is not None:
+            metrics.update(time_train=seconds, train_tokens_per_s=dist.sum_int(step.train_tokens) / max(seconds, 1e-9))
+        sums = {k: dist.sum_float(v) for k, v in sorted(sums.items())}
+        window.add(metrics, sums, dist.sum_int(count), num_tokens)
+        self.result.step_losses.append(metrics["loss"])
+        self.result.global_step = number
+
+    def _after_step(self, window, sinks, bar, epoch_ended: bool) -> None:
+        step = self.state["global_step"]
+        last = step == self.total_steps
+        if step % self.cfg.output.logging_steps == 0 or last:
+            metrics = window.flush(epoch=step / self.source.steps_per_epoch)
+            bar.print_metrics(step, metrics)
+            for sink in sinks:
+                sink.log(metrics, step)
+        if self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps, step,
+                                           epoch_ended, last):
+            self._log_eval(sinks, bar)
+        if self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, step, epoch_ended, last=False):
+            self._save()
+
+    def _evaluates(self) -> bool:
+        return self.cfg.train.eval_strategy != "no"
+
+    @staticmethod
+    def _due(strategy: str, every: int, step: int, epoch_ended: bool, last: bool) -> bool:
+        if strategy == "steps":
+            return step % every == 0 or last
+        return strategy == "epoch" and (epoch_ended or last)
+
+    def _log_eval(self, sinks, bar) -> None:
+        metrics = self.source.evaluate(self.engine)
+        if not metrics:
+            return
+        step = self.state["global_step"]
+        self.result.eval_metrics = metrics
+        self.result.eval_loss = metrics.get("eval_loss")
+        if bar is not None:
+            bar.print_metrics(step, metrics)
+        for sink in sinks:
+            sink.log(metrics, step)
+
+    def _save(self) -> None:
+        trainer_state = {**self.state, "data": self.source.state_dict()}
+        path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
+                                    trainer_state, only_model=self.cfg.output.save_only_model)
+        ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)
+        log.info("saved %s", path)
+
+    def _finish(self) -> None:
+        if self.cfg.output.save_final_model:
+            self.engine.export_hf(self.output_dir, self.saver)
+        if not dist.is_main():
+            return
+        summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing}
+        if torch.cuda.is_available():
+            summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
+        if self.cfg.output.plot_loss:
+            for png in plot_loss(self.output_dir):
+                log.info("wrote %s", png)
+        if self.cfg.output.save_final_model:
+            log.info("model saved to %s; chat with it: tunesmith chat --model %s", self.output_dir, self.output_dir)
+
+
+class _Window:
+    """Metrics accumulated between two logging steps: per-step metrics are averaged (lr: the last), the
+    method's sums are divided by the units they cover."""
+
+    def __init__(self):
+        self.last: dict = {}
+        self.reset()
+
+    def reset(self):
+        self.steps: list[dict] = []
+        self.sums: dict[str, float] = {}
+        self.count = 0
+        self.tokens = 0
+        self.started = time.perf_counter()
+
+    def add(self, metrics: dict, sums: dict, count: int, tokens: int):
+        self.steps.append(metrics)
+        for key, value in sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.count += count
+        self.tokens += tokens
+        self.last = metrics
+
+    def flush(self, epoch: float) -> dict:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        keys = [k for k in self.steps[-1] if all(k in m for m in self.steps)]
+        metrics = {k: sum(m[k] for m in self.steps) / len(self.steps) for k in keys}
+        metrics.update(lr=self.steps[-1]["lr"], epoch=round(epoch, 4), tokens_per_s=self.tokens / elapsed)
+        # Method metrics (rewards/chosen, accuracy, kl, ...) as means over their units; the token NLL is the loss.
+        metrics.update({key: value / max(self.count, 1) for key, value in self.sums.items() if key != "nll"})
+        self.reset()
+        return metrics

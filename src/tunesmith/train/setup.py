@@ -1,0 +1,144 @@
+"""Setting a run up, in the order that keeps it reproducible:
+
+resolve the config (presets, backend, reference) -> output dir -> seed -> tokenizer
+and data (prompts too: data/ prepares every stage's data) -> the run's length from the
+prepared data (resolve_steps) -> save the config, exactly what runs -> the engine
+builds the model -> the method and the step source -> a Runner.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+from transformers import set_seed
+
+from .. import dist
+from ..config.load import save_config
+from ..config.resolve import RunFacts, resolve, resolve_steps
+from ..data.pipeline import prepare_data, render_options
+from ..data.prompts import prompt_records
+from ..data.templates import stop_tokens
+from ..engines import build_engine, checkpoint_backend, needs_process_group
+from ..errors import TunesmithError
+from ..models.adapters import apply_finetuning, trainable_report
+from ..models.load import load_model, load_preprocessing, pick_device
+from ..stages import STAGES
+from . import checkpoint as ckpt
+from .plan import EpochPlan
+from .progress import print_data_report
+from .runner import Runner, TrainResult
+
+log = logging.getLogger("tunesmith")
+
+# Files that show an output_dir holds a finished or running training run (a config alone does not).
+_RUN_MARKERS = ("metrics.jsonl", "train_summary.json", "model.safetensors", "adapter_model.safetensors")
+
+
+def run_facts(cfg) -> RunFacts:
+    """What resolution needs from outside the config: processes, device, the state a resume would load."""
+    resume = ckpt.resolve_resume(Path(cfg.output.output_dir), cfg.output.resume_from_checkpoint)
+    return RunFacts(world_size=int(os.environ.get("WORLD_SIZE", "1")), device_type=pick_device().type,
+                    resume_backend=checkpoint_backend(resume) if resume is not None else None)
+
+
+def prepare_output_dir(cfg) -> tuple[Path, Path | None]:
+    out = Path(cfg.output.output_dir)
+    resume = ckpt.resolve_resume(out, cfg.output.resume_from_checkpoint)
+    holds_run = out.is_dir() and any((out / name).exists() for name in _RUN_MARKERS) or bool(ckpt.list_checkpoints(out))
+    if holds_run and resume is None and not cfg.output.overwrite_output_dir:
+        raise TunesmithError(
+            f"output_dir {out} already holds a run; set overwrite_output_dir: true, choose another output_dir, "
+            "or resume with resume_from_checkpoint: true"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out, resume
+
+
+def train(cfg) -> TrainResult:
+    """Resolve the config, prepare data, model and engine, and run every stage through the one Runner."""
+    return set_up(cfg).run()
+
+
+def set_up(cfg) -> Runner:
+    cfg = resolve(cfg, run_facts(cfg))
+    dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
+    output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
+    dist.barrier()
+    set_seed(cfg.train.seed)
+    device = pick_device()
+    tokenizer, saver, media = load_preprocessing(cfg)
+    _use_chat_template(cfg, tokenizer, saver)
+    stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
+    stage = STAGES[cfg.finetune.stage]
+    data = prepare_data(cfg, tokenizer, media)
+    print_data_report(data.report, cfg)
+    cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
+    if dist.is_main():
+        save_config(cfg, output_dir / "tunesmith_config.yaml")
+    method = stage.build_method(cfg)
+    make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids)
+    engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
+    source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids)
+    return Runner(cfg, engine, method, source, saver, output_dir, resume)
+
+
+def _use_chat_template(cfg, tokenizer, saver) -> None:
+    """The resolved template is the one the saved tokenizer carries (chat, serving, vLLM use it)."""
+    chat_template = render_options(cfg, tokenizer).chat_template
+    tokenizer.chat_template = chat_template
+    if saver is not tokenizer:
+        saver.chat_template = chat_template
+
+
+def _plan(cfg, data) -> EpochPlan:
+    return EpochPlan.from_config(cfg, data.train["length"])
+
+
+def _steps_per_epoch(cfg, stage, data) -> int:
+    if stage.is_online_rl:
+        return math.ceil(len(data.train) / cfg.rl.prompts_per_step)
+    return _plan(cfg, data).steps_per_epoch
+
+
+def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
+    if stage.is_online_rl:
+        from .rollout_steps import RolloutSteps
+
+        prompts, held_out = prompt_records(data.train), prompt_records(data.eval)
+        log.info("%d prompts for online RL (%d held out)", len(prompts), len(held_out))
+        return RolloutSteps(cfg, prompts, held_out, method, tokenizer, media, stop_ids)
+    from .sequence_steps import SequenceSteps
+
+    pad_id = getattr(saver, "tokenizer", saver).pad_token_id
+    return SequenceSteps(cfg, data, _plan(cfg, data), method, pad_id, media)
+
+
+def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int]):
+    """make_model(device, on_meta) for the engine: the model with its fine-tuning applied."""
+
+    def make_model(device: torch.device, on_meta: bool):
+        model = load_model(cfg.model, device, reward_head=stage.reward_head, on_meta=on_meta)
+        model.config.pad_token_id = pad_id
+        _set_stop_tokens(model, stop_ids)
+        model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
+        if cfg.model.enable_liger_kernel and method.outputs == "nll":
+            from ..models.kernels import install_fused_ce
+
+            install_fused_ce(model)
+        log.info(trainable_report(model))
+        return model
+
+    return make_model
+
+
+def _set_stop_tokens(model, stop_ids: list[int]) -> None:
+    """Saved models stop at the template's end-of-turn token in transformers, vLLM and `tunesmith chat`."""
+    if getattr(model, "generation_config", None) is None:  # reward models do not generate
+        return
+    current = model.generation_config.eos_token_id
+    current = list(current) if isinstance(current, (list, tuple)) else ([current] if current is not None else [])
+    model.generation_config.eos_token_id = current + [i for i in stop_ids if i not in current]
