@@ -1,0 +1,36 @@
+"""A quiet console: tunesmith's own progress and log lines, not the libraries' warnings and bars.
+
+Set once per command, before the libraries are imported (DeepSpeed announces its accelerator at import).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+_LIBRARIES = ("datasets", "transformers", "peft", "accelerate", "torch", "deepspeed", "httpx", "urllib3")
+
+
+def quiet_libraries() -> None:
+    # DeepSpeed probes for an accelerator at import and warns when it finds none; on a machine without CUDA
+    # the CPU accelerator is the right answer, so name it (a user's own DS_ACCELERATOR wins).
+    if "DS_ACCELERATOR" not in os.environ and not _has_cuda():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    for name in _LIBRARIES:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # Deprecation notices are for the libraries' developers, not for someone training a model.
+    for category in (FutureWarning, DeprecationWarning):
+        for module in _LIBRARIES:
+            warnings.filterwarnings("ignore", category=category, module=rf"{module}(\.|$)")
+    from datasets.utils import logging as datasets_logging
+    from transformers.utils import logging as hf_logging
+
+    datasets_logging.disable_progress_bar()  # tunesmith shows its own status while it prepares data
+    hf_logging.disable_progress_bar()  # weight-loading bars; our own bar shows training
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
