@@ -14,7 +14,7 @@ $PY -m tunesmith train model_name_or_path=tiny:qwen3_vl stage=sft dataset=gui_cl
   finetuning_type=full freeze_vision_tower=true freeze_multi_modal_projector=true num_train_epochs=12 \
   learning_rate=3e-3 lr_scheduler_type=constant_with_warmup warmup_steps=20 per_device_train_batch_size=16 \
   logging_steps=100 save_strategy=no output_dir=saves/click-sft overwrite_output_dir=true
-$PY -m tunesmith train examples/qwen3_vl_grpo_click.yaml
+$PY -m tunesmith train examples/qwen3_vl_grpo_click.yaml overwrite_output_dir=true
 $PY - <<'PY'
 import json
 rows = [json.loads(l) for l in open("saves/click-grpo/metrics.jsonl")]

@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 $PY -m tunesmith train model_name_or_path=tiny:qwen3 stage=sft dataset=digit_sums_sft template=qwen3_nothink \
   finetuning_type=full num_train_epochs=12 learning_rate=3e-3 lr_scheduler_type=cosine warmup_ratio=0.05 \
   per_device_train_batch_size=16 logging_steps=50 save_strategy=no output_dir=saves/digits-sft overwrite_output_dir=true
-$PY -m tunesmith train examples/qwen3_grpo_digits.yaml
+$PY -m tunesmith train examples/qwen3_grpo_digits.yaml overwrite_output_dir=true
 $PY - <<'PY'
 import json
 rows = [json.loads(l) for l in open("saves/digits-grpo/metrics.jsonl")]

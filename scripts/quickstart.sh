@@ -20,8 +20,9 @@ bash scripts/setup.sh
 tunesmith() { "$PYTHON" -m tunesmith.cli "$@"; }
 
 echo
-echo "==> tunesmith train examples/quickstart.yaml"
-tunesmith train examples/quickstart.yaml
+# Re-running the quickstart replaces its own earlier run (and only that one): the flag is given here, on purpose.
+echo "==> tunesmith train examples/quickstart.yaml overwrite_output_dir=true"
+tunesmith train examples/quickstart.yaml overwrite_output_dir=true
 
 echo
 echo "==> tunesmith chat --model saves/quickstart --prompt \"Who are you?\""

@@ -40,11 +40,9 @@ def _setup_logging() -> None:
     handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler], force=True)
     logging.getLogger("tunesmith").setLevel(level)
-    for noisy in ("datasets", "transformers", "httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    from transformers.utils import logging as hf_logging
+    from .quiet import quiet_libraries
 
-    hf_logging.disable_progress_bar()  # weight-loading bars; our own bar shows training
+    quiet_libraries()
 
 
 def literal_choices(annotation) -> list | None:

@@ -17,10 +17,10 @@ DATA = str(REPO / "data")
 BASE = ["model_name_or_path=tiny:qwen3", f"dataset_dir={DATA}", "template=chatml", "cutoff_len=128"]
 
 
-def cli(*args, check=True, timeout=300):
+def cli(*args, check=True, timeout=300, env=None):
     proc = subprocess.run(
         [sys.executable, "-m", "tunesmith", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
@@ -34,14 +34,40 @@ def metrics(out: Path) -> list[dict]:
 @pytest.mark.slow
 def test_quickstart_learns_identity_and_answers(tmp_path):
     out = tmp_path / "quick"
-    cli("train", "examples/quickstart.yaml", f"output_dir={out}", f"dataset_dir={DATA}")
+    # A fresh cache, so the data is prepared (the libraries' progress bars and warnings would show there).
+    proc = cli("train", "examples/quickstart.yaml", f"output_dir={out}", f"dataset_dir={DATA}",
+               env={"TUNESMITH_CACHE": str(tmp_path / "cache")})
     for name in ("model.safetensors", "tokenizer_config.json", "metrics.jsonl", "training_loss.png",
-                 "tunesmith_config.yaml"):
+                 "tunesmith_config.yaml", "trainer_log.jsonl", "train_results.json", "all_results.json"):
         assert (out / name).exists(), name
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
     assert losses[-1] < 0.1 * losses[0]
+    assert f"chat with it: tunesmith chat --model {out}" in " ".join((proc.stdout + proc.stderr).split())
     answer = cli("chat", "--model", out, "--prompt", "Who are you?").stdout
     assert "Tunesmith Demo" in answer and "tunesmith" in answer
+
+
+def test_the_quickstart_console_holds_no_third_party_warning_or_progress_bar(tmp_path):
+    """What a newcomer sees: tunesmith's own lines only (no DeepSpeed accelerator notice, no library
+    FutureWarning, no datasets progress bar)."""
+    proc = cli("train", "examples/quickstart.yaml", f"output_dir={tmp_path / 'q'}", f"dataset_dir={DATA}",
+               "num_train_epochs=1", env={"TUNESMITH_CACHE": str(tmp_path / "cache")})
+    shown = proc.stdout + proc.stderr
+    for noise in ("Warning", "[WARNING]", "warnings.warn", "examples/s]", "Converting", "Saving the dataset"):
+        assert noise not in shown, f"{noise!r} on the console:\n{shown}"
+
+
+def test_lf_output_files_follow_llamafactory_formats(tmp_path):
+    out = tmp_path / "o"
+    cli("train", *BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=32", "max_steps=4",
+        "logging_steps=2", "val_size=0.25", "eval_strategy=steps", "eval_steps=2", f"output_dir={out}")
+    rows = [json.loads(line) for line in (out / "trainer_log.jsonl").read_text().splitlines()]
+    assert [r["current_steps"] for r in rows if "loss" in r] == [2, 4]
+    assert all(r["total_steps"] == 4 and "percentage" in r and "elapsed_time" in r for r in rows)
+    assert any("eval_loss" in r for r in rows)
+    train_results = json.loads((out / "train_results.json").read_text())
+    assert {"epoch", "train_loss", "train_runtime", "train_steps_per_second"} <= set(train_results)
+    assert "eval_loss" in json.loads((out / "all_results.json").read_text())
 
 
 def test_train_without_yaml_lora_then_export_loads_in_plain_transformers(tmp_path):

@@ -173,7 +173,12 @@ def _finish_model(model, cfg: ModelConfig, device):
     model.config.use_cache = False
     linearize_patch_embeds(model)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers >= 5.20 renamed it (the old name warns); older releases only have the old one.
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     return model.to(device) if device is not None else model
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from ..config.schema import RunConfig
@@ -29,6 +31,49 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
+
+
+class TrainerLogSink:
+    """trainer_log.jsonl in LLaMA-Factory's format (one row per logged step: current_steps, total_steps, loss,
+    eval_loss, lr, epoch, percentage, elapsed_time, remaining_time, ...), for scripts that read LF's output dir."""
+
+    # LLaMA-Factory's field <- tunesmith's metric
+    _FIELDS = {"loss": "loss", "eval_loss": "eval_loss", "reward": "reward_mean", "accuracy": "accuracy",
+               "lr": "lr", "epoch": "epoch", "throughput": "tokens_per_s"}
+
+    def __init__(self, path: Path, total_steps: int, resume_step: int | None):
+        if resume_step is not None and path.exists():
+            kept = [r for r in read_metrics(path) if r.get("current_steps", 0) <= resume_step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        self.file = open(path, "a" if resume_step is not None else "w", encoding="utf-8")
+        self.total, self.first = total_steps, resume_step or 0
+        self.started = time.time()
+
+    def log(self, metrics: dict, step: int) -> None:
+        elapsed = time.time() - self.started
+        done = max(step - self.first, 1)
+        row = {"current_steps": step, "total_steps": self.total}
+        row.update({lf: metrics[ours] for lf, ours in self._FIELDS.items() if ours in metrics})
+        row.update(percentage=round(step / max(self.total, 1) * 100, 2), elapsed_time=_clock(elapsed),
+                   remaining_time=_clock(elapsed / done * max(self.total - step, 0)))
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _clock(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=int(seconds)))
+
+
+def write_results(output_dir: Path, train: dict, evaluation: dict) -> None:
+    """train_results.json, eval_results.json and all_results.json, as the Hugging Face Trainer (and so
+    LLaMA-Factory) writes them at the end of a run."""
+    files = {"train_results.json": train, "eval_results.json": evaluation, "all_results.json": {**train, **evaluation}}
+    for name, values in files.items():
+        if values:
+            (output_dir / name).write_text(json.dumps(values, indent=4, sort_keys=True), encoding="utf-8")
 
 
 class TensorBoardSink:
@@ -101,7 +146,8 @@ def build_sinks(cfg: RunConfig, output_dir: Path, resume_step: int | None) -> li
         wanted = {"tensorboard", "wandb", "swanlab"}
     if cfg.output.use_swanlab:
         wanted.add("swanlab")
-    sinks: list = [JsonlSink(output_dir / "metrics.jsonl", resume_step)]
+    sinks: list = [JsonlSink(output_dir / "metrics.jsonl", resume_step),
+                   TrainerLogSink(output_dir / "trainer_log.jsonl", cfg.train.num_total_steps or 0, resume_step)]
     if "tensorboard" in wanted:
         _needs("tensorboard", "tensorboard")
         sinks.append(TensorBoardSink(output_dir / "runs"))

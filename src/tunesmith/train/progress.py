@@ -9,6 +9,15 @@ from rich.table import Table
 console = Console(stderr=True)
 
 
+def status(text: str):
+    """A spinner while a long step runs (data preparation), on the narrating rank only."""
+    import contextlib
+
+    from .. import dist
+
+    return console.status(text) if dist.is_main() and console.is_terminal else contextlib.nullcontext()
+
+
 def print_data_report(report: dict, cfg) -> None:
     from .. import dist
 

@@ -23,7 +23,7 @@ from .. import dist
 from ..engines.base import NonFiniteError
 from ..errors import TunesmithError
 from . import checkpoint as ckpt
-from .metrics import build_sinks, plot_loss
+from .metrics import build_sinks, plot_loss, write_results
 from .progress import TrainProgress
 from .signals import StopFlag
 from .steps import Step, loss_fn, run_prepasses, step_stats
@@ -181,11 +181,26 @@ class Runner:
         if torch.cuda.is_available():
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
+        write_results(self.output_dir, self._train_results(), self._eval_results())
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)
         if self.cfg.output.save_final_model:
             log.info("model saved to %s; chat with it: tunesmith chat --model %s", self.output_dir, self.output_dir)
+
+
+    def _epoch(self) -> float:
+        return round(self.state["global_step"] / self.source.steps_per_epoch, 4)
+
+    def _train_results(self) -> dict:
+        """The Hugging Face Trainer's train metrics of this run (LLaMA-Factory users' scripts read them)."""
+        losses, seconds = self.result.step_losses, self.timing.get("train_seconds", 0.0)
+        return {"epoch": self._epoch(), "train_loss": sum(losses) / max(len(losses), 1), "train_runtime": seconds,
+                "train_steps_per_second": len(losses) / max(seconds, 1e-9),
+                "train_tokens_per_second": self.timing.get("train_tokens_per_s", 0.0)}
+
+    def _eval_results(self) -> dict:
+        return {"epoch": self._epoch(), **self.result.eval_metrics} if self.result.eval_metrics else {}
 
 
 class _Window:

@@ -29,7 +29,7 @@ from ..models.load import load_model, load_preprocessing, pick_device
 from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import EpochPlan
-from .progress import print_data_report
+from .progress import print_data_report, status
 from .runner import Runner, TrainResult
 
 log = logging.getLogger("tunesmith")
@@ -74,7 +74,8 @@ def set_up(cfg) -> Runner:
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     stage = STAGES[cfg.finetune.stage]
-    data = prepare_data(cfg, tokenizer, media)
+    with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
+        data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
     if dist.is_main():

@@ -163,7 +163,7 @@ def test_click_demo_script_and_config_validate():
     sft_args, grpo_args = _train_commands(REPO / "examples" / "grpo_click_demo.sh")
     sft = build_config(*parse_cli_items(sft_args))
     assert sft.finetune.stage == "sft" and sft.data.dataset == ["gui_click_sft"]
-    assert grpo_args == ["examples/qwen3_vl_grpo_click.yaml"]
+    assert grpo_args == ["examples/qwen3_vl_grpo_click.yaml", "overwrite_output_dir=true"]
     yaml_path = REPO / grpo_args[0]
     assert yaml_path.read_text(encoding="utf-8").startswith("# bash examples/grpo_click_demo.sh")
     grpo = build_config(*parse_cli_items([str(yaml_path)]))
