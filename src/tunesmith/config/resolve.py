@@ -97,9 +97,10 @@ def resolve_steps(cfg: RunConfig, steps_per_epoch: int) -> RunConfig:
     online RL). A saved config is checked against its data, so a re-run on changed data is refused."""
     t = cfg.train
     total = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.num_train_epochs * steps_per_epoch))
-    for key, value in (("num_steps_per_epoch", steps_per_epoch), ("num_total_steps", total)):
-        saved = getattr(t, key)
-        if saved is not None and saved != value:
-            raise ConfigError([f"{key} = {saved} in the config, but the prepared data gives {value}: the data or the "
-                               f"batch settings changed since the config was saved; remove {key} to resolve it anew"])
+    # The total follows max_steps / num_train_epochs (a resumed run may extend it); steps per epoch follow the
+    # data and the batch settings, so a saved value that disagrees means the data changed.
+    if t.num_steps_per_epoch is not None and t.num_steps_per_epoch != steps_per_epoch:
+        raise ConfigError([f"num_steps_per_epoch = {t.num_steps_per_epoch} in the config, but the prepared data gives "
+                           f"{steps_per_epoch}: the data or the batch settings changed since the config was saved; "
+                           "remove num_steps_per_epoch to resolve it anew"])
     return cfg.replace(train={"num_steps_per_epoch": steps_per_epoch, "num_total_steps": total})

@@ -175,6 +175,10 @@ class TrainConfig(_Group):
     max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
     seed: int = Field(42, description="Seed for initialisation, shuffling and dropout.")
     skip_nonfinite: bool = Field(False, description="Skip (and count) steps with a non-finite loss or gradient.")
+    max_bad_steps: int = Field(
+        10, ge=1, description="Stop the run after this many consecutive skipped steps (non-finite loss or gradient) "
+        "or steps whose gradient norm is exactly 0 under a nonzero loss: the run has diverged; the last checkpoint is "
+        "kept.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
@@ -223,14 +227,19 @@ class OutputConfig(_Group):
     )
     save_only_model: bool = Field(False, description="Save weights only, without optimizer state (no exact resume).")
     resume_from_checkpoint: str | bool | None = Field(
-        None, description="A checkpoint path, or true for the newest complete one in output_dir."
+        None, description="A checkpoint path, or true for the newest complete one in output_dir. Unset, a run "
+        "started into an output_dir that holds checkpoints resumes from the newest one (as LLaMA-Factory does)."
     )
+    resume_allow_changes: list[str] = Field(
+        default_factory=list, description="Keys whose value may differ from the checkpoint's config at resume "
+        "(anything that changes training is refused otherwise; max_steps / num_train_epochs may always grow).")
     use_swanlab: bool = Field(False, description="Also report to SwanLab.")
     swanlab_project: str = Field("tunesmith", description="SwanLab project.")
     swanlab_mode: Literal["cloud", "local", "offline", "disabled"] = Field("cloud", description="SwanLab mode.")
     swanlab_api_key: str | None = Field(None, description="Prefer the SWANLAB_API_KEY environment variable.")
 
-    _split = field_validator("report_to", mode="before")(classmethod(lambda cls, v: _split_names(v)))
+    _split = field_validator("report_to", "resume_allow_changes", mode="before")(
+        classmethod(lambda cls, v: _split_names(v)))
     _strategy = field_validator("save_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
 
 

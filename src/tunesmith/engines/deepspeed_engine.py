@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..models.forward import run_forward
 from .base import (LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode, forward_module,
                    switched_to_reference)
+from .optim import realign_schedule
 from .reference import ReferenceView
 
 log = logging.getLogger("tunesmith")
@@ -173,6 +174,7 @@ class DeepSpeedEngine:
         if loaded is None:
             raise ConfigError([f"resume: {path} holds no DeepSpeed state (saved by another backend?); resume it with "
                                "the backend that wrote it"])
+        realign_schedule(self.optimizer, self.scheduler)
 
     def export_hf(self, path: Path, saver) -> None:
         """Full weights gathered on rank 0 (layer by layer under ZeRO-3) into a Hugging Face folder."""

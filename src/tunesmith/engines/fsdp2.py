@@ -27,6 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from ..errors import TunesmithError
 from .base import LossFn, StepOutput, StepResult, switched_to_reference
+from .optim import realign_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
 
@@ -124,6 +125,7 @@ class FSDP2Engine:
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         saved = torch.load(Path(path) / "engine_state.pt", map_location="cpu", weights_only=True)
         self.scheduler.load_state_dict(saved["scheduler"])
+        realign_schedule(self.optimizer, self.scheduler)
 
     def export_hf(self, path: Path, saver) -> None:
         """Gather the full weights (to CPU, rank 0) and write a normal Hugging Face folder."""

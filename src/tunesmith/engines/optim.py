@@ -38,3 +38,16 @@ def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
         num_warmup_steps=warmup_steps(cfg, total_steps),
         num_training_steps=total_steps,
     )
+
+
+def realign_schedule(optimizer, scheduler) -> None:
+    """After loading a checkpoint's optimizer and schedule into a schedule built for a new total (a resumed
+    run that extends max_steps / epochs), set each group's learning rate to the new schedule's value at the
+    resumed step; the loaded optimizer state still holds the old schedule's."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None:
+        return
+    values = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, lambdas)]
+    for group, value in zip(optimizer.param_groups, values):
+        group["lr"] = value
+    scheduler._last_lr = values

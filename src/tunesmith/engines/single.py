@@ -8,6 +8,7 @@ import torch
 
 from ..models.weights import load_model_weights
 from .base import LossFn, StepOutput, StepResult, switched_to_reference
+from .optim import realign_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
 
@@ -50,6 +51,7 @@ class SingleEngine:
         state = torch.load(Path(path) / "engine_state.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        realign_schedule(self.optimizer, self.scheduler)
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 

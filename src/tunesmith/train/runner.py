@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import dist
+from ..config.load import redacted
 from ..engines.base import NonFiniteError
 from ..errors import TunesmithError
 from . import checkpoint as ckpt
@@ -47,6 +48,7 @@ class Runner:
         self.saver, self.output_dir, self.resume = saver, output_dir, resume
         self.total_steps = cfg.train.num_total_steps
         self.state = {"global_step": 0, "num_skipped_steps": 0, "tokens_seen": 0}
+        self.bad_streak = 0  # consecutive updates that were skipped or had a zero gradient
         self.result = TrainResult(output_dir, 0)
         self.timing: dict = {}
 
@@ -77,6 +79,7 @@ class Runner:
     def _restore(self, path: Path) -> None:
         self.engine.load(path)  # weights, optimizer and schedule, however the backend stores them
         saved = json.loads((path / "trainer_state.json").read_text())
+        saved.pop("config", None)  # compared with this run's at setup (train/resume.py)
         self.source.load_state_dict(saved.pop("data"))
         self.state.update(saved)
         ckpt.load_rng(path)
@@ -112,6 +115,7 @@ class Runner:
                 self.state["num_skipped_steps"] += 1
                 log.warning("step %d skipped: non-finite loss or gradient", number)
             losses.append(dist.sum_float(out.loss))  # each rank holds its share of the step loss
+            self._check_divergence(number, result, losses[-1])
             norms.append(result.grad_norm)
             lr = result.lr
             count += out.count
@@ -129,6 +133,18 @@ class Runner:
         window.add(metrics, sums, dist.sum_int(count), num_tokens)
         self.result.step_losses.append(metrics["loss"])
         self.result.global_step = number
+
+    def _check_divergence(self, number: int, result, loss: float) -> None:
+        """max_bad_steps updates in a row that were skipped, or had exactly zero gradient under a nonzero loss
+        (saturated logits after a blow-up; a zero loss with zero gradient is an online-RL batch whose rewards
+        were all equal, which is no divergence): stop, keeping the checkpoints written so far."""
+        bad = result.skipped or (result.grad_norm == 0.0 and loss != 0.0)
+        self.bad_streak = self.bad_streak + 1 if bad else 0
+        if self.bad_streak >= self.cfg.train.max_bad_steps:
+            raise TunesmithError(
+                f"step {number}: {self.bad_streak} updates in a row were skipped (non-finite loss or gradient) or had a "
+                "zero gradient: training has diverged. The last checkpoint is kept; lower learning_rate (or raise "
+                "warmup), then resume from it or start again. max_bad_steps sets how many such updates are tolerated")
 
     def _after_step(self, window, sinks, bar, epoch_ended: bool) -> None:
         step = self.state["global_step"]
@@ -166,7 +182,7 @@ class Runner:
             sink.log(metrics, step)
 
     def _save(self) -> None:
-        trainer_state = {**self.state, "data": self.source.state_dict()}
+        trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg)}
         path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
                                     trainer_state, only_model=self.cfg.output.save_only_model)
         ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)

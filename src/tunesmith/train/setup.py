@@ -17,7 +17,7 @@ import torch
 from transformers import set_seed
 
 from .. import dist
-from ..config.load import save_config
+from ..config.load import redacted, save_config
 from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.pipeline import prepare_data, render_options
 from ..data.prompts import prompt_records
@@ -30,30 +30,42 @@ from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import EpochPlan
 from .progress import print_data_report, status
+from .resume import check_config, clear_previous_run, find_resume, record_changes, step_of
 from .runner import Runner, TrainResult
 
 log = logging.getLogger("tunesmith")
 
 # Files that show an output_dir holds a finished or running training run (a config alone does not).
-_RUN_MARKERS = ("metrics.jsonl", "train_summary.json", "model.safetensors", "adapter_model.safetensors")
+_RUN_MARKERS = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "model.safetensors",
+                "adapter_model.safetensors")
 
 
 def run_facts(cfg) -> RunFacts:
     """What resolution needs from outside the config: processes, device, the state a resume would load."""
-    resume = ckpt.resolve_resume(Path(cfg.output.output_dir), cfg.output.resume_from_checkpoint)
+    resume = find_resume(cfg)
     return RunFacts(world_size=int(os.environ.get("WORLD_SIZE", "1")), device_type=pick_device().type,
                     resume_backend=checkpoint_backend(resume) if resume is not None else None)
 
 
 def prepare_output_dir(cfg) -> tuple[Path, Path | None]:
+    """The run's folder and the checkpoint it resumes (None for a new run). A folder holding an earlier run
+    is refused, continued (it holds checkpoints and resume is not turned off) or, with overwrite_output_dir,
+    cleared of that run's files."""
     out = Path(cfg.output.output_dir)
-    resume = ckpt.resolve_resume(out, cfg.output.resume_from_checkpoint)
+    resume = find_resume(cfg)
+    if resume is not None and cfg.output.resume_from_checkpoint is None:
+        log.info("%s holds checkpoints: resuming from %s (overwrite_output_dir: true starts over, "
+                 "resume_from_checkpoint: false refuses)", out, resume.name)
     holds_run = out.is_dir() and any((out / name).exists() for name in _RUN_MARKERS) or bool(ckpt.list_checkpoints(out))
-    if holds_run and resume is None and not cfg.output.overwrite_output_dir:
-        raise TunesmithError(
-            f"output_dir {out} already holds a run; set overwrite_output_dir: true, choose another output_dir, "
-            "or resume with resume_from_checkpoint: true"
-        )
+    if holds_run and resume is None:
+        if not cfg.output.overwrite_output_dir:
+            raise TunesmithError(
+                f"output_dir {out} already holds a run; set overwrite_output_dir: true to replace it, choose another "
+                "output_dir, or resume with resume_from_checkpoint: true")
+        if dist.is_main():
+            removed = clear_previous_run(out)
+            log.info("overwrite_output_dir: removed the earlier run's %d files and checkpoints from %s",
+                     len(removed), out)
     out.mkdir(parents=True, exist_ok=True)
     return out, resume
 
@@ -78,8 +90,11 @@ def set_up(cfg) -> Runner:
         data = prepare_data(cfg, tokenizer, media)
     print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
+    changes = check_config(resume, redacted(cfg), cfg.output.resume_allow_changes) if resume is not None else {}
     if dist.is_main():
         save_config(cfg, output_dir / "tunesmith_config.yaml")
+        if resume is not None:
+            record_changes(output_dir, step_of(resume), changes)
     method = stage.build_method(cfg)
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))

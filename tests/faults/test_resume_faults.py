@@ -1,0 +1,90 @@
+"""Faults at resume and while training: an old run behind overwrite_output_dir, a changed config, an extended
+schedule, checkpoints left in output_dir, a diverging run. Each is refused with a named error or survived."""
+
+import json
+
+import pytest
+
+from conftest import run_config
+from tunesmith.errors import ConfigError, TunesmithError
+from tunesmith.train import checkpoint as ckpt
+from tunesmith.train.setup import train
+
+SAVING = dict(save_strategy="steps", save_steps=2)
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_overwrite_output_dir_leaves_nothing_of_the_old_run_to_resume(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=8, **SAVING))
+    assert ckpt.list_checkpoints(out)[-1].name == "checkpoint-8"
+    (out / "notes.txt").write_text("mine")
+    train(run_config(out, max_steps=2, overwrite_output_dir=True, **SAVING))
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2"]  # checkpoint-8 is gone
+    assert (out / "notes.txt").read_text() == "mine"  # a file tunesmith did not write stays
+    resumed = train(run_config(out, max_steps=4, resume_from_checkpoint=True, **SAVING))
+    assert resumed.global_step == 4 and len(resumed.step_losses) == 2  # continued from this run's step 2
+
+
+def test_a_changed_training_setting_at_resume_is_refused_naming_it_unless_allowed(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=4, **SAVING))
+    with pytest.raises(ConfigError, match=r"learning_rate: 0\.001 -> 0\.002.*resume_allow_changes"):
+        train(run_config(out, max_steps=4, learning_rate=2e-3, resume_from_checkpoint=str(out / "checkpoint-2")))
+    train(run_config(out, max_steps=4, learning_rate=2e-3, resume_from_checkpoint=str(out / "checkpoint-2"),
+                     resume_allow_changes=["learning_rate"]))
+    change = json.loads((out / "config_changes.jsonl").read_text().splitlines()[-1])
+    assert change == {"resumed_at_step": 2, "changed": {"learning_rate": [0.001, 0.002]}}
+    assert "learning_rate: 0.002" in (out / "tunesmith_config.yaml").read_text()
+
+
+def test_harmless_changes_pass_without_a_word(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=4, **SAVING))
+    train(run_config(out, max_steps=4, logging_steps=2, save_steps=3, save_strategy="steps",
+                     resume_from_checkpoint=str(out / "checkpoint-2")))
+    assert not (out / "config_changes.jsonl").exists()
+
+
+def test_extending_max_steps_rebuilds_the_schedule_for_the_new_total(tmp_path):
+    """The first resumed step's learning rate is the new schedule's value at that step, not the old one's
+    (with the old total a linear schedule would be at its end, lr 0)."""
+    out, fresh = tmp_path / "o", tmp_path / "fresh"
+    common = dict(lr_scheduler_type="linear", learning_rate=1e-3)
+    train(run_config(out, max_steps=4, save_strategy="steps", save_steps=4, **common))
+    train(run_config(out, max_steps=8, resume_from_checkpoint=True, **common))
+    train(run_config(fresh, max_steps=8, **common))
+    resumed = {r["step"]: r["lr"] for r in _rows(out) if "lr" in r}
+    straight = {r["step"]: r["lr"] for r in _rows(fresh) if "lr" in r}
+    assert resumed[5] == pytest.approx(straight[5]) and resumed[5] > 0
+    assert [resumed[s] for s in range(5, 9)] == pytest.approx([straight[s] for s in range(5, 9)])
+    change = json.loads((out / "config_changes.jsonl").read_text())
+    assert change["changed"]["max_steps"] == [4, 8]
+
+
+def test_a_run_started_into_a_folder_with_checkpoints_resumes_from_the_newest(tmp_path, caplog):
+    import logging
+    import shutil
+
+    caplog.set_level(logging.INFO, logger="tunesmith")
+    out = tmp_path / "o"
+    straight = train(run_config(out, max_steps=4, **SAVING))
+    shutil.rmtree(out / "checkpoint-4")  # as if the run had been stopped after step 3
+    resumed = train(run_config(out, max_steps=4, **SAVING))  # resume_from_checkpoint unset
+    assert resumed.step_losses == pytest.approx(straight.step_losses[2:], abs=1e-6)
+    assert any("resuming from checkpoint-2" in r.getMessage() for r in caplog.records)
+    with pytest.raises(TunesmithError, match="already holds a run"):
+        train(run_config(out, max_steps=4, resume_from_checkpoint=False))
+
+
+def test_a_diverging_run_stops_after_max_bad_steps_and_keeps_its_checkpoint(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(TunesmithError, match="diverged"):
+        train(run_config(out, max_steps=40, learning_rate=1e3, skip_nonfinite=True, max_bad_steps=3,
+                         save_strategy="steps", save_steps=1))
+    assert ckpt.list_checkpoints(out)  # the checkpoints written before it diverged are still there
+    summary = out / "train_summary.json"
+    assert not summary.exists()  # no final model pretends the run finished
