@@ -52,6 +52,13 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
     if choice == "flex" and device.type != "cuda":
         raise ModelError("flash_attn: flex trains only on CUDA GPUs (PyTorch's FlexAttention has no CPU backward); "
                          "use sdpa on the CPU")
+    if choice == "sdpa" and _varlen_fits(cfg, device, config):
+        # LLaMA-Factory's `sdpa` means PyTorch's own attention. For packed rows PyTorch's variable-length
+        # FlashAttention kernel is that too, and needs no dense block-diagonal mask; everything else (unpacked
+        # rows, generation, the vision tower) goes through SDPA unchanged.
+        log.info("flash_attn: sdpa — packed rows use PyTorch's variable-length FlashAttention kernel (no mask); "
+                 "other attention calls use SDPA")
+        return register_varlen()
     return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
 
 

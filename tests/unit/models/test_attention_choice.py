@@ -1,0 +1,16 @@
+"""Which attention kernel a config gets (the choice itself; the kernels are checked on GPU)."""
+
+import torch
+
+from tunesmith.config.schema import ModelConfig
+from tunesmith.models import load
+
+
+def test_sdpa_on_a_gpu_in_bf16_uses_the_variable_length_kernel_for_packed_rows(monkeypatch):
+    monkeypatch.setattr(load, "varlen_available", lambda device: device.type == "cuda")
+    monkeypatch.setattr(load, "register_varlen", lambda: "tunesmith_varlen")
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert load.attn_implementation(ModelConfig(flash_attn="sdpa", bf16=True), gpu) == "tunesmith_varlen"
+    assert load.attn_implementation(ModelConfig(flash_attn="sdpa"), gpu) == "sdpa"  # fp32: no flash kernel
+    assert load.attn_implementation(ModelConfig(flash_attn="sdpa", bf16=True), cpu) == "sdpa"
+    assert load.attn_implementation(ModelConfig(flash_attn="eager", bf16=True), gpu) == "eager"
