@@ -1,8 +1,9 @@
 """YAML + command-line overrides -> a validated RunConfig.
 
-Keys are flat (LLaMA-Factory's names). Each key is routed to the group that owns
-it; unknown keys get a "did you mean"; known keys of features that do not exist
-yet are refused with a message that says so. Every problem is reported at once.
+Keys are flat (LLaMA-Factory's names). LLaMA-Factory keys go through the table in
+config/lf_keys.py first (honoured, mapped, accepted without effect, or refused with
+the alternative); then each key is routed to the group that owns it, and unknown
+keys get a "did you mean". Every problem is reported at once.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,36 +18,12 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import ConfigError
-from ..stages import STAGE_NAMES, STAGES, uses_reference
+from ..stages import STAGES, uses_reference
 from .deepspeed import zero_settings
+from .lf_keys import LF_KEYS, env_problems, translate
 from .schema import GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
-
-_MEGATRON = (
-    "tensor_model_parallel_size pipeline_model_parallel_size sequence_parallel expert_model_parallel_size "
-    "use_distributed_optimizer overlap_grad_reduce overlap_param_gather recompute_granularity "
-    "bias_activation_fusion apply_rope_fusion moe_grouped_gemm moe_token_dispatcher_type"
-).split()
-
-# Keys users bring from LLaMA-Factory whose feature tunesmith does not have yet.
-NOT_YET: dict[str, str] = {
-    **{k: "the Megatron-Core engine is not available yet" for k in _MEGATRON},
-    "fsdp": "HF Trainer-style fsdp strings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)",
-    "quantization_bit": "quantized (QLoRA) training is not available yet",
-    "quantization_method": "quantized (QLoRA) training is not available yet",
-    "streaming": "streaming datasets are not available yet; use a local file or a hub dataset without streaming",
-    "do_predict": "batch prediction is not available yet; use `tunesmith chat --prompt`",
-    "use_unsloth": "unsloth is not supported; tunesmith uses Liger kernels (enable_liger_kernel: true)",
-    "use_galore": "GaLore is not supported",
-    "use_badam": "BAdam is not supported",
-    "use_apollo": "APOLLO is not supported",
-    "reward_model": "set reward_funcs: [reward_model] and reward_model_path instead",
-}
-
-NOT_YET_STAGES = {
-    "ppo": "PPO with a value model",
-}
 
 # Keys that only matter for one finetuning_type: set elsewhere they do nothing, so we say so.
 _ONLY_FOR = {
@@ -108,28 +84,24 @@ def build_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] 
     """Merge YAML and overrides (overrides win), validate everything, report all problems at once."""
     flat = dict(read_yaml(yaml_path)) if yaml_path else {}
     flat.update(overrides or {})
-    problems: list[str] = []
-    routed = _route_keys(flat, problems)
-    if os.environ.get("USE_MCA") == "1":
-        problems.append("USE_MCA=1 selects the Megatron-Core engine, which is not available yet; unset USE_MCA")
+    lf = translate(flat)
+    problems = lf.problems + env_problems()
+    routed = _route_keys(lf.values, problems)
     config = _validate_groups(routed, problems)
-    problems.extend(_cross_checks(config, set(flat)))
+    problems.extend(_cross_checks(config, set(lf.values)))
     if problems:
         raise ConfigError(problems)
-    _warn_no_effect(config, set(flat))
+    _warn_no_effect(config, set(lf.values))
+    if lf.idle:
+        log.info("accepted without effect: %s", ", ".join(lf.idle))
     return config
 
 
 def _route_keys(flat: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
     routed: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
-    known = list(KEY_TO_GROUP) + list(NOT_YET)
+    known = list(KEY_TO_GROUP) + [k for k in LF_KEYS if k not in KEY_TO_GROUP]
     for key, value in flat.items():
-        if key in NOT_YET:
-            problems.append(f"'{key}': {NOT_YET[key]}; remove the key")
-        elif key == "stage" and value in NOT_YET_STAGES:
-            problems.append(f"stage: {value}: {NOT_YET_STAGES[value]} is not available yet; use one of "
-                            f"{', '.join(STAGE_NAMES)}")
-        elif key in KEY_TO_GROUP:
+        if key in KEY_TO_GROUP:
             routed[KEY_TO_GROUP[key]][key] = value
         else:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)

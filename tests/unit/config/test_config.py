@@ -34,7 +34,7 @@ def test_all_problems_reported_at_once_with_suggestions():
     assert "did you mean 'dataset'" in text
     assert "'learning_rate' = 'fast'" in text
     assert "Megatron-Core engine is not available yet" in text
-    assert "stage: ppo" in text
+    assert "'stage' = 'ppo': PPO with a value model is not available yet; use stage: grpo" in text
     assert len(problems) >= 4
 
 

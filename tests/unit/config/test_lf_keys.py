@@ -1,0 +1,167 @@
+"""The LLaMA-Factory key table (config/lf_keys.py) and how build_config applies it."""
+
+import dataclasses
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from tunesmith.config import load
+from tunesmith.config.lf_keys import HANDLINGS, LF_KEYS, SOURCES, counts, refused_values, translate
+from tunesmith.config.load import KEY_TO_GROUP, build_config
+from tunesmith.errors import ConfigError
+
+
+def problems_of(overrides: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        build_config(None, {"dataset": "x", **overrides})
+    return info.value.problems
+
+
+def idle_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("accepted without effect")]
+
+
+def test_every_entry_is_well_formed():
+    assert set(counts()) == set(HANDLINGS) and sum(counts().values()) == len(LF_KEYS)
+    for name, entry in LF_KEYS.items():
+        assert entry.name == name and entry.source in SOURCES and entry.note.strip(), name
+        if entry.handling == "honoured":
+            assert name in KEY_TO_GROUP, f"{name} is honoured but tunesmith has no such key"
+        elif entry.handling == "mapped":
+            assert entry.to is not None
+            assert all(t.strip() in KEY_TO_GROUP for t in entry.target.split("/")), (name, entry.target)
+        else:
+            # a tunesmith key of the same name is honoured (or mapped onto itself), never idle or refused
+            assert name not in KEY_TO_GROUP, f"{name} is a tunesmith key but {entry.handling} here"
+
+
+def test_refusals_say_what_to_do_instead():
+    for name, entry in LF_KEYS.items():
+        messages = [entry.note] if entry.handling == "refused" else list(refused_values(entry).values())
+        for text in messages:
+            assert "; " in text or text.split()[0] in ("give", "set", "use"), f"{name}: {text!r} names no alternative"
+
+
+def test_every_hugging_face_training_argument_is_in_the_table():
+    transformers = pytest.importorskip("transformers")
+    names = {f.name for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments) if f.init}
+    assert names - set(LF_KEYS) == set()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"use_galore": False, "use_apollo": False, "use_badam": False, "use_unsloth": False},
+    {"quantization_bit": None, "quantization_method": "bnb", "double_quantization": True},
+    {"push_to_hub": False, "hub_model_id": "me/model", "save_safetensors": True, "fp16": False},
+    {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "sequence_parallel": False,
+     "use_distributed_optimizer": True, "recompute_granularity": None},
+    {"fsdp": "", "fsdp_config": None, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
+])
+def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overrides, caplog):
+    with caplog.at_level(logging.INFO, logger="tunesmith"):
+        cfg = build_config(None, {"dataset": "x", **overrides})
+    assert cfg == build_config(None, {"dataset": "x"})
+    lines = idle_lines(caplog)
+    assert len(lines) == 1
+    idle = set(lines[0].split(": ", 1)[1].split(", "))
+    assert idle == set(overrides) - {"fp16"}  # fp16 is honoured: a tunesmith key, not an idle one
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("use_galore", True, "GaLore is not supported; train with AdamW"),
+    ("quantization_bit", 4, "quantized (QLoRA) training is not available yet; use finetuning_type: lora"),
+    ("use_unsloth", True, "enable_liger_kernel: true"),
+    ("tensor_model_parallel_size", 2, "Megatron-Core engine is not available yet; use backend: fsdp2"),
+    ("use_distributed_optimizer", "yes", "Megatron-Core engine"),
+    ("push_to_hub", True, "upload output_dir yourself"),
+    ("stage", "ppo", "PPO with a value model is not available yet; use stage: grpo"),
+    ("finetuning_type", "oft", "OFT is not available; use finetuning_type: lora"),
+    ("pref_loss", "kto_pair", "use stage: kto"),
+    ("optim", "paged_adamw_8bit", "use optim: adamw_torch"),
+    ("streaming", True, "streaming datasets are not available yet"),
+    ("fsdp", "full_shard auto_wrap", "use backend: fsdp2"),
+    ("adapter_name_or_path", "a,b", "tunesmith loads one adapter"),
+    ("save_steps", 0.1, "give a number of steps"),
+    ("do_eval", True, "set eval_strategy: steps or epoch"),
+])
+def test_a_value_that_needs_a_missing_feature_is_refused_with_the_alternative(key, value, says):
+    text = "\n".join(problems_of({key: value}))
+    assert f"'{key}' = {value!r}: " in text and says in text
+
+
+def test_refused_secret_values_are_redacted():
+    text = "\n".join(problems_of({"hf_hub_token": "hf_secret_123", "ms_hub_token": "ms_secret_456"}))
+    assert "hf_secret" not in text and "ms_secret" not in text
+    assert "'hf_hub_token' = <redacted>: " in text and "HF_TOKEN" in text
+
+
+def test_disable_gradient_checkpointing():
+    assert build_config(None, {"dataset": "x", "gradient_checkpointing": True}).model.gradient_checkpointing
+    off = build_config(None, {"dataset": "x", "disable_gradient_checkpointing": True})
+    assert off.model.gradient_checkpointing is False
+    # false is LF's default, often written out: it is "unset", and tunesmith's default (off) or the user's
+    # own gradient_checkpointing applies
+    unset = build_config(None, {"dataset": "x", "disable_gradient_checkpointing": False})
+    assert unset == build_config(None, {"dataset": "x"})
+    on = build_config(None, {"dataset": "x", "disable_gradient_checkpointing": False, "gradient_checkpointing": True})
+    assert on.model.gradient_checkpointing is True
+    text = "\n".join(problems_of({"disable_gradient_checkpointing": True, "gradient_checkpointing": True}))
+    assert "means gradient_checkpointing: False, but gradient_checkpointing: True is also set; keep one" in text
+    assert "expects true or false" in "\n".join(problems_of({"disable_gradient_checkpointing": "sometimes"}))
+
+
+def test_mapped_keys_set_their_tunesmith_keys(monkeypatch):
+    monkeypatch.setattr(load, "_check_liger", lambda: [])
+    cfg = build_config(None, {"dataset": "x", "per_gpu_train_batch_size": 4, "dpo_label_smoothing": 0.1,
+                              "warmup_steps": 0.05, "train_from_scratch": True, "use_liger_kernel": True,
+                              "swanlab_run_name": "exp1", "sequence_packing": True})
+    assert cfg.train.per_device_train_batch_size == 4
+    assert cfg.finetune.pref_label_smoothing == pytest.approx(0.1)
+    assert cfg.train.warmup_ratio == pytest.approx(0.05) and cfg.train.warmup_steps == 0
+    assert cfg.model.random_init and cfg.model.enable_liger_kernel
+    assert cfg.output.run_name == "exp1" and cfg.data.neat_packing and cfg.packing
+    assert build_config(None, {"dataset": "x", "warmup_steps": 20}).train.warmup_steps == 20
+    assert build_config(None, {"dataset": "x", "micro_batch_size": 2}).train.per_device_train_batch_size == 2
+
+
+def test_two_mapped_keys_that_disagree_are_refused():
+    text = "\n".join(problems_of({"per_gpu_train_batch_size": 4, "micro_batch_size": 2}))
+    assert "both set per_device_train_batch_size, differently; keep one" in text
+    same = build_config(None, {"dataset": "x", "per_gpu_train_batch_size": 2, "micro_batch_size": 2})
+    assert same.train.per_device_train_batch_size == 2
+
+
+def test_do_eval_is_accepted_when_evaluation_is_on():
+    cfg = build_config(None, {"dataset": "x", "do_eval": True, "eval_strategy": "steps", "val_size": 0.1})
+    assert cfg.train.eval_strategy == "steps"
+
+
+def test_unknown_keys_still_get_a_did_you_mean():
+    text = "\n".join(problems_of({"use_galor": True, "lora_rnak": 8, "disable_gradient_checkpoint": True}))
+    assert "unknown key 'use_galor'; did you mean 'use_galore'?" in text
+    assert "unknown key 'lora_rnak'; did you mean 'lora_rank'?" in text
+    assert "did you mean 'disable_gradient_checkpointing'?" in text
+
+
+@pytest.mark.parametrize("var", ["USE_MCA", "USE_MEGATRON_BRIDGE"])
+def test_megatron_switches_in_the_environment_are_refused(monkeypatch, var):
+    monkeypatch.setenv(var, "1")
+    assert any(p.startswith(f"{var}=1 selects the Megatron") for p in problems_of({}))
+    monkeypatch.setenv(var, "0")
+    build_config(None, {"dataset": "x"})
+
+
+def test_translate_keeps_unknown_keys_for_the_caller():
+    out = translate({"learning_rate": 1e-4, "no_such_key": 1, "dataloader_pin_memory": False})
+    assert out.values == {"learning_rate": 1e-4, "no_such_key": 1}
+    assert out.idle == ["dataloader_pin_memory"] and out.problems == []
+
+
+def test_validation_imports_no_torch():
+    code = ("import sys\nfrom tunesmith.config.load import build_config\n"
+            "build_config(None, {'dataset': 'x', 'use_galore': False, 'disable_gradient_checkpointing': True, "
+            "'include_num_input_tokens_seen': True, 'tensor_model_parallel_size': 1})\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
