@@ -67,12 +67,28 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the
+    last value silently, so one of the user's two settings would be ignored)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"'{key}' is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
+                    "keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"config file '{path}' does not exist"])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as err:
         raise ConfigError([f"{path} is not valid YAML: {err}"]) from None
     if not isinstance(data, dict):
@@ -139,6 +155,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
         problems.append("no training data: set dataset (names from dataset_info.json, e.g. dataset: identity)")
     if cfg.train.eval_strategy != "no" and not (cfg.data.val_size or cfg.data.eval_dataset):
         problems.append(f"eval_strategy: {cfg.train.eval_strategy} needs val_size or eval_dataset")
+    if cfg.data.val_size and cfg.data.eval_dataset:
+        problems.append("val_size and eval_dataset are both set: the held-out data would come from two places; keep "
+                        "eval_dataset (evaluate on it) or val_size (split it from the training data), not both")
     if cfg.data.interleave_probs and cfg.data.mix_strategy == "concat":
         problems.append("interleave_probs needs mix_strategy interleave_under or interleave_over")
     bad_sinks = [s for s in cfg.output.report_to if s not in ("none", "tensorboard", "wandb", "swanlab", "all")]
