@@ -16,3 +16,8 @@ def test_a_key_given_twice_in_a_yaml_is_an_error_naming_both_lines(tmp_path):
 def test_val_size_with_eval_dataset_is_refused_saying_which_to_keep():
     with pytest.raises(ConfigError, match="val_size and eval_dataset are both set"):
         build_config(None, {"dataset": "identity", "val_size": 0.1, "eval_dataset": "identity"})
+
+
+def test_a_misspelt_reward_is_a_config_error_listing_the_registered_ones():
+    with pytest.raises(ConfigError, match=r"unknown reward 'acuracy'; registered rewards: accuracy, format"):
+        build_config(None, {"dataset": "arith_rl", "stage": "grpo", "reward_funcs": ["acuracy"]})
