@@ -16,11 +16,11 @@ commands:
   train   [cfg.yaml] [key=value ...] [--key value ...]   fine-tune a model (see `tunesmith train --help`)
   data    [cfg.yaml] [key=value ...] [--index N]         inspect a dataset: counts, lengths, one rendered sample
   data clean                                             remove the tokenized-data caches
-  estimate [cfg.yaml] [key=value ...] [--gpus N]         memory per GPU a training config needs; warns if it won't fit
-  chat    --model DIR [--prompt TEXT] [--image F]...     talk to a trained model (interactive without --prompt)
-  export  --model DIR --export_dir OUT                   merge LoRA and write a standalone Hugging Face model
+  estimate [cfg.yaml] [key=value ...] [--shape S]        memory per GPU a training config needs; warns if it won't fit
+  chat    [cfg.yaml] --model DIR [--prompt TEXT] ...     talk to a trained model (interactive without --prompt)
+  export  [cfg.yaml] --model DIR --export_dir OUT        merge LoRA and write a standalone Hugging Face model
   score   --model RM --data FILE                         reward-model scores for the records of a file
-  eval    --model RM dataset=NAME                        pairwise accuracy of a reward model
+  eval    [cfg.yaml] --model RM dataset=NAME             pairwise accuracy of a reward model
   bench   --shape qwen3-1.7b [key=value ...]             synthetic throughput benchmark (tokens/s, MFU, memory)
   env                                                    versions, GPUs and usable optional features
 
@@ -128,65 +128,122 @@ def cmd_data(items: list[str]) -> int:
 
 def cmd_estimate(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
-        print("usage: tunesmith estimate [cfg.yaml] [key=value ...] [--gpus N] [--gpu-memory-gib G]\n\n"
+        print("usage: tunesmith estimate [cfg.yaml] [key=value ...] [--shape S] [--gpus N] [--gpu-memory-gib G]\n\n"
               "Memory per GPU a training config needs (weights, gradients, optimizer states, activations, logits), "
-              "counted on the meta device without loading weights. Takes the same keys as `tunesmith train`. "
+              "counted on the meta device without loading weights or data. Takes the same keys as `tunesmith "
+              "train`; only the model's config.json is read, so it works offline on a local folder "
+              "(model_name_or_path=/path/to/dir) or a named shape. "
+              "--shape: a named shape of `tunesmith bench` instead of model_name_or_path (qwen3-0.6b, qwen3-1.7b, "
+              "qwen3-4b, qwen3-8b, tiny); "
               "--gpus: GPUs to shard over (default: WORLD_SIZE / NPROC_PER_NODE / visible GPUs); "
               "--gpu-memory-gib: memory per GPU (default: the first GPU's, else 141 for an H200).")
         return 0
     gpus, items = _pop_flag(items, "--gpus", None)
     gpu_gib, items = _pop_flag(items, "--gpu-memory-gib", None)
-    from .estimate import estimate_memory, print_estimate
+    shape, items = _pop_flag(items, "--shape", None)
+    from .config.load import parse_cli_items
+    from .estimate import config_for_estimate, estimate_memory, print_estimate, shape_config
     from .train.progress import console
 
-    cfg = _config_from(items)
+    cfg = config_for_estimate(*parse_cli_items(items))
     result = estimate_memory(cfg, num_gpus=int(gpus) if gpus is not None else None,
-                             gpu_gib=float(gpu_gib) if gpu_gib is not None else None)
-    print_estimate(console, cfg, result)
+                             gpu_gib=float(gpu_gib) if gpu_gib is not None else None,
+                             hf_config=shape_config(shape) if shape is not None else None)
+    print_estimate(console, cfg, result, name=f"shape {shape}" if shape is not None else None)
     return 0
 
 
+def _parse_infer_argv(parser: argparse.ArgumentParser, argv: list[str], flags: dict[str, str]):
+    """(named flags, flat keys): the YAML file, then key=value / --key value items, then the named flags
+    (`flags` maps an argparse dest to the key it sets)."""
+    from .config.load import parse_cli_items, read_yaml
+
+    args, rest = parser.parse_known_args(argv)
+    yaml_path, overrides = parse_cli_items(rest)
+    flat = dict(read_yaml(yaml_path)) if yaml_path else {}
+    flat.update(overrides)
+    for dest, key in flags.items():
+        if getattr(args, dest) is not None:
+            flat[key] = getattr(args, dest)
+    return args, flat
+
+
+def _infer_epilog(groups) -> str:
+    from .infer.options import keys_help
+
+    return ("YAML keys (LLaMA-Factory's inference / merge_lora YAMLs work unchanged); also as key=value or "
+            "--key value:\n" + keys_help(groups))
+
+
 def chat_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tunesmith chat", description="Talk to a trained model.")
-    parser.add_argument("--model", "--model_name_or_path", dest="model", required=True,
-                        help="output_dir of a run (full model or LoRA adapter) or a model folder")
+    from .infer.options import CHAT_GROUPS
+
+    parser = argparse.ArgumentParser(
+        prog="tunesmith chat", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="tunesmith chat [cfg.yaml] [key=value ...] [--model DIR] [--prompt TEXT] [options]",
+        description="Talk to a trained model. cfg.yaml: an inference YAML (llamafactory-cli chat's), e.g. "
+        "model_name_or_path + adapter_name_or_path + template.", epilog=_infer_epilog(CHAT_GROUPS))
+    parser.add_argument("--model", "--model_name_or_path", dest="model",
+                        help="output_dir of a run (full model or LoRA adapter) or a model folder "
+                        "(or model_name_or_path in cfg.yaml)")
     parser.add_argument("--prompt", help="answer this one message and exit (default: interactive)")
-    parser.add_argument("--system", help="system prompt")
-    parser.add_argument("--max_new_tokens", type=int, default=256, help="longest answer in tokens")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), >0 samples")
-    parser.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling when temperature > 0")
+    parser.add_argument("--system", help="system prompt (default: default_system)")
+    parser.add_argument("--max_new_tokens", type=int, help="longest answer in tokens (default: 256)")
+    parser.add_argument("--temperature", type=float, help="0 = greedy (default), >0 samples")
+    parser.add_argument("--top_p", type=float, help="nucleus sampling when temperature > 0 (default: 0.9)")
     parser.add_argument("--image", action="append", default=[], help="an image for the first message (repeatable)")
     parser.add_argument("--video", action="append", default=[], help="a video for the first message (repeatable)")
     parser.add_argument("--audio", action="append", default=[], help="an audio clip for the first message (repeatable)")
     return parser
 
 
-def cmd_chat(argv: list[str]) -> int:
-    args = chat_parser().parse_args(argv)
-    from .infer.chat import run_chat
+_CHAT_FLAGS = {"model": "model_name_or_path", "max_new_tokens": "max_new_tokens", "temperature": "temperature",
+               "top_p": "top_p"}
 
-    run_chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
-             temperature=args.temperature, top_p=args.top_p,
+
+def cmd_chat(argv: list[str]) -> int:
+    args, flat = _parse_infer_argv(chat_parser(), argv, _CHAT_FLAGS)
+    from .infer.chat import run_chat
+    from .infer.options import chat_options
+
+    run_chat(chat_options(flat), prompt=args.prompt, system=args.system,
              media={"images": args.image, "videos": args.video, "audios": args.audio})
     return 0
 
 
 def export_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tunesmith export",
-                                     description="Merge LoRA (if any) and write a standalone Hugging Face model.")
-    parser.add_argument("--model", "--model_name_or_path", dest="model", required=True, help="output_dir of a run")
-    parser.add_argument("--export_dir", required=True, help="new folder for the merged model")
-    parser.add_argument("--export_dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+    from .infer.options import EXPORT_GROUPS
+
+    parser = argparse.ArgumentParser(
+        prog="tunesmith export", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="tunesmith export [cfg.yaml] [key=value ...] [--model DIR] [--export_dir OUT] [options]",
+        description="Merge LoRA (if any) and write a standalone Hugging Face model (safetensors). cfg.yaml: a "
+        "merge YAML (llamafactory-cli export's): model_name_or_path = the base model, adapter_name_or_path = "
+        "the trained LoRA folder, export_dir.", epilog=_infer_epilog(EXPORT_GROUPS))
+    parser.add_argument("--model", "--model_name_or_path", dest="model",
+                        help="output_dir of a run, or the base model with adapter_name_or_path")
+    parser.add_argument("--export_dir", help="new folder for the merged model")
+    parser.add_argument("--export_dtype", choices=["bfloat16", "float16", "float32"],
                         help="dtype of the written weights (default: bfloat16)")
-    parser.add_argument("--export_size", default="5GB", help="largest safetensors shard, e.g. 5GB (default: 5GB)")
+    parser.add_argument("--export_size", help="largest safetensors shard, e.g. 5GB or 5 (GB) (default: 5GB)")
     return parser
 
 
-def cmd_export(argv: list[str]) -> int:
-    args = export_parser().parse_args(argv)
-    from .infer.export import export_model
+_EXPORT_FLAGS = {"model": "model_name_or_path", "export_dir": "export_dir", "export_dtype": "export_dtype",
+                 "export_size": "export_size"}
 
-    out = export_model(args.model, args.export_dir, dtype=args.export_dtype, max_shard_size=args.export_size)
+
+def cmd_export(argv: list[str]) -> int:
+    _, flat = _parse_infer_argv(export_parser(), argv, _EXPORT_FLAGS)
+    from .infer.export import export_model
+    from .infer.options import export_options
+
+    opts = export_options(flat)
+    m, e = opts.model, opts.export
+    dtype = e.export_dtype or (m.infer_dtype if m.infer_dtype != "auto" else "bfloat16")
+    out = export_model(m.model_name_or_path, e.export_dir, dtype=dtype, max_shard_size=e.max_shard_size,
+                       adapters=m.adapter_name_or_path, device=e.export_device, template=m.template,
+                       trust_remote_code=m.trust_remote_code, cache_dir=m.cache_dir, revision=m.model_revision)
     print(f"exported to {out}")
     return 0
 
@@ -208,18 +265,35 @@ def cmd_score(argv: list[str]) -> int:
     return 0
 
 
+EVAL_USAGE = """usage: tunesmith eval [cfg.yaml] [--model RM] [dataset=NAME] [dataset_dir=...] [max_samples=N] [key=value ...]
+
+Pairwise accuracy (ties count as wrong) and mean rewards of a reward model (the output_dir of a `stage: rm`
+run) on the pairs of a preference dataset. cfg.yaml / key=value: model_name_or_path (the reward model, or its
+base with adapter_name_or_path = a LoRA reward model), dataset (or eval_dataset), dataset_dir, max_samples,
+template, cutoff_len and the other data keys of `tunesmith train`; batch_size = pairs per forward (default 8).
+--model RM sets model_name_or_path.
+
+LLaMA-Factory's `llamafactory-cli eval` (MMLU / C-Eval / CMMLU benchmarks: task, n_shot, lang, save_dir) is not
+available: its keys are refused. Run a benchmark harness (e.g. lm-evaluation-harness) on an exported model."""
+
+
 def cmd_eval(items: list[str]) -> int:
-    if {"-h", "--help"} & set(items) or "--model" not in items:
-        print("usage: tunesmith eval --model RM dataset=NAME [dataset_dir=...] [max_samples=N] [key=value ...]\n\n"
-              "Pairwise accuracy (ties count as wrong) and mean rewards of a reward model on preference pairs.")
-        return 0 if {"-h", "--help"} & set(items) else 2
+    if {"-h", "--help"} & set(items):
+        print(EVAL_USAGE)
+        return 0
     model, rest = _pop_flag(items, "--model", None)
-    from .config.load import build_config, parse_cli_items
-    from .infer.reward import pairwise_accuracy
+    from .config.load import parse_cli_items, read_yaml
+    from .infer.reward import eval_config, pairwise_accuracy
 
     yaml_path, overrides = parse_cli_items(rest)
-    cfg = build_config(yaml_path, {**overrides, "stage": "rm", "model_name_or_path": model})
-    for key, value in pairwise_accuracy(model, cfg).items():
+    flat = {**(read_yaml(yaml_path) if yaml_path else {}), **overrides}
+    if model is not None:
+        flat["model_name_or_path"] = model
+    if "model_name_or_path" not in flat:
+        print(EVAL_USAGE)
+        return 2
+    cfg, batch_size = eval_config(flat)
+    for key, value in pairwise_accuracy(cfg.model.model_name_or_path, cfg, batch_size).items():
         print(f"{key:<16} {value:.4f}" if isinstance(value, float) else f"{key:<16} {value}")
     return 0
 

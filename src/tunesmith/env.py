@@ -5,16 +5,33 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import platform
+from typing import NamedTuple
 
-OPTIONAL = {
-    "liger-kernel": ("liger_kernel", "enable_liger_kernel"),
-    "flash-attn": ("flash_attn", "flash_attn: fa2"),
-    "tensorboard": ("tensorboard", "report_to: tensorboard"),
-    "wandb": ("wandb", "report_to: wandb"),
-    "swanlab": ("swanlab", "report_to: swanlab"),
-    "deepspeed": ("deepspeed", "DeepSpeed engine (not available yet)"),
-    "megatron-core": ("megatron.core", "Megatron-Core engine (not available yet)"),
-    "av": ("av", "video/audio decoding (vision/audio-language models)"),
+
+class Extra(NamedTuple):
+    module: str  # what is imported
+    feature: str  # what it enables in tunesmith
+    install: str  # how to get it
+
+
+# One line per optional package: the feature it enables and how to install it. Say only what exists.
+OPTIONAL: dict[str, Extra] = {
+    "deepspeed": Extra("deepspeed", "backend: deepspeed (ZeRO stages 0-3, CPU offload)",
+                           "pip install 'tunesmith[deepspeed]'"),
+    "liger-kernel": Extra("liger_kernel", "enable_liger_kernel: true (fused RMSNorm, SwiGLU, RoPE, linear + CE)",
+                              "pip install 'tunesmith[liger]'"),
+    "flash-attn": Extra("flash_attn", "flash_attn: fa2 (auto picks it on a GPU)",
+                            "pip install flash-attn --no-build-isolation"),
+    "vllm": Extra("vllm", "not used by tunesmith yet (chat and GRPO rollouts generate with transformers; "
+                      "exported models serve with `vllm serve`)", "pip install vllm"),
+    "tensorboard": Extra("tensorboard", "report_to: tensorboard", "pip install tensorboard"),
+    "wandb": Extra("wandb", "report_to: wandb", "pip install 'tunesmith[wandb]'"),
+    "swanlab": Extra("swanlab", "report_to: swanlab", "pip install 'tunesmith[swanlab]'"),
+    "math-verify": Extra("math_verify", "math-verify answer matching in the accuracy reward",
+                             "pip install 'tunesmith[math]'"),
+    "av": Extra("av", "video/audio decoding (vision/audio-language models)", "pip install av"),
+    "megatron-core": Extra("megatron.core", "nothing yet: the Megatron-Core engine is not available",
+                               "pip install megatron-core"),
 }
 
 CORE = ["tunesmith", "torch", "transformers", "tokenizers", "peft", "datasets", "accelerate", "safetensors", "pydantic"]
@@ -30,8 +47,17 @@ def _version(dist: str) -> str | None:
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
+    except (ModuleNotFoundError, ValueError):
         return False
+
+
+def optional_line(spec: Extra, installed: bool, version: str | None) -> str:
+    """'0.16.4 -> backend: deepspeed (...)', or 'not installed (pip install ...) -> needed for backend: ...'."""
+    if installed:
+        return f"{version or 'installed'} -> {spec.feature}"
+    if spec.feature.startswith(("not used", "nothing")):
+        return f"not installed ({spec.install}); {spec.feature}"
+    return f"not installed ({spec.install}) -> needed for {spec.feature}"
 
 
 def collect() -> dict:
@@ -43,7 +69,6 @@ def collect() -> dict:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     info["gpus"] = ", ".join(gpus) if gpus else "none (training runs on the CPU)"
     info["bf16 on GPU"] = str(bool(gpus) and torch.cuda.is_bf16_supported())
-    for dist, (module, feature) in OPTIONAL.items():
-        ok = _importable(module)
-        info[f"{dist}"] = f"{_version(dist) or 'installed'} -> {feature}" if ok else f"not installed ({feature} unusable)"
+    for dist, spec in OPTIONAL.items():
+        info[dist] = optional_line(spec, _importable(spec.module), _version(dist))
     return info

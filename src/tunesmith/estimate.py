@@ -48,6 +48,10 @@ s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
                      enable_liger_kernel (the fused linear + cross-entropy never builds them)
     Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
 
+The model's shape comes from its config.json (a local folder; a hub id only when it can be fetched or is
+in the Hugging Face cache) or from a named shape (`--shape qwen3-8b`, the shapes of `tunesmith bench`),
+so the estimate works offline. No dataset is needed.
+
 Not counted: a dpo/kto reference model copy, the GRPO rollout (generation KV cache),
 media-encoder activations of vision/audio-language models, and allocator fragmentation.
 """
@@ -90,6 +94,55 @@ def gpu_memory_default() -> float | None:
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / GIB
     return None
+
+
+def config_for_estimate(yaml_path: str | None, overrides: dict) -> RunConfig:
+    """The RunConfig of a training YAML + overrides; without a dataset (estimate reads no data) do_train is off,
+    so a config naming only the model (and batch, length, precision) is enough."""
+    from .config.load import build_config, read_yaml
+
+    flat = {**(read_yaml(yaml_path) if yaml_path else {}), **overrides}
+    if not flat.get("dataset"):
+        flat["do_train"] = False
+    return build_config(None, flat)
+
+
+def shape_config(shape: str):
+    """The transformers config of a named shape of `tunesmith bench` (Qwen3 architectures; tiny = tiny:qwen3)."""
+    from transformers import AutoConfig, Qwen3Config
+
+    from .bench import SHAPES
+    from .errors import ConfigError
+    from .models.tiny import build_tiny
+
+    if shape not in SHAPES:
+        raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
+    if SHAPES[shape] is None:
+        return AutoConfig.from_pretrained(build_tiny("qwen3"))
+    return Qwen3Config(**SHAPES[shape])
+
+
+def model_config(cfg: RunConfig):
+    """The model's transformers config; offline, a hub id that is not cached gets one error naming the ways out."""
+    from pathlib import Path
+
+    from .bench import SHAPES
+    from .errors import ModelError
+    from .models.load import load_config
+    from .models.tiny import is_tiny
+
+    name = cfg.model.model_name_or_path
+    try:
+        return load_config(cfg.model)
+    except ModelError:
+        if Path(name).exists() or is_tiny(name):
+            raise
+        offline = " (HF_HUB_OFFLINE=1)" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") else ""
+        raise ModelError(
+            f"cannot read the config.json of '{name}': it is not a local folder, not in the Hugging Face cache, and "
+            f"could not be fetched from the hub{offline}. `tunesmith estimate` needs only config.json: give a local "
+            f"folder that holds it (model_name_or_path=/path/to/dir), or a named shape (--shape qwen3-8b; shapes: "
+            f"{', '.join(s for s in SHAPES if s != 'tiny')})") from None
 
 
 def meta_model(hf_config):
@@ -144,9 +197,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     "biggest", "notes"} (memory keys in GiB per GPU; "cpu" is CPU memory per GPU process).
     """
     if hf_config is None:
-        from .models.load import load_config
-
-        hf_config = load_config(cfg.model)
+        hf_config = model_config(cfg)
     W = num_gpus or num_gpus_default()
     gpu_gib = gpu_gib or gpu_memory_default() or DEFAULT_GPU_GIB
     model = meta_model(hf_config)
@@ -278,12 +329,14 @@ def _advice(cfg: RunConfig, terms: dict, W: int) -> list[str]:
     return ["try: " + tip for tip in tips]
 
 
-def print_estimate(console, cfg: RunConfig, result: dict) -> None:
+def print_estimate(console, cfg: RunConfig, result: dict, name: str | None = None) -> None:
+    """name: what to call the model (default: model_name_or_path; `shape qwen3-8b` for a named shape)."""
+    from rich.markup import escape
     from rich.table import Table
 
     r = result
     gpus = f"{r['num_gpus']} GPU{'s' if r['num_gpus'] > 1 else ''}" + (f", sharded by {r['sharded']}" if r["sharded"] else "")
-    console.print(f"[bold]{cfg.model.model_name_or_path}[/bold]: {_count(r['params'])} parameters, "
+    console.print(f"[bold]{escape(name or cfg.model.model_name_or_path)}[/bold]: {_count(r['params'])} parameters, "
                   f"{_count(r['trainable_params'])} trainable ({cfg.finetune.finetuning_type}); {gpus}; "
                   f"micro-batch {cfg.train.per_device_train_batch_size} x {cfg.data.cutoff_len} tokens",
                   highlight=False)

@@ -152,3 +152,48 @@ def test_deepspeed_offload_moves_the_optimizer_and_parameters_to_the_cpu(monkeyp
     n = r["params"] / 2**30
     assert r["weights"] == r["optimizer"] == 0 and r["cpu"] == pytest.approx(n + 6 * n)
     assert r["sharded"] == "DeepSpeed ZeRO-3"
+
+
+def _cli_estimate(*args):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "tunesmith", "estimate", *args], capture_output=True, text=True,
+                         env=env, timeout=300)
+    return out.returncode, out.stdout + out.stderr  # the rich console may write to either
+
+
+def test_estimate_offline_on_a_local_folder_with_only_config_json(tmp_path, tiny_qwen3):
+    import shutil
+
+    from tunesmith.estimate import config_for_estimate
+
+    (tmp_path / "model").mkdir()
+    shutil.copy(tiny_qwen3 / "config.json", tmp_path / "model" / "config.json")
+    # no dataset: estimate reads no data
+    cfg = config_for_estimate(None, {"model_name_or_path": str(tmp_path / "model"), "finetuning_type": "full"})
+    n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_qwen3).parameters())
+    assert estimate_memory(cfg, 1, 141.0)["params"] == n
+    code, text = _cli_estimate(f"model_name_or_path={tmp_path / 'model'}", "finetuning_type=full")
+    assert code == 0, text
+    assert "fits" in text and "optimizer states" in text and str(tmp_path / "model") in text
+
+
+def test_estimate_on_a_named_shape_offline():
+    from tunesmith.estimate import config_for_estimate, shape_config
+
+    r = estimate_memory(config_for_estimate(None, {"finetuning_type": "full", "bf16": True}), 1, 141.0,
+                        hf_config=shape_config("qwen3-8b"))
+    assert abs(r["params"] - 8.19e9) / 8.19e9 < 0.01  # Qwen3-8B: 8.19B parameters
+    code, text = _cli_estimate("--shape", "qwen3-8b", "finetuning_type=full", "bf16=true", "--gpus", "8",
+                               "backend=fsdp2")
+    assert code == 0, text
+    assert "shape qwen3-8b: 8.19B parameters" in text and "sharded by fsdp2" in text
+
+
+def test_estimate_of_a_hub_id_offline_is_one_clear_error():
+    code, text = _cli_estimate("model_name_or_path=no-such-org/no-such-model")
+    assert code == 1 and "Traceback" not in text
+    flat = " ".join(text.split())
+    assert "cannot read the config.json of 'no-such-org/no-such-model'" in flat
+    assert "model_name_or_path=/path/to/dir" in flat and "--shape qwen3-8b" in flat
+    code, text = _cli_estimate("--shape", "qwen9")
+    assert code == 1 and "unknown --shape 'qwen9'" in text

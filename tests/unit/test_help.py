@@ -63,3 +63,16 @@ def test_named_options_say_what_they_do():
     assert "export_size" in export and "shard" in export["export_size"].help
     score = {a.dest: a for a in score_parser()._actions}
     assert "records scored per forward" in score["batch_size"].help
+
+
+def test_chat_and_export_help_list_their_yaml_keys():
+    from tunesmith.infer.options import CHAT_GROUPS, EXPORT_GROUPS
+
+    for parser, groups in ((chat_parser(), CHAT_GROUPS), (export_parser(), EXPORT_GROUPS)):
+        text = parser.format_help()
+        assert "[cfg.yaml]" in text
+        text = text[text.index("YAML keys"):]
+        for cls in groups.values():
+            for key, field in cls.model_fields.items():
+                line = next((ln for ln in text.splitlines() if ln.split()[:1] == [key]), None)
+                assert line is not None and field.description in line, f"{parser.prog}: {key}"

@@ -1,8 +1,9 @@
-"""Load a trained output for inference: a full HF model folder or a PEFT adapter folder."""
+"""Load a trained output for inference: a full HF model folder, a PEFT adapter folder, or a base + adapters."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -12,9 +13,16 @@ from ..models.families import family_of
 from ..models.load import auto_model_class
 from ..models.tiny import resolve_model_path
 
+log = logging.getLogger("tunesmith")
+
 
 def is_adapter(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").exists()
+
+
+def adapter_base(path: str | Path) -> str | None:
+    """The base model an adapter folder records (PEFT's base_model_name_or_path)."""
+    return json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
 
 
 def _is_reward_model(path: str) -> bool:
@@ -39,31 +47,76 @@ def _head_kwargs(path: str) -> dict:
     return {"num_labels": 1} if _is_reward_model(path) else {}
 
 
-def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = torch.float32, merge: bool = False):
+def _looks_local(path: str) -> bool:
+    """Not a hub id (`org/name`): a bare name, an absolute or relative path, or more than one `/`."""
+    return "/" not in path or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
+
+
+def _check_exists(path: str, what: str) -> None:
+    if not Path(path).expanduser().exists() and _looks_local(path):
+        raise ModelError(f"{what} '{path}' not found: give the output_dir of a run or a model folder")
+
+
+def resolve_sources(path: str, adapters: list[str] | tuple[str, ...] = ()) -> tuple[str, list[str]]:
+    """(base weights, adapter folders): `path` alone may itself be an adapter folder (its recorded base is used)."""
+    path = resolve_model_path(path)
+    _check_exists(path, "model")
+    adapters = [resolve_model_path(a) for a in adapters]
+    for adapter in adapters:
+        _check_exists(adapter, "adapter")
+        if Path(adapter).exists() and not is_adapter(adapter):
+            raise ModelError(f"adapter_name_or_path '{adapter}' holds no adapter_config.json: give the output_dir "
+                             "of a LoRA run (a full model goes in model_name_or_path)")
+    if is_adapter(path):
+        if adapters:
+            raise ModelError(f"model_name_or_path '{path}' is itself a LoRA adapter; set model_name_or_path to its "
+                             "base model and list the adapter(s) in adapter_name_or_path")
+        return resolve_model_path(adapter_base(path)), [path]
+    for adapter in adapters:
+        recorded = adapter_base(adapter) if Path(adapter).exists() else None
+        if recorded and Path(recorded).resolve() != Path(path).resolve() and Path(recorded).name != Path(path).name:
+            log.warning("adapter %s was trained on %s; applying it to %s", adapter, recorded, path)
+    return path, adapters
+
+
+def _load_preprocessor(sources: list[str], multimodal: bool, **kwargs):
+    """The processor (vision/audio-language) or tokenizer of the first folder that has one: the last adapter
+    (it carries the trained template), then the base."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    loader = AutoProcessor if multimodal else AutoTokenizer
+    for i, source in enumerate(sources):
+        has_own = not Path(source).is_dir() or (Path(source) / "tokenizer_config.json").exists()
+        if has_own or i == len(sources) - 1:
+            return loader.from_pretrained(source, **kwargs)
+    raise AssertionError("unreachable")
+
+
+def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = torch.float32, merge: bool = False,
+                       adapters: list[str] | tuple[str, ...] = (), trust_remote_code: bool = False,
+                       cache_dir: str | None = None, revision: str = "main"):
     """(model, preprocessor): the processor for vision/audio-language models, else the tokenizer.
 
-    Adapters load on their base model; merge=True folds them in.
+    `path` is a model folder, a hub id, or an adapter folder (loaded on its recorded base); `adapters` are
+    applied to `path` in order. All but the last are merged; merge=True folds the last in too.
     """
-    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+    from transformers import AutoConfig
 
-    path = resolve_model_path(path)
-    if not Path(path).exists() and "/" not in path:
-        raise ModelError(f"model '{path}' not found: give the output_dir of a run or a model folder")
+    base, adapters = resolve_sources(path, adapters)
+    head = adapters[-1] if adapters else base
+    hub = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir, "revision": revision}
     try:
-        weights = path
-        if is_adapter(path):
-            weights = resolve_model_path(json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"])
-        config = AutoConfig.from_pretrained(weights)
+        config = AutoConfig.from_pretrained(base, **hub)
         multimodal = family_of(config) is not None
-        preprocessor = (AutoProcessor if multimodal else AutoTokenizer).from_pretrained(path)
-        model = _model_class(config, path).from_pretrained(weights, dtype=dtype, **_head_kwargs(path))
-        if is_adapter(path):
+        preprocessor = _load_preprocessor(list(reversed(adapters)) + [base], multimodal, **hub)
+        model = _model_class(config, head).from_pretrained(base, dtype=dtype, **_head_kwargs(head), **hub)
+        for i, adapter in enumerate(adapters):
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, path)
-            if merge:
+            model = PeftModel.from_pretrained(model, adapter)
+            if merge or i < len(adapters) - 1:
                 model = model.merge_and_unload()
     except OSError as err:
-        raise ModelError(f"cannot load '{path}': {err}") from None
+        raise ModelError(f"cannot load '{head}': {err}") from None
     model.config.use_cache = True
     return model.to(device).eval(), preprocessor

@@ -21,9 +21,10 @@ class MediaInputs:
     sampling_rate: int = 16000
 
     @classmethod
-    def load(cls, model_path: str, images=(), videos=(), audios=()) -> "MediaInputs":
-        """Decode with the pixel/fps/sample-rate budgets the model was trained with (its saved config)."""
-        budget = _budget_of(model_path)
+    def load(cls, model_path: str, images=(), videos=(), audios=(), overrides: dict | None = None) -> "MediaInputs":
+        """Decode with the pixel/fps/sample-rate budgets the model was trained with (its saved config), or the
+        `overrides` given (image_max_pixels, video_fps, ...)."""
+        budget = _budget_of(model_path, overrides or {})
         return cls(
             images=[M.load_image(p, budget.image_max_pixels, budget.image_min_pixels) for p in images],
             videos=[M.load_video(p, fps=budget.video_fps, maxlen=budget.video_maxlen,
@@ -64,12 +65,18 @@ class MediaInputs:
         return {"use_audio_in_video": True} if self.video_audios else {}
 
 
-def _budget_of(model_path: str) -> DataConfig:
+def saved_config(model_path: str) -> dict:
+    """The flat config a run saved beside its model (tunesmith_config.yaml), {} for other folders."""
     saved = Path(model_path) / "tunesmith_config.yaml"
     if not saved.exists():
-        return DataConfig()
+        return {}
     try:
         flat = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise DataError(f"{saved} is not valid YAML: {err}") from None
+    return flat if isinstance(flat, dict) else {}
+
+
+def _budget_of(model_path: str, overrides: dict) -> DataConfig:
+    flat = {**saved_config(model_path), **overrides}
     return DataConfig(**{k: v for k, v in flat.items() if k in DataConfig.model_fields})

@@ -16,18 +16,62 @@ from ..models.forward import sequence_rewards
 from ..models.load import pick_device
 
 
-def load_reward_model(path: str, device):
+def load_reward_model(path: str, device, base: str | None = None):
+    """(model, tokenizer) of a reward model folder, or of a LoRA reward model `path` applied to `base`
+    (default: the base its adapter_config.json records)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..infer.load import is_adapter
+    from ..models.tiny import resolve_model_path
 
-    if is_adapter(path):
+    if is_adapter(path) and base is not None:
+        from peft import PeftModel
+
+        model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(base), num_labels=1)
+        model = PeftModel.from_pretrained(model, path).merge_and_unload()
+    elif is_adapter(path):
         from peft import AutoPeftModelForSequenceClassification
 
         model = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
     else:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(path)
+
+
+# LLaMA-Factory's `llamafactory-cli eval` keys (MMLU-style benchmarks), which tunesmith does not have.
+LF_BENCHMARK_KEYS = ("task", "task_dir", "n_shot", "lang", "save_dir", "download_mode")
+
+
+def eval_config(flat: dict):
+    """(RunConfig for stage rm, pairs per forward) from the keys of `tunesmith eval`; refuses LLaMA-Factory's
+    benchmark-eval keys with what `tunesmith eval` does instead."""
+    from ..config.load import build_config
+    from ..errors import ConfigError
+
+    flat = dict(flat)
+    problems = []
+    asked = [k for k in LF_BENCHMARK_KEYS if k in flat]
+    if asked:
+        what = f"task: {flat['task']}" if "task" in flat else ", ".join(asked)
+        problems.append(
+            f"{what}: LLaMA-Factory's benchmark evaluation (MMLU / C-Eval / CMMLU) is not available in tunesmith. "
+            "`tunesmith eval` measures a reward model's pairwise accuracy on a preference dataset "
+            "(model_name_or_path: the output_dir of a stage rm run, dataset: e.g. dpo_demo); for benchmarks, export "
+            f"the model (`tunesmith export`) and run a harness such as lm-evaluation-harness. Remove {', '.join(asked)}")
+    if flat.get("stage", "rm") != "rm":
+        problems.append(f"stage: {flat['stage']}: `tunesmith eval` evaluates a reward model (stage rm); remove stage")
+    batch_size = flat.pop("batch_size", 8)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        problems.append(f"'batch_size' = {batch_size!r}: pairs per forward, a positive integer")
+    if not flat.get("dataset") and flat.get("eval_dataset"):
+        flat["dataset"] = flat.pop("eval_dataset")  # LLaMA-Factory YAMLs name evaluation data so
+    if not flat.get("dataset"):
+        problems.append("no preference data: set dataset (a ranking dataset of dataset_info.json, e.g. dataset: dpo_demo)")
+    if problems:
+        raise ConfigError(problems)
+    for key in LF_BENCHMARK_KEYS:
+        flat.pop(key, None)
+    return build_config(None, {**flat, "stage": "rm"}), batch_size
 
 
 def _messages(record: dict, where: str) -> list[dict]:
@@ -69,7 +113,9 @@ def pairwise_accuracy(model_path: str, cfg, batch_size: int = 8) -> dict:
     from ..data.pipeline import prepare_data
 
     device = pick_device()
-    model, tokenizer = load_reward_model(model_path, device)
+    adapter = cfg.model.adapter_name_or_path
+    model, tokenizer = (load_reward_model(adapter, device, base=model_path) if adapter
+                        else load_reward_model(model_path, device))
     pairs = prepare_data(cfg, tokenizer).train
     records = [dict(zip(pairs.column_names, values)) for values in zip(*(pairs[c] for c in pairs.column_names))]
     chosen, rejected = [], []

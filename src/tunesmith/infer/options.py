@@ -1,0 +1,352 @@
+"""Keys of `tunesmith chat` and `tunesmith export`: flags, key=value items and LLaMA-Factory YAMLs.
+
+LLaMA-Factory users run `llamafactory-cli chat|export cfg.yaml`; the same files work here:
+
+    tunesmith chat examples/inference/qwen3_lora_sft.yaml --prompt "Who are you?"
+    tunesmith export examples/merge_lora/qwen3_lora_sft.yaml
+
+Later values win: the YAML file, then `key=value` / `--key value` items, then the named flags
+(`--model`, `--prompt`, ...). Every key is one of:
+
+- honoured: a field of the groups the command reads (MODEL for both; GENERATION and MEDIA for
+  chat; EXPORT for export);
+- for the other command: export keys in a chat YAML, generation keys in a merge YAML. They
+  change nothing here and are listed once in the log (LLaMA-Factory accepts them in both too);
+- no effect: LLaMA-Factory keys that change nothing in tunesmith (NO_EFFECT), and the training
+  keys of the model, data and finetune groups (`dataset`, `cutoff_len`, `stage`, ...), listed
+  once in the log;
+- refused: a feature tunesmith does not have (REFUSED, `infer_backend: vllm`,
+  `export_legacy_format: true`), or a training-only key (`learning_rate`, `output_dir`, ...),
+  with what to do instead.
+
+Any other key is an error with a "did you mean". All problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import ConfigError
+
+log = logging.getLogger("tunesmith")
+
+
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class ModelKeys(_Keys):
+    model_name_or_path: str = Field(
+        description="The model: a run's output_dir (full model or LoRA adapter), a model folder, a hub id or "
+        "tiny:<arch>; with adapter_name_or_path, the base model the adapter is applied to.")
+    adapter_name_or_path: list[str] = Field(
+        default_factory=list, description="LoRA adapter folder(s) applied to model_name_or_path, comma-separated "
+        "for several (all but the last are merged first, as in LLaMA-Factory).")
+    template: str = Field("auto", description="Chat template: auto (the tokenizer's own) or a name "
+                          "(qwen3, qwen3_nothink, chatml, llama3, ...); export saves it into the tokenizer.")
+    finetuning_type: Literal["lora", "full", "freeze"] | None = Field(
+        None, description="How the model was trained; only lora takes adapter_name_or_path.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub (off unless you trust it).")
+    infer_backend: Literal["huggingface"] = Field(
+        "huggingface", description="Generation backend: huggingface (transformers generate) is the one there is.")
+    infer_dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        "auto", description="Weights dtype: auto = float32 for chat, bfloat16 for export.")
+    cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
+    model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
+
+    @field_validator("adapter_name_or_path", mode="before")
+    @classmethod
+    def _split(cls, value):
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+
+class GenerationKeys(_Keys):
+    max_new_tokens: int = Field(256, ge=1, description="Longest answer in tokens.")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy (the default), > 0 samples.")
+    do_sample: bool | None = Field(
+        None, description="Sample (true) or decode greedily (false); default: sample when temperature > 0. "
+        "do_sample: true without a temperature uses LLaMA-Factory's 0.95.")
+    top_p: float = Field(0.9, gt=0, le=1, description="Nucleus sampling when sampling.")
+    top_k: int | None = Field(None, ge=0, description="Keep the k likeliest tokens when sampling (default: off).")
+    num_beams: int = Field(1, ge=1, description="Beam search width; 1 = no beam search.")
+    repetition_penalty: float = Field(1.0, gt=0, description="1.0 = no penalty.")
+    length_penalty: float = Field(1.0, description="Exponential length penalty of beam search.")
+    skip_special_tokens: bool = Field(True, description="Drop special tokens from the shown answer.")
+    default_system: str | None = Field(None, description="System prompt when --system is not given.")
+    enable_thinking: bool = Field(True, description="For reasoning templates (qwen3): let the model think; "
+                                  "false closes an empty think block in the prompt.")
+
+    def generate_kwargs(self) -> dict:
+        """Keyword arguments for `model.generate` (sampling settings only when sampling)."""
+        sample = self.do_sample if self.do_sample is not None else self.temperature > 0
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": sample,
+                                  "num_beams": self.num_beams}
+        if sample:
+            kwargs["temperature"] = self.temperature or 0.95
+            kwargs["top_p"] = self.top_p
+            if self.top_k is not None:
+                kwargs["top_k"] = self.top_k
+        if self.repetition_penalty != 1.0:
+            kwargs["repetition_penalty"] = self.repetition_penalty
+        if self.num_beams > 1 and self.length_penalty != 1.0:
+            kwargs["length_penalty"] = self.length_penalty
+        return kwargs
+
+
+class MediaKeys(_Keys):
+    """Budgets for --image/--video/--audio; unset ones come from the run's saved config."""
+
+    image_max_pixels: int | None = Field(None, ge=1, description="Largest image in pixels.")
+    image_min_pixels: int | None = Field(None, ge=1, description="Smallest image in pixels.")
+    video_max_pixels: int | None = Field(None, ge=1, description="Largest video frame in pixels.")
+    video_min_pixels: int | None = Field(None, ge=1, description="Smallest video frame in pixels.")
+    video_fps: float | None = Field(None, gt=0, description="Video frames sampled per second.")
+    video_maxlen: int | None = Field(None, ge=1, description="Most video frames sampled.")
+    audio_sampling_rate: int | None = Field(None, ge=1, description="Audio sampling rate in Hz.")
+    use_audio_in_video: bool | None = Field(None, description="Also feed a video's sound track (Qwen2.5-Omni).")
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ExportKeys(_Keys):
+    export_dir: str = Field(description="New folder for the merged, standalone model.")
+    export_size: int | float | str = Field(5, description="Largest safetensors shard: GB as an int (LLaMA-Factory's "
+                                   "5) or a size string (5GB, 500MB).")
+    export_device: Literal["cpu", "auto"] = Field("cpu", description="Merge on the CPU, or auto: on the GPU "
+                                                  "when there is one (faster).")
+    export_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None, description="dtype of the written weights (default: infer_dtype, else bfloat16).")
+    export_legacy_format: bool = Field(False, description="false: safetensors (the only format tunesmith writes).")
+
+    @field_validator("export_size")
+    @classmethod
+    def _size(cls, value):
+        if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+            value = float(value) if "." in value else int(value)  # `--export_size 5`: GB, as in the YAML
+        if isinstance(value, bool) or (isinstance(value, (int, float)) and value <= 0):
+            raise ValueError("give a positive number of GB (5) or a size such as 5GB")
+        return value
+
+    @property
+    def max_shard_size(self) -> str:
+        """The size string save_pretrained takes (whole units only: 0.5 GB becomes 500MB)."""
+        size = self.export_size
+        if isinstance(size, (int, float)):
+            return f"{int(size)}GB" if float(size).is_integer() else f"{round(size * 1000)}MB"
+        return str(size)
+
+
+CHAT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "generation": GenerationKeys, "media": MediaKeys}
+EXPORT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "export": ExportKeys}
+ALL_GROUPS: dict[str, type[_Keys]] = {**CHAT_GROUPS, **EXPORT_GROUPS}
+
+_VLLM = ("only used by infer_backend vllm/sglang/ktransformers, which tunesmith does not have; generation runs "
+         "on transformers (infer_backend: huggingface); remove the key")
+_QUANT = "quantized loading is not available; the model loads unquantized (remove the key)"
+_EXPORT_QUANT = ("quantized (GPTQ) export is not available; export unquantized, then quantize the folder with "
+                 "a quantization tool (e.g. gptqmodel or llm-compressor)")
+
+# LLaMA-Factory keys for features tunesmith does not have, with what to do instead.
+REFUSED: dict[str, str] = {
+    **{k: _VLLM for k in ("vllm_maxlen", "vllm_gpu_util", "vllm_enforce_eager", "vllm_max_lora_rank", "vllm_config",
+                          "sglang_maxlen", "sglang_mem_fraction", "sglang_tp_size", "sglang_config",
+                          "sglang_lora_backend", "use_kt", "kt_optimize_rule", "cpu_infer", "chunk_size", "mode",
+                          "kt_maxlen", "kt_use_cuda_graph", "kt_mode", "kt_force_think")},
+    **{k: _QUANT for k in ("quantization_bit", "quantization_method", "quantization_type", "double_quantization",
+                           "quantization_device_map")},
+    **{k: _EXPORT_QUANT for k in ("export_quantization_bit", "export_quantization_dataset",
+                                  "export_quantization_nsamples", "export_quantization_maxlen")},
+    "export_hub_model_id": ("tunesmith export does not upload to the hub (it works offline); export to export_dir, "
+                            "then upload the folder with `hf upload <repo_id> <export_dir>` "
+                            "(older huggingface_hub: `huggingface-cli upload <repo_id> <export_dir>`)"),
+    "adapter_folder": "give the adapter folder(s) in adapter_name_or_path (comma-separated for several)",
+    "rope_scaling": "RoPE scaling at inference is not available; remove the key",
+    "shift_attn": "shift short attention (LongLoRA) is not supported; remove the key",
+    "mixture_of_depths": "mixture-of-depths is not supported; remove the key",
+    "use_unsloth": "unsloth is not supported; remove the key",
+    "add_tokens": "adding tokens at inference is not available; the tokens come from the trained tokenizer",
+    "add_special_tokens": "adding tokens at inference is not available; the tokens come from the trained tokenizer",
+    "new_special_tokens_config": "adding tokens at inference is not available; the tokens come from the trained "
+                                 "tokenizer",
+    "resize_vocab": "resizing the vocabulary at inference is not available; remove the key",
+}
+
+# LLaMA-Factory keys that change nothing in tunesmith's chat/export (said once in the log).
+NO_EFFECT: dict[str, str] = {
+    "max_length": "max_new_tokens bounds the answer (LLaMA-Factory also drops max_length when max_new_tokens > 0)",
+    "low_cpu_mem_usage": "weights always load lazily",
+    "use_fast_tokenizer": "the fast tokenizer is always used",
+    "split_special_tokens": "special tokens are never split",
+    "offload_folder": "no offloading at inference",
+    "use_kv_cache": "the KV cache is always used for generation",
+    "print_param_status": "not printed",
+    "disable_gradient_checkpointing": "no gradients at inference",
+    "use_unsloth_gc": "no gradients at inference",
+    "use_reentrant_gc": "no gradients at inference",
+    "upcast_layernorm": "not used at inference",
+    "upcast_lmhead_output": "not used at inference",
+    "moe_aux_loss_coef": "no loss at inference",
+    "train_from_scratch": "inference loads trained weights",
+    "use_v1_kernels": "not used",
+    "image_do_pan_and_scan": "the model's processor settings are used",
+    "crop_to_patches": "the model's processor settings are used",
+    "hf_hub_token": "set HF_TOKEN in the environment instead (never in a file)",
+    "ms_hub_token": "ModelScope is not used",
+    "om_hub_token": "Modelers is not used",
+    "tool_format": "tools are rendered by the chat template",
+}
+
+# Training-schema groups whose keys LLaMA-Factory's chat/export also accept (model, data, finetuning
+# arguments): no effect here. Keys of the other groups are training-only and refused.
+_QUIET_TRAINING_GROUPS = ("model", "data", "finetune")
+
+
+def _training_keys() -> dict[str, str]:
+    from ..config.schema import GROUPS
+
+    return {key: group for group, cls in GROUPS.items() for key in cls.model_fields}
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    model: ModelKeys
+    generation: GenerationKeys
+    media: MediaKeys
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    model: ModelKeys
+    export: ExportKeys
+
+
+def chat_options(flat: dict[str, Any]) -> ChatOptions:
+    groups = _parse(flat, CHAT_GROUPS, "chat")
+    return ChatOptions(**groups)
+
+
+def export_options(flat: dict[str, Any]) -> ExportOptions:
+    groups = _parse(flat, EXPORT_GROUPS, "export")
+    return ExportOptions(**groups)
+
+
+def _parse(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str) -> dict[str, _Keys]:
+    problems: list[str] = []
+    routed, idle = _route(flat, groups, command, problems)
+    parsed = _validate(routed, groups, problems)
+    problems.extend(_cross_checks(flat, parsed))
+    if problems:
+        raise ConfigError(problems)
+    if idle:
+        log.warning("no effect on `tunesmith %s`: %s", command, "; ".join(idle))
+    return parsed
+
+
+def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
+           problems: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """Each key to its group of this command, or into `idle` (no effect) or `problems` (refused / unknown)."""
+    own = {key: name for name, cls in groups.items() for key in cls.model_fields}
+    other = {key for cls in ALL_GROUPS.values() for key in cls.model_fields} - set(own)
+    training = _training_keys()
+    routed: dict[str, dict] = {name: {} for name in groups}
+    idle: list[str] = []
+    for key, value in flat.items():
+        if key in own:
+            routed[own[key]][key] = value
+        elif key in REFUSED:
+            problems.append(f"'{key}': {REFUSED[key]}")
+        elif key in other:
+            idle.append(f"{key} (a `tunesmith {'export' if command == 'chat' else 'chat'}` key)")
+        elif key in NO_EFFECT:
+            idle.append(f"{key} ({NO_EFFECT[key]})")
+        elif key in training and training[key] in _QUIET_TRAINING_GROUPS:
+            idle.append(f"{key} (a training key)")
+        elif key in training:
+            problems.append(f"'{key}' is a training key; `tunesmith {command}` does not read it: remove it "
+                            f"(see `tunesmith {command} --help` for the keys it takes)")
+        else:
+            known = list(own) + list(other) + list(REFUSED) + list(NO_EFFECT) + list(training)
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; see `tunesmith {command} --help` for the keys"
+            problems.append(f"unknown key '{key}'{hint}")
+    return routed, idle
+
+
+def _validate(routed: dict[str, dict], groups: dict[str, type[_Keys]], problems: list[str]) -> dict[str, _Keys]:
+    """Validate each group; a bad value is reported and its key dropped, so every problem comes out at once."""
+    parsed: dict[str, _Keys] = {}
+    for name, cls in groups.items():
+        values = dict(routed[name])
+        if name == "model" and values.get("infer_backend", "huggingface") != "huggingface":
+            problems.append(f"infer_backend: {values.pop('infer_backend')}: tunesmith has no vLLM/SGLang/"
+                            "KTransformers inference yet; use infer_backend: huggingface (transformers generate), "
+                            "or serve the exported model with vLLM yourself (`vllm serve <export_dir>`)")
+        if name == "export" and values.get("export_legacy_format") is True:
+            values.pop("export_legacy_format")
+            problems.append("export_legacy_format: true asks for pickled .bin weights; tunesmith writes "
+                            "safetensors only: set export_legacy_format: false or remove it")
+        for _ in range(len(values) + 1):
+            try:
+                parsed[name] = cls(**values)
+                break
+            except ValidationError as err:
+                seen: set[str] = set()
+                for e in err.errors():
+                    key = str(e["loc"][0]) if e["loc"] else ""
+                    if key in seen:  # a union type reports one error per member: say it once
+                        continue
+                    seen.add(key)
+                    if e["type"] == "missing":
+                        problems.append(f"'{key}' is required: {_REQUIRED[key]}")
+                        values[key] = "?"
+                    else:
+                        problems.append(f"'{key}' = {e.get('input')!r}: {e['msg']}")
+                        values.pop(key, None)
+    return parsed
+
+
+_REQUIRED = {"model_name_or_path": "give --model DIR, or model_name_or_path in cfg.yaml (a run's output_dir, a "
+                                  "model folder or a base model with adapter_name_or_path)",
+             "export_dir": "give --export_dir OUT, or export_dir in cfg.yaml (a new folder for the merged model)"}
+
+
+def _cross_checks(flat: dict[str, Any], parsed: dict[str, _Keys]) -> list[str]:
+    from ..data.templates import get_template
+    from ..errors import ModelError
+
+    problems = []
+    model = parsed.get("model")
+    if model:
+        try:
+            get_template(model.template)
+        except ModelError as err:
+            problems.append(f"template: {err}")
+    if model and model.adapter_name_or_path and model.finetuning_type not in (None, "lora"):
+        problems.append(f"adapter_name_or_path needs finetuning_type: lora (it is {model.finetuning_type}); "
+                        "set finetuning_type: lora or remove the adapter")
+    generation = parsed.get("generation")
+    if generation and generation.do_sample and "temperature" in flat and generation.temperature == 0:
+        problems.append("do_sample: true with temperature: 0; set temperature > 0 to sample, or do_sample: false")
+    return problems
+
+
+def keys_help(groups: dict[str, type[_Keys]]) -> str:
+    """The keys a command reads, by group, for its --help."""
+    lines = []
+    for name, cls in groups.items():
+        lines.append(f"{name} keys:")
+        for key, field in cls.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            shown = "" if field.is_required() else f" [default: {default}]"
+            lines.append(f"  {key:<24} {field.description}{shown}")
+    return "\n".join(lines)

@@ -1,0 +1,44 @@
+"""`tunesmith env` says what is really usable, and how to get what is missing."""
+
+import pytest
+
+from tunesmith import env
+
+
+def _collect(monkeypatch, installed: set[str]) -> dict:
+    monkeypatch.setattr(env, "_importable", lambda module: module in installed)
+    monkeypatch.setattr(env, "_version", lambda dist: "1.2.3" if dist in env.CORE else
+                        ("9.9" if env.OPTIONAL.get(dist) and env.OPTIONAL[dist].module in installed else None))
+    return env.collect()
+
+
+@pytest.mark.parametrize("dist", ["deepspeed", "liger-kernel", "flash-attn", "vllm", "wandb", "swanlab",
+                                  "math-verify", "av"])
+def test_every_optional_feature_is_reported(monkeypatch, dist):
+    module = env.OPTIONAL[dist].module
+    assert _collect(monkeypatch, {module})[dist].startswith("9.9 -> ")
+    missing = _collect(monkeypatch, set())[dist]
+    assert missing.startswith(f"not installed ({env.OPTIONAL[dist].install})")
+
+
+def test_deepspeed_is_an_engine_that_exists(monkeypatch):
+    line = _collect(monkeypatch, {"deepspeed"})["deepspeed"]
+    assert line == "9.9 -> backend: deepspeed (ZeRO stages 0-3, CPU offload)"
+    assert _collect(monkeypatch, set())["deepspeed"].startswith("not installed (pip install 'tunesmith[deepspeed]')")
+
+
+def test_nothing_claims_a_missing_feature_of_tunesmith_is_available(monkeypatch):
+    info = _collect(monkeypatch, {spec.module for spec in env.OPTIONAL.values()})
+    assert "not available yet" not in " ".join(v for k, v in info.items() if k != "megatron-core")
+    assert "not used by tunesmith yet" in info["vllm"]
+    assert "not available" in info["megatron-core"]
+
+
+def test_the_real_environment_reports_deepspeed_correctly():
+    import importlib.util
+
+    line = env.collect()["deepspeed"]
+    if importlib.util.find_spec("deepspeed") is not None:
+        assert "-> backend: deepspeed" in line and "not available" not in line
+    else:
+        assert line.startswith("not installed (pip install 'tunesmith[deepspeed]')")
