@@ -3,9 +3,15 @@
 pt differs from sft only in the data (every token is a label), so both stages
 use this loss. With Liger installed and enabled, the engine's "nll" forward
 returns the summed NLL from the fused linear+CE head without materialising the logits.
+
+A mixture-of-experts model's router load-balancing loss (`outputs.aux_loss`, present
+in training forwards of models that return one) is added with its coefficient and
+logged as `aux_loss`; for dense models the loss is the NLL alone, unchanged.
 """
 
 from __future__ import annotations
+
+import torch
 
 from ..data.collate import SFTBatch, collate_rows
 from ..models.forward import ModelOutputs
@@ -17,10 +23,29 @@ def sft_loss(outputs: ModelOutputs, batch: SFTBatch, num_label_tokens: int) -> L
     """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step."""
     if outputs.nll_sum is not None:
         nll_sum = outputs.nll_sum
-        return LossOutput(nll_sum / num_label_tokens, {"nll": float(nll_sum.detach())}, batch.num_label_tokens)
-    nll_BT = token_nll(outputs.logits_BTV, batch.targets_BT)
-    return LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": float(nll_BT.detach().sum())},
-                      batch.num_label_tokens)
+        out = LossOutput(nll_sum / num_label_tokens, {"nll": float(nll_sum.detach())}, batch.num_label_tokens)
+    else:
+        nll_BT = token_nll(outputs.logits_BTV, batch.targets_BT)
+        out = LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": float(nll_BT.detach().sum())},
+                         batch.num_label_tokens)
+    if outputs.aux_loss is None:
+        return out
+    out.loss = out.loss + moe_aux_share(outputs.aux_loss, outputs.aux_loss_coef, batch.num_label_tokens,
+                                        num_label_tokens)
+    out.sums["aux_loss"] = float(outputs.aux_loss.detach()) * batch.num_label_tokens
+    return out
+
+
+def moe_aux_share(aux_loss: torch.Tensor, coef: float, num_label_tokens: int,
+                  step_label_tokens: int | torch.Tensor) -> torch.Tensor:
+    """This micro-batch's share of the MoE load-balancing term: coef * aux_loss * its label tokens / the step's.
+
+    transformers adds `coef * aux_loss` to a batch's mean loss; weighting each micro-batch's (a mean over
+    its own tokens) by its share of the step's label tokens makes the shares of every micro-batch and rank
+    add up to coef times their label-token-weighted mean, the same scale whatever the accumulation or
+    data-parallel split (the router statistics themselves are per micro-batch, as in transformers).
+    """
+    return coef * aux_loss.float() * (num_label_tokens / step_label_tokens)
 
 
 class SFTMethod(NoPrePasses):

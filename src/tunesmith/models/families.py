@@ -1,4 +1,8 @@
-"""Per-family facts about vision/audio-language models: the one place that knows them.
+"""Per-family facts about models: the one place that knows them.
+
+Text families (`TextFamily`, `TEXT_FAMILIES`, at the end) carry what a causal LM needs beyond its
+config: its LoRA target modules, how its experts are balanced, whether packed samples stay apart in
+it, and which attention kernels fit. The rest of this docstring is about vision/audio-language models.
 
 A `Family` names the parts of a multimodal model as they appear in
 `model.named_modules()` of the transformers (5.x) implementation — the vision
@@ -146,3 +150,106 @@ def module_groups(model, family: Family) -> dict[str, list[str]]:
     for name, _ in model.named_parameters():
         groups.setdefault(_group_of(name, paths) or "other", []).append(name)
     return groups
+
+
+# --- Text families -----------------------------------------------------------------------------------
+
+ATTENTION_Q_K_V_O = ("q_proj", "k_proj", "v_proj", "o_proj")
+GATED_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class TextFamily:
+    """What tunesmith needs to know about one text (causal LM) family.
+
+    name: the family's key in TEXT_FAMILIES; model_types: its `config.model_type` values.
+    lora_targets: the linear layers `lora_target: all` adapts (PEFT's all-linear: every nn.Linear but
+        the output head), by their names in the transformers implementation.
+    lora_parameters: the 3-D parameters PEFT adapts on top (its `target_parameters`): for the MoE
+        families whose checkpoints transformers converts (Qwen3-MoE, DeepSeek-V3) PEFT reads the
+        checkpoint's expert names and adapts the routed experts' fused weights and the router instead;
+        DeepSeek-V3 then keeps its dense MLPs and shared expert unadapted. Experts of other families
+        (GPT-OSS, Qwen4-Exp) get no adapter: train them with finetuning_type full or freeze.
+        What PEFT 0.21 does with transformers 5.24; tests/unit/models/test_tiny_text.py checks it.
+    balancing: "" for dense models; "aux_loss" when the forward returns a router load-balancing loss
+        (`output_router_logits`), which training adds scaled by `router_aux_loss_coef`; "bias" for
+        DeepSeek-V3's aux-loss-free balancing (a per-expert bias; transformers computes no loss for it).
+    packing_leak: why packed samples would see each other in this family (packing is then refused), or
+        None when per-sample position ids and transformers' packed-sequence mask keep them apart
+        (sliding-window layers included). tests/unit/models/test_tiny_text.py checks each claim.
+    sdpa: the implementation has an SDPA path (GPT-OSS's attention sinks have none; it runs eager).
+    varlen: tunesmith's variable-length FlashAttention kernel computes this family's attention
+        (it takes equal query/key and value head sizes and knows no sinks); sliding-window layers are
+        checked from `layer_types` for every family.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    lora_targets: tuple[str, ...]
+    lora_parameters: tuple[str, ...] = ()
+    balancing: str = ""
+    packing_leak: str | None = None
+    sdpa: bool = True
+    varlen: bool = True
+
+
+_LINEAR_ATTENTION_LEAK = (
+    "its Gated DeltaNet linear-attention layers carry a recurrent state and a causal convolution along the "
+    "whole row, so packed samples would leak into each other")
+_GATED_DELTANET = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+_EXPERTS_AND_ROUTER = ("gate_up_proj", "down_proj", "gate.weight")  # PEFT's target_parameters names
+
+TEXT_FAMILIES: dict[str, TextFamily] = {
+    family.name: family
+    for family in (
+        TextFamily("qwen3", ("qwen3", "qwen2"), ATTENTION_Q_K_V_O + GATED_MLP),
+        TextFamily("llama", ("llama",), ATTENTION_Q_K_V_O + GATED_MLP),
+        TextFamily("gemma3", ("gemma3_text",), ATTENTION_Q_K_V_O + GATED_MLP),
+        TextFamily("mistral", ("mistral", "ministral"), ATTENTION_Q_K_V_O + GATED_MLP),
+        TextFamily("phi3", ("phi3",), ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),  # Phi-4, Phi-3
+        TextFamily("glm4", ("glm4",), ATTENTION_Q_K_V_O + ("gate_up_proj", "down_proj")),
+        # MLA: low-rank query and joint key/value projections (the dense first layers and the shared expert
+        # are gated MLPs, which PEFT leaves out, see lora_parameters). Its value head is narrower than its
+        # query/key head.
+        TextFamily("deepseek_v3", ("deepseek_v3",),
+                   ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
+                   lora_parameters=_EXPERTS_AND_ROUTER, balancing="bias", varlen=False),
+        TextFamily("qwen3_moe", ("qwen3_moe",), ATTENTION_Q_K_V_O, lora_parameters=_EXPERTS_AND_ROUTER,
+                   balancing="aux_loss"),
+        # GptOssModel.forward builds its masks without the position ids, so transformers never sees the
+        # packed samples' boundaries there.
+        TextFamily("gpt_oss", ("gpt_oss",), ATTENTION_Q_K_V_O, balancing="aux_loss", sdpa=False, varlen=False,
+                   packing_leak="transformers builds its attention masks without the position ids that mark "
+                                "where packed samples start, so packed samples would attend to each other"),
+        TextFamily("qwen3_5", ("qwen3_5_text",), ATTENTION_Q_K_V_O + _GATED_DELTANET + GATED_MLP,
+                   packing_leak=_LINEAR_ATTENTION_LEAK),
+        # The shared expert is a gated MLP with a 1-output gate; the QSA indexer and the hyper-connection
+        # mixers are linear layers too.
+        TextFamily("qwen4_exp", ("qwen4_exp_text",),
+                   ATTENTION_Q_K_V_O + _GATED_DELTANET + GATED_MLP
+                   + ("shared_expert_gate", "index_qk_proj", "input_mix_weight_down", "input_mix_weight_up",
+                      "block_inject_weight"),
+                   balancing="aux_loss", packing_leak=_LINEAR_ATTENTION_LEAK),
+    )
+}
+
+_TEXT_BY_MODEL_TYPE = {model_type: family for family in TEXT_FAMILIES.values() for model_type in family.model_types}
+
+
+def text_family_of(model_or_config) -> TextFamily | None:
+    """The text family of a model or config (by `config.model_type`); None for multimodal and unknown models."""
+    config = getattr(model_or_config, "config", model_or_config)
+    return _TEXT_BY_MODEL_TYPE.get(getattr(config, "model_type", None))
+
+
+def packing_leak(config) -> str | None:
+    """Why packing several samples into one row would let them see each other in this model, or None.
+
+    Known families say so themselves; any other model with linear-attention layers in its `layer_types`
+    (a recurrent state along the row) is refused the same way.
+    """
+    family = text_family_of(config)
+    if family is not None:
+        return family.packing_leak
+    layer_types = getattr(getattr(config, "text_config", config), "layer_types", None) or ()
+    return _LINEAR_ATTENTION_LEAK if "linear_attention" in layer_types else None

@@ -5,10 +5,17 @@ next-token NLL from a fused linear+CE head when one is installed, else logits)
 or "rewards" (a reward model's scalar per row). Engines call `run_forward`; no
 method calls the model itself, so an engine may run the forward inside its own
 schedule (pipeline parallelism) or on other weights (the reference view).
+
+A mixture-of-experts model whose forward can return its router load-balancing
+loss (`output_router_logits`, weighted by `config.router_aux_loss_coef`: Qwen3-MoE,
+GPT-OSS, Mixtral, ...) is asked for it in training forwards (gradients on, train
+mode), as LLaMA-Factory does; the outputs then carry `aux_loss` and its
+coefficient for the loss to add. Evaluation and no-gradient passes never ask.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -24,6 +31,10 @@ class ModelOutputs:
     logits_BTV: torch.Tensor | None = None
     nll_sum: torch.Tensor | None = None  # fused head: the NLL summed over the batch's label tokens
     rewards_B: torch.Tensor | None = None
+    # MoE: the router load-balancing loss of this micro-batch as transformers returns it (unscaled), and
+    # the weight the model's config gives it; None / 0.0 for dense models and passes without gradients.
+    aux_loss: torch.Tensor | None = None
+    aux_loss_coef: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,14 +59,36 @@ def fused_loss_head(model):
 def run_forward(model, batch, kind: OutputKind) -> ModelOutputs:
     if kind == "rewards":
         return ModelOutputs(rewards_B=sequence_rewards(model, batch))
+    inputs = model_inputs(model, batch)
+    coef = router_aux_loss_coef(model) if torch.is_grad_enabled() and model.training else None
+    if coef is not None:
+        inputs["output_router_logits"] = True
     head = fused_loss_head(model) if kind == "nll" else None
     if head is None:
-        return ModelOutputs(logits_BTV=model(**model_inputs(model, batch)).logits)
+        out = model(**inputs)
+        return _with_aux(ModelOutputs(logits_BTV=out.logits), out, coef)
     head.loss_targets = batch.targets_BT.reshape(-1)
     try:
-        return ModelOutputs(nll_sum=model(**model_inputs(model, batch)).logits)  # the head returned the NLL sum
+        out = model(**inputs)
+        return _with_aux(ModelOutputs(nll_sum=out.logits), out, coef)  # the head returned the NLL sum
     finally:
         head.loss_targets = None
+
+
+def router_aux_loss_coef(model) -> float | None:
+    """The weight of the model's router load-balancing loss when its forward can return one, else None."""
+    base = _base(model)  # the module's own forward (through wrappers such as DeepSpeed's, which forward getattr)
+    coef = getattr(getattr(base, "config", None), "router_aux_loss_coef", None)
+    if coef is None or "output_router_logits" not in inspect.signature(base.forward).parameters:
+        return None
+    return float(coef)
+
+
+def _with_aux(outputs: ModelOutputs, model_output, coef: float | None) -> ModelOutputs:
+    aux = getattr(model_output, "aux_loss", None) if coef is not None else None
+    if aux is not None:
+        outputs.aux_loss, outputs.aux_loss_coef = aux, coef
+    return outputs
 
 
 def last_token_index(segment_ids_BT: torch.Tensor) -> torch.Tensor:

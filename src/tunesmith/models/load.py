@@ -13,7 +13,7 @@ from ..config.schema import ModelConfig
 from ..errors import ModelError
 from .attention import register as register_varlen
 from .attention import varlen_available
-from .families import family_of
+from .families import family_of, packing_leak, text_family_of
 from .kernels import linearize_patch_embeds
 from .tiny import resolve_model_path
 
@@ -34,6 +34,16 @@ def pick_device() -> torch.device:
 
 def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> str:
     """Map our flash_attn choice to transformers' attn_implementation name."""
+    name = _attn_choice(cfg, device, config)
+    family = text_family_of(config) if config is not None else None
+    if name == "sdpa" and family is not None and not family.sdpa:
+        # GPT-OSS's attention sinks have no SDPA path in transformers: its own eager attention runs them
+        log.info("flash_attn: %s has no SDPA attention in transformers; using its eager attention", family.name)
+        return "eager"
+    return name
+
+
+def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
     choice = cfg.flash_attn
     has_fa2 = importlib.util.find_spec("flash_attn") is not None
     if choice == "auto":
@@ -47,7 +57,8 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
     if choice == "varlen":
         if not _varlen_fits(cfg, device, config):
             raise ModelError("flash_attn: varlen (PyTorch's FlashAttention with sample boundaries) needs a CUDA GPU, "
-                             "bf16 or fp16, and a model without sliding-window layers; use sdpa")
+                             "bf16 or fp16, and a model without sliding-window layers, attention sinks (GPT-OSS) "
+                             "or value heads narrower than its query heads (DeepSeek-V3's MLA); use sdpa")
         return register_varlen()
     if choice == "flex" and device.type != "cuda":
         raise ModelError("flash_attn: flex trains only on CUDA GPUs (PyTorch's FlexAttention has no CPU backward); "
@@ -65,7 +76,9 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
 def _varlen_fits(cfg: ModelConfig, device: torch.device, config) -> bool:
     half = cfg.bf16 or cfg.fp16 or cfg.pure_bf16
     layer_types = set(getattr(getattr(config, "text_config", config), "layer_types", None) or ["full_attention"])
-    return half and varlen_available(device) and layer_types == {"full_attention"}
+    family = text_family_of(config) if config is not None else None
+    kernel_fits = family is None or family.varlen
+    return half and varlen_available(device) and layer_types == {"full_attention"} and kernel_fits
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -229,10 +242,25 @@ def load_preprocessing(cfg):
     """
     from .media_processor import MediaBudget, MediaProcessor
 
-    family = family_of(load_config(cfg.model))
+    config = load_config(cfg.model)
+    _check_packing(cfg, config)
+    family = family_of(config)
     if family is None:
         tokenizer = load_tokenizer(cfg.model)
         return tokenizer, tokenizer, None
     processor = load_processor(cfg.model)
     media = MediaProcessor(processor, family, MediaBudget.from_config(cfg.data))
     return processor.tokenizer, processor, media
+
+
+def _check_packing(cfg, config) -> None:
+    """Packing is refused for a model in which packed samples would see each other (linear attention)."""
+    leak = packing_leak(config) if cfg.packing else None
+    if leak is None:
+        return
+    why = "neat_packing: true" if cfg.data.neat_packing else (
+        "packing: true" if cfg.data.packing else f"packing (on by default for stage {cfg.finetune.stage})")
+    raise ModelError(
+        f"{why} puts several samples in one row, but in {cfg.model.model_name_or_path} ({config.model_type}) {leak}. "
+        "Set packing: false (and neat_packing: false): each sample then gets its own row."
+    )

@@ -4,7 +4,9 @@ Tests and examples need a model that loads through the ordinary
 `AutoModelForCausalLM` / `AutoTokenizer` path, with a real family's special
 tokens and chat template, yet builds in seconds with no network. `build_tiny`
 makes one: a byte-level BPE tokenizer trained on a small corpus (common.CORPUS), and a
-2-layer, 64-wide Qwen3 or Llama model, saved as a normal Hugging Face folder.
+2-layer, 64-wide model of a real text architecture (Qwen3, Llama 3, Gemma 3, Mistral,
+Ministral, Phi-4, GLM-4, DeepSeek-V3, Qwen3-MoE, GPT-OSS, Qwen3.5, Qwen4-Exp: docs/models.md),
+saved as a normal Hugging Face folder with the family's special tokens and chat template.
 
 The multimodal ones (`is_multimodal`) are the same text model inside a real
 vision-/audio-language architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2-Audio,
@@ -24,7 +26,8 @@ Everything is seeded: the same recipe gives the same bytes.
 
 Layout: `build.py` holds the registry (ARCHS), the recipe hash and the cached
 build; `common.py` the shared constants, corpus and building steps; one module
-per family holds its specs (qwen3.py, llama.py, qwen_vl.py for Qwen2-VL /
+per family holds its specs (qwen3.py, llama.py, gemma3.py, mistral.py, phi4.py, glm4.py,
+deepseek_v3.py, qwen3_moe.py, gpt_oss.py, qwen3_5.py, qwen4_exp.py; qwen_vl.py for Qwen2-VL /
 Qwen2.5-VL / Qwen3-VL, qwen2_audio.py, qwen2_5_omni.py).
 """
 

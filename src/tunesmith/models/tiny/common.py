@@ -190,7 +190,11 @@ def generation_config(spec: dict, tokenizer):
 
 
 def build_text_model(spec: dict, tokenizer):
-    """A seeded random-initialised causal LM of MODEL_SHAPE (text-only archs)."""
+    """A seeded random-initialised causal LM of MODEL_SHAPE (text-only archs).
+
+    `spec["config"]` holds the family's own config keys (sliding-window layer types,
+    experts, MLA ranks, ...) on top of MODEL_SHAPE, which it may override.
+    """
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -201,7 +205,7 @@ def build_text_model(spec: dict, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL_SHAPE,
+        **{**MODEL_SHAPE, **spec.get("config", {})},
     )
     with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
         torch.manual_seed(SEED)
