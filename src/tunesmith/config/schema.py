@@ -233,6 +233,14 @@ class OutputConfig(_Group):
     resume_allow_changes: list[str] = Field(
         default_factory=list, description="Keys whose value may differ from the checkpoint's config at resume "
         "(anything that changes training is refused otherwise; max_steps / num_train_epochs may always grow).")
+    checkpoint_key_file: str | None = Field(
+        None, description="The key that signs this installation's checkpoints (default: the "
+        "TUNESMITH_CHECKPOINT_KEY_FILE environment variable, else ~/.config/tunesmith/checkpoint.key, made on the "
+        "first save). On several nodes, or to resume on another machine, a file every process can read.")
+    trust_checkpoint: bool = Field(
+        False, description="Resume a checkpoint this installation did not sign (another machine's key, an older "
+        "tunesmith, a Hugging Face Trainer's optimizer.pt / rng_state.pth): its pickled state is loaded, and a "
+        "pickle can run code. Only for checkpoints whose source you trust.")
     use_swanlab: bool = Field(False, description="Also report to SwanLab.")
     swanlab_project: str = Field("tunesmith", description="SwanLab project.")
     swanlab_mode: Literal["cloud", "local", "offline", "disabled"] = Field("cloud", description="SwanLab mode.")

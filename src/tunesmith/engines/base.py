@@ -11,6 +11,9 @@ the Runner. Engines are siblings: each implements this protocol in full.
 from __future__ import annotations
 
 import contextlib
+import logging
+import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ContextManager, Protocol
@@ -20,9 +23,15 @@ import torch
 from ..errors import TunesmithError
 from ..models.forward import LossFn  # noqa: F401  (part of the interface)
 
+log = logging.getLogger("tunesmith")
+
 
 class NonFiniteError(TunesmithError):
     """A non-finite loss or gradient; the Runner names the step."""
+
+
+class CheckpointError(TunesmithError):
+    """A checkpoint that cannot be saved, is incomplete or corrupt, or is not trusted. Names the file and the fix."""
 
 
 @dataclass
@@ -66,8 +75,15 @@ class Engine(Protocol):
     def save(self, path: Path) -> None:
         """Resumable engine state (optimizer, scheduler; weights where export_hf does not hold them)."""
 
-    def load(self, path: Path) -> None:
-        """Restore a checkpoint written by export_hf + save: weights, optimizer, scheduler."""
+    def load(self, path: Path, *, trusted: bool = False) -> None:
+        """Restore a checkpoint written by export_hf + save: weights, optimizer, scheduler. `trusted`: the
+        checkpoint verified against this installation's key (train/checkpoint.py) or the user set
+        trust_checkpoint; without it an engine reads no pickled state (DCP metadata, DeepSpeed's files)."""
+
+    def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
+                        trusted: bool = False) -> None:
+        """Resume a Hugging Face Trainer checkpoint: its safetensors weights, the LR schedule moved on to `step`,
+        the optimizer from `optimizer_state` (read weights_only) where it fits, else fresh."""
 
     def export_hf(self, path: Path, saver) -> None:
         """A Hugging Face directory (or PEFT adapter) loadable without tunesmith."""
@@ -103,3 +119,65 @@ def switched_to_reference(engine):
 def forward_module(engine, policy: torch.nn.Module):
     """The module forward() runs: the policy, or (inside engine.reference()) the reference view's."""
     return engine.ref.module(policy) if engine._on_reference else contextlib.nullcontext(policy)
+
+
+def write_torch_file(obj, path: Path) -> None:
+    """torch.save through a Python file: a full disk is an OSError(ENOSPC) here (torch's own file writer reports
+    it as "unexpected pos ..." or not at all)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def read_torch_file(path: Path, *, map_location="cpu", allow: list | tuple = ()):
+    """torch.load with weights_only=True: tensors, numbers, strings and containers (plus the classes in `allow`)
+    only, so a checkpoint can never run code through it. Errors name the file and the fix."""
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete; resume from another checkpoint "
+                              "(resume_from_checkpoint: <path>)") from None
+    except pickle.UnpicklingError as err:
+        found = re.search(r"(unsupported[^\n]*?GLOBAL [\w.]+|Unsupported[^\n]*)", str(err), re.IGNORECASE)
+        raise CheckpointError(
+            f"{path} holds pickled objects other than tensors and plain values "
+            f"({found.group(0) if found else type(err).__name__}): refused, nothing in it was run. It was not "
+            "written by tunesmith; resume from another checkpoint") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as err:
+        raise CheckpointError(f"{path} is corrupt or truncated ({type(err).__name__}: {str(err)[:200]}); resume "
+                              "from another checkpoint (resume_from_checkpoint: <path>)") from None
+
+
+def schedule_at(optimizer, scheduler, step: int) -> None:
+    """Move a freshly built LR schedule on to `step` (a checkpoint that holds no schedule of ours)."""
+    from .optim import realign_schedule
+
+    if getattr(scheduler, "lr_lambdas", None) is None:  # not a LambdaLR: replay it
+        for _ in range(step):
+            scheduler.step()
+        return
+    scheduler.last_epoch = step
+    realign_schedule(optimizer, scheduler)
+
+
+def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:
+    """Load another trainer's optimizer state (moments, step counts) if its groups hold parameters of our shapes
+    in our order; our hyperparameters (lr, betas, weight decay) stay. Otherwise warn and start fresh."""
+    saved_groups = state.get("param_groups") if isinstance(state, dict) else None
+    ours = [g["params"] for g in optimizer.param_groups]
+    fits = isinstance(saved_groups, list) and [len(g.get("params", [])) for g in saved_groups] == [len(p) for p in ours]
+    if fits:
+        moments = state.get("state", {})
+        for group, saved in zip(ours, saved_groups):
+            for param, index in zip(group, saved["params"]):
+                held = moments.get(index, {}).get("exp_avg")
+                fits = fits and (held is None or tuple(held.shape) == tuple(param.shape))
+    if not fits:
+        log.warning("%s does not fit this model's optimizer (other parameter groups or shapes): the optimizer "
+                    "starts fresh", path)
+        return False
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, kept in zip(optimizer.param_groups, hyper):
+        group.update(kept)
+    return True

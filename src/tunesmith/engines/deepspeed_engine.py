@@ -25,14 +25,21 @@ import torch.distributed as dist
 from ..config.deepspeed import offloads, read_ds_config, zero_settings
 from ..errors import ConfigError
 from ..models.forward import run_forward
-from .base import (LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode, forward_module,
-                   switched_to_reference)
+from .base import (CheckpointError, LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode,
+                   forward_module, schedule_at, switched_to_reference)
 from .optim import realign_schedule
 from .reference import ReferenceView
 
 log = logging.getLogger("tunesmith")
 
 _TAG = "deepspeed"  # the sub-folder of a checkpoint that holds DeepSpeed's own state
+
+
+def _hf_deepspeed_tag(path: Path, step: int) -> str | None:
+    """The Trainer's DeepSpeed sub-folder: named by its `latest` file (plain text), else global_step<step>."""
+    latest = path / "latest"
+    tag = latest.read_text()[:100].strip() if latest.is_file() else f"global_step{step}"
+    return tag if tag not in ("", ".", "..") and "/" not in tag and (path / tag).is_dir() else None
 
 
 def ds_config(cfg, precision: str, world: int, hidden_size: int | None) -> dict:
@@ -168,13 +175,36 @@ class DeepSpeedEngine:
         """DeepSpeed's own resumable state (partitioned weights, optimizer, scheduler), collectively."""
         self.ds.save_checkpoint(str(path), tag=_TAG, save_latest=False)
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path, *, trusted: bool = False) -> None:
+        """DeepSpeed reads its files with torch.load(weights_only=False): only from a verified checkpoint."""
+        if not trusted:
+            raise CheckpointError(f"{Path(path) / _TAG} holds pickles DeepSpeed loads with weights_only=False and "
+                                  "the checkpoint was not verified; it is loaded only through "
+                                  "train/checkpoint.restore")
         loaded, _ = self.ds.load_checkpoint(str(path), tag=_TAG, load_optimizer_states=True,
                                             load_lr_scheduler_states=True)
         if loaded is None:
             raise ConfigError([f"resume: {path} holds no DeepSpeed state (saved by another backend?); resume it with "
                                "the backend that wrote it"])
         realign_schedule(self.optimizer, self.scheduler)
+
+    def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
+                        trusted: bool = False) -> None:
+        """DeepSpeed keeps the fp32 master weights in its own state, so it cannot start from safetensors alone: it
+        loads the Trainer's DeepSpeed folder (global_stepN, pickles) when trusted."""
+        tag = _hf_deepspeed_tag(Path(path), step)
+        if not trusted or tag is None:
+            found = f"its DeepSpeed state {tag}/ is pickled" if tag else "it holds no DeepSpeed state (global_stepN/)"
+            raise CheckpointError(
+                f"{path} is a Hugging Face Trainer checkpoint and {found}; DeepSpeed cannot resume from its "
+                "safetensors weights alone. Fix: " + ("set trust_checkpoint: true if you trust it, " if tag else "")
+                + "resume it with backend: single or fsdp2, or start a new run from its weights "
+                f"(model_name_or_path / adapter_name_or_path: {path})")
+        loaded, _ = self.ds.load_checkpoint(str(path), tag=tag, load_optimizer_states=True,
+                                            load_lr_scheduler_states=False)
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load {Path(path) / tag}")
+        schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
         """Full weights gathered on rank 0 (layer by layer under ZeRO-3) into a Hugging Face folder."""

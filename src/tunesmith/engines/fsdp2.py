@@ -11,6 +11,7 @@ before backward and the average becomes the sum the normaliser expects.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -26,10 +27,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from ..errors import TunesmithError
-from .base import LossFn, StepOutput, StepResult, switched_to_reference
+from ..models.weights import weights_by_model_key
+from .base import (CheckpointError, LossFn, StepOutput, StepResult, read_torch_file, schedule_at,
+                   switched_to_reference, write_torch_file)
 from .optim import realign_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
+
+log = logging.getLogger("tunesmith")
 
 _BLOCK_LISTS = ("layers", "blocks")  # ModuleLists that hold transformer blocks (LM layers, ViT blocks)
 
@@ -114,18 +119,36 @@ class FSDP2Engine:
                  "optim": get_optimizer_state_dict(self.model, self.optimizer)}
         dcp.save(state, checkpoint_id=str(Path(path) / "dcp"))
         if dist.get_rank() == 0:
-            torch.save({"scheduler": self.scheduler.state_dict()}, Path(path) / "engine_state.pt")
+            write_torch_file({"scheduler": self.scheduler.state_dict()}, Path(path) / "engine_state.pt")
 
-    def load(self, path: Path) -> None:
-        """Weights and optimizer from DCP (resharded to this world size), the schedule from rank 0's file."""
+    def load(self, path: Path, *, trusted: bool = False) -> None:
+        """Weights and optimizer from DCP (resharded to this world size), the schedule from rank 0's file.
+        DCP reads its .metadata with pickle: only from a checkpoint that verified (`trusted`)."""
+        if not trusted:
+            raise CheckpointError(f"{Path(path) / 'dcp' / '.metadata'} is a pickle (DCP's metadata) and the "
+                                  "checkpoint was not verified; it is loaded only through train/checkpoint.restore")
         state = {"model": get_model_state_dict(self.model),
                  "optim": get_optimizer_state_dict(self.model, self.optimizer)}
         dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
         set_model_state_dict(self.model, state["model"])
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
-        saved = torch.load(Path(path) / "engine_state.pt", map_location="cpu", weights_only=True)
+        saved = read_torch_file(Path(path) / "engine_state.pt")
         self.scheduler.load_state_dict(saved["scheduler"])
         realign_schedule(self.optimizer, self.scheduler)
+
+    def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
+                        trusted: bool = False) -> None:
+        """The Trainer's safetensors weights into rank 0's full state dict, which every rank takes its shard of.
+        Its optimizer.pt holds no shards of ours: the optimizer starts fresh."""
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            full.update(weights_by_model_key(self.model, full.keys(), Path(path)))
+        set_model_state_dict(self.model, full if dist.get_rank() == 0 else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        if optimizer_state is not None:
+            log.warning("FSDP2: %s cannot be mapped onto the sharded optimizer; the optimizer starts fresh",
+                        Path(path) / "optimizer.pt")
+        schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
         """Gather the full weights (to CPU, rank 0) and write a normal Hugging Face folder."""

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from ..models.weights import load_model_weights
-from .base import LossFn, StepOutput, StepResult, switched_to_reference
+from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, read_torch_file, schedule_at,
+                   switched_to_reference, write_torch_file)
 from .optim import realign_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
@@ -44,16 +45,25 @@ class SingleEngine:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         if self.scaler:
             state["scaler"] = self.scaler.state_dict()
-        torch.save(state, Path(path) / "engine_state.pt")
+        write_torch_file(state, Path(path) / "engine_state.pt")
 
-    def load(self, path: Path) -> None:
-        load_model_weights(self.model, Path(path))  # the checkpoint's Hugging Face export
-        state = torch.load(Path(path) / "engine_state.pt", map_location=self.device, weights_only=True)
+    def load(self, path: Path, *, trusted: bool = False) -> None:
+        """Weights from the checkpoint's Hugging Face export (safetensors), optimizer and schedule from
+        engine_state.pt (weights_only: tensors and numbers, never code, whether trusted or not)."""
+        load_model_weights(self.model, Path(path))
+        state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         realign_schedule(self.optimizer, self.scheduler)
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+
+    def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
+                        trusted: bool = False) -> None:
+        load_model_weights(self.model, Path(path))
+        if optimizer_state is not None:
+            load_matching_optimizer(self.optimizer, optimizer_state, Path(path) / "optimizer.pt")
+        schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
         self.model.save_pretrained(str(path), safe_serialization=True)

@@ -6,22 +6,69 @@ from pathlib import Path
 
 from ..errors import TunesmithError
 
+_ADAPTER = "adapter_model.safetensors"
+
+
+def read_safetensors(file: Path) -> dict:
+    """A safetensors file's tensors, or an error naming the file (truncated, corrupt, not safetensors)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise TunesmithError(f"{file} is not a readable safetensors file ({type(err).__name__}: {err}): truncated "
+                             "or corrupt. Resume from another checkpoint (resume_from_checkpoint: <path>)") from None
+
+
+def checkpoint_tensors(ckpt: Path) -> tuple[dict, bool]:
+    """(tensors, is_adapter): the PEFT adapter if the folder holds one, else every *.safetensors shard."""
+    if (ckpt / _ADAPTER).exists():
+        return read_safetensors(ckpt / _ADAPTER), True
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise TunesmithError(f"{ckpt} holds no model.safetensors or {_ADAPTER}: no weights to resume (weights in "
+                             "another format, e.g. a sharded FSDP checkpoint, are not read)")
+    state = {}
+    for file in files:
+        state.update(read_safetensors(file))
+    return state, False
+
 
 def load_model_weights(model, ckpt: Path) -> None:
     """Load checkpoint weights into the (possibly PEFT-wrapped) model in place."""
-    from safetensors.torch import load_file
-
-    adapter = ckpt / "adapter_model.safetensors"
-    if adapter.exists():
+    state, is_adapter = checkpoint_tensors(ckpt)
+    if is_adapter:
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(str(adapter)))
+        set_peft_model_state_dict(model, state)
         return
-    state = {}
-    for file in sorted(ckpt.glob("*.safetensors")):
-        state.update(load_file(str(file)))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise TunesmithError(f"checkpoint {ckpt} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def weights_by_model_key(model, model_keys, ckpt: Path) -> dict:
+    """The checkpoint's tensors keyed as the model's state dict names them (a PEFT adapter file leaves the
+    adapter name out of its keys; it is put back), for engines that load a full state dict themselves."""
+    state, is_adapter = checkpoint_tensors(ckpt)
+    keys = set(model_keys)
+    names = list(getattr(model, "peft_config", {}) or {}) if is_adapter else []
+    by_saved = {}
+    for key in keys:
+        saved = key
+        for name in names:
+            saved = saved.replace(f".{name}", "")
+        by_saved.setdefault(saved, key)
+    out, unexpected = {}, []
+    for saved, value in state.items():
+        key = saved if saved in keys else by_saved.get(saved)
+        if key is None:
+            unexpected.append(saved)
+        else:
+            out[key] = value
+    if unexpected or not out:
+        raise TunesmithError(f"checkpoint {ckpt} does not match the model: unexpected {unexpected[:5]}")
+    return out

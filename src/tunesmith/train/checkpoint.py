@@ -1,25 +1,187 @@
-"""Checkpoints: written under a temporary name and renamed, so a crash never
-leaves a half checkpoint that looks whole. `trainer_state.json` is the marker of a
-resumable checkpoint; it is written last, inside the temporary folder.
+"""Checkpoints: complete or invisible, and never a way to run someone else's code.
+
+A checkpoint is written under a temporary name (`.tmp-checkpoint-N`), every file and
+folder is fsynced, a manifest (`manifest.json`: each file's relative path, size and
+SHA-256) is written last and signed with this installation's HMAC key, and only then
+is the folder renamed to `checkpoint-N`. A crash at any moment leaves either the
+finished checkpoint or an invisible temporary folder (removed at the next save).
+
+Loading never runs code from a checkpoint: weights are safetensors, our own
+`torch.load`s are `weights_only=True`, and the state a backend keeps as a pickle
+(DCP's `.metadata`, DeepSpeed's files) is read only from a checkpoint whose manifest
+verifies and is signed with this installation's key — or when the user says so
+(`trust_checkpoint: true`).
+
+The key: `checkpoint_key_file`, else `TUNESMITH_CHECKPOINT_KEY_FILE`, else
+`$XDG_CONFIG_HOME/tunesmith/checkpoint.key` (`~/.config/...`). Rank 0 creates it
+(32 random bytes as hex, mode 0600) on the first save if it is missing; every rank
+reads it at resume, so the nodes of a multi-node job (and a job restarted on another
+machine) must see the same file: put it on a shared file system and point the
+variable at it. See docs/guarantees.md ("Checkpoints").
+
+A Hugging Face Trainer / LLaMA-Factory `checkpoint-N` (safetensors weights,
+`trainer_state.json` with `global_step`, pickled optimizer.pt / rng_state.pth) resumes
+too: its weights and step always, its pickled state only with `trust_checkpoint`.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import json
+import logging
 import os
 import random
 import re
+import secrets
 import shutil
+import time
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import dist
-from ..errors import TunesmithError
+from ..engines.base import CheckpointError, read_torch_file
+
+log = logging.getLogger("tunesmith")
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
+MANIFEST = "manifest.json"
+_FORMAT = "tunesmith-checkpoint/1"
+_HASHES = re.compile(r"^\.hashes-\d+\.json$")  # each rank's share of the hashing, merged by rank 0
+_STALE_PREFIXES = (".tmp-checkpoint-", ".old-checkpoint-")
+KEY_ENV = "TUNESMITH_CHECKPOINT_KEY_FILE"
+FAULT_SLOW_SAVE_ENV = "TUNESMITH_FAULT_SLOW_SAVE"  # tests: seconds to pause at each phase of a save
+_HF_PICKLES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
 
+
+# ---- the key ------------------------------------------------------------------------------------
+
+def key_path(configured: str | None = None) -> Path:
+    """checkpoint_key_file, else $TUNESMITH_CHECKPOINT_KEY_FILE, else the user's config dir."""
+    if configured:
+        return Path(configured).expanduser()
+    if os.environ.get(KEY_ENV):
+        return Path(os.environ[KEY_ENV]).expanduser()
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "tunesmith" / "checkpoint.key"
+
+
+def read_key(path: Path) -> bytes:
+    """The key's bytes; a key others may write is refused (they could sign anything with it)."""
+    try:
+        mode = path.stat().st_mode
+        key = path.read_bytes().strip()
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint key at {path} (this installation has not saved a checkpoint with "
+                              f"it); set checkpoint_key_file or {KEY_ENV} to the key the checkpoint was written "
+                              "with") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot read the checkpoint key {path}: {err}") from None
+    if mode & 0o022:
+        raise CheckpointError(f"the checkpoint key {path} is writable by other users (mode {mode & 0o777:o}); "
+                              f"run `chmod 600 {path}`")
+    if len(key) < 32:
+        raise CheckpointError(f"the checkpoint key {path} holds {len(key)} bytes; a key needs at least 32 (delete "
+                              "it and a new one is made at the next save, which makes earlier checkpoints unsigned)")
+    return key
+
+
+def ensure_key(path: Path) -> bytes:
+    """Read the key, creating it first if missing (O_EXCL temp file + link: two processes racing agree on one)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, (secrets.token_hex(32) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if another process made it first: theirs wins
+            log.info("created the checkpoint signing key %s (keep it; on several nodes share it, see "
+                     "docs/guarantees.md)", path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        _fsync_dir(path.parent)
+    return read_key(path)
+
+
+def key_id(key: bytes) -> str:
+    """A fingerprint that names a key in messages without revealing it."""
+    return hashlib.sha256(b"tunesmith-checkpoint-key-id:" + key).hexdigest()[:16]
+
+
+def _signature(key: bytes, body: dict) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+# ---- files --------------------------------------------------------------------------------------
+
+def _files(root: Path) -> list[str]:
+    """Every file under root (relative POSIX paths, sorted), the manifest and the hashing scratch files excepted."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel == MANIFEST or _HASHES.match(rel) or path.is_dir():
+            continue
+        out.append(rel)
+    return out
+
+
+def _hash(path: Path, fsync: bool = False) -> dict:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+        if fsync:
+            os.fsync(f.fileno())
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_json(path: Path, what: str):
+    """A checkpoint's JSON file, or a CheckpointError naming it (missing, unreadable, truncated, not JSON)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing ({what}); the checkpoint is incomplete: resume from another "
+                              "checkpoint (resume_from_checkpoint: <path>)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} ({what}) is corrupt or truncated: {err}. Resume from another checkpoint "
+                              "(resume_from_checkpoint: <path>), or delete this one") from None
+
+
+def _fault_pause() -> None:
+    """Fault-injection hook for the tests: pause inside a save so a kill lands mid-save."""
+    pause = os.environ.get(FAULT_SLOW_SAVE_ENV)
+    if pause:
+        time.sleep(float(pause))
+
+
+# ---- RNG ----------------------------------------------------------------------------------------
 
 def rng_state() -> dict:
     state = {
@@ -50,28 +212,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def save_checkpoint(output_dir: Path, step: int, engine, tokenizer, trainer_state: dict, *, only_model: bool) -> Path:
-    """Every rank calls this (sharded engines save collectively); rank 0 owns the folder and the rename."""
-    final = Path(output_dir) / f"checkpoint-{step}"
-    tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
-    if dist.is_main():
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    engine.export_hf(tmp, tokenizer)
-    if not only_model:
-        engine.save(tmp)
-        (tmp / _rng_file()).write_text(json.dumps(rng_state()))
-    dist.barrier()
-    if dist.is_main():
-        if not only_model:  # written last: the marker of a complete, resumable checkpoint
-            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    dist.barrier()
-    return final
-
-
 def _rng_file() -> str:
     return f"rng_state_{dist.rank()}.json" if dist.world() > 1 else "rng_state.json"
 
@@ -82,36 +222,397 @@ def load_rng(ckpt: Path) -> None:
     if not path.exists():
         candidates = [ckpt / "rng_state.json", ckpt / "rng_state_0.json"]
         path = next((c for c in candidates if c.exists()), candidates[0])
-    set_rng_state(json.loads(path.read_text()))
+    state = read_json(path, "RNG state")
+    try:
+        set_rng_state(state)
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} (RNG state) is not what tunesmith writes ({type(err).__name__}: {err}); "
+                              "resume from another checkpoint") from None
 
 
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete, resumable checkpoints, oldest first."""
-    if not Path(output_dir).is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in Path(output_dir).iterdir() if (m := _CKPT.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found) if (p / "trainer_state.json").exists()]
+# ---- saving -------------------------------------------------------------------------------------
+
+def save_checkpoint(output_dir: Path, step: int, engine, tokenizer, trainer_state: dict, *, only_model: bool,
+                    key_file: str | None = None) -> Path:
+    """Every rank calls this (sharded engines save collectively); rank 0 owns the folder, the manifest and the
+    rename. A failed write (disk full, ...) leaves the earlier checkpoints as they were and is a CheckpointError."""
+    output_dir = Path(output_dir)
+    final, tmp = output_dir / f"checkpoint-{step}", output_dir / f".tmp-checkpoint-{step}"
+    try:
+        key = ensure_key(key_path(key_file)) if dist.is_main() else b""  # before anything is written
+        if dist.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        _write_state(tmp, engine, tokenizer, trainer_state, only_model)
+        dist.barrier()
+        _hash_share(tmp)  # each rank fsyncs and hashes its share of the files
+        dist.barrier()
+        if dist.is_main():
+            _seal(tmp, final, step, key)
+        dist.barrier()
+    except CheckpointError:
+        raise
+    except Exception as err:  # a full disk reaches us as OSError, or as torch's RuntimeError("unexpected pos ...")
+        if dist.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_save_failure(output_dir, final, err)) from err
+    return final
 
 
-def resolve_resume(output_dir: Path, resume) -> Path | None:
-    if resume in (None, False, "false", ""):
-        return None
-    if resume is True or resume == "true":
-        found = list_checkpoints(output_dir)
-        if not found:
-            raise TunesmithError(f"resume_from_checkpoint: true, but {output_dir} has no complete checkpoint")
-        return found[-1]
-    path = Path(resume)
-    if not (path / "trainer_state.json").exists():
-        raise TunesmithError(
-            f"resume_from_checkpoint: {path} is not a resumable checkpoint (no trainer_state.json; saved with "
-            "save_only_model or incomplete). Use it as model_name_or_path to start a new run from its weights."
-        )
-    return path
+def _write_state(tmp: Path, engine, tokenizer, trainer_state: dict, only_model: bool) -> None:
+    engine.export_hf(tmp, tokenizer)
+    _fault_pause()
+    if not only_model:
+        engine.save(tmp)
+        _write_file(tmp / _rng_file(), json.dumps(rng_state()))
+        if dist.is_main():
+            _write_file(tmp / "trainer_state.json", json.dumps(trainer_state, indent=1))
+    _fault_pause()
+
+
+def _hash_share(tmp: Path) -> None:
+    files = _files(tmp)[dist.rank()::dist.world()]
+    share = {rel: _hash(tmp / rel, fsync=True) for rel in files}
+    for rel in files:  # a writer that lost the end of a file to a full disk without saying so
+        if not _looks_whole(tmp / rel):
+            raise OSError(errno.EIO, "the file is cut short (a full disk?)", str(tmp / rel))
+    _write_file(tmp / f".hashes-{dist.rank()}.json", json.dumps(share))
+
+
+def _looks_whole(path: Path) -> bool:
+    """Cheap structure checks: a safetensors file as long as its header says, a torch.save zip with its end
+    record."""
+    if path.suffix == ".safetensors":
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            try:
+                header = json.loads(f.read(int.from_bytes(head, "little")))
+            except ValueError:
+                return False
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        return path.stat().st_size == 8 + int.from_bytes(head, "little") + max(ends, default=0)
+    if path.suffix in (".pt", ".pth"):
+        return zipfile.is_zipfile(path)
+    return True
+
+
+def _seal(tmp: Path, final: Path, step: int, key: bytes) -> None:
+    """Merge the ranks' hashes into the signed manifest (written last), fsync the folders, rename."""
+    entries = {}
+    for part in sorted(tmp.glob(".hashes-*.json")):
+        entries.update(json.loads(part.read_text()))
+        part.unlink()
+    missing = sorted(set(_files(tmp)) - set(entries))
+    if missing:  # a file appeared after the ranks listed them: never sign what was not hashed
+        raise CheckpointError(f"saving {final.name}: {missing[:3]} were written after the files were hashed")
+    for path in sorted(tmp.rglob("*")):
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise CheckpointError(f"saving {final.name}: {path} is not a regular file")
+    body = {"format": _FORMAT, "step": step, "files": entries, "key_id": key_id(key)}
+    _fault_pause()
+    _write_file(tmp / MANIFEST, json.dumps({**body, "signature": _signature(key, body)}, indent=1))
+    for folder in sorted({p for p in tmp.rglob("*") if p.is_dir()} | {tmp}, key=lambda p: -len(p.parts)):
+        _fsync_dir(folder)
+    old = final.with_name(f".old-{final.name}")
+    if final.exists():  # the same step saved again (a resumed run): the old one goes only once the new is in place
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_failure(output_dir: Path, final: Path, err: Exception) -> str:
+    kept = [p.name for p in _ours(output_dir) if p != final]
+    previous = f"the earlier checkpoint {kept[-1]} is intact" if kept else "no earlier checkpoint exists"
+    what = (err.strerror or str(err)) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
+    where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
+    try:
+        free = f"{shutil.disk_usage(output_dir).free / 2**30:.1f} GiB free there now"
+    except OSError:
+        free = "free space unknown"
+    return (f"saving {final} failed: {what}{where}; {previous}. Fix: free space in output_dir ({free}; "
+            "save_total_limit and save_only_model: true keep less) or make it writable, then resume")
 
 
 def rotate(output_dir: Path, keep: int | None) -> None:
-    if keep is None or not dist.is_main():
+    """Keep the newest `keep` of our checkpoints; remove what interrupted saves left behind."""
+    if not dist.is_main():
         return
-    for old in list_checkpoints(output_dir)[:-keep]:
+    for stale in Path(output_dir).iterdir():
+        if stale.name.startswith(_STALE_PREFIXES) and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    if keep is None:
+        return
+    for old in _ours(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- finding a checkpoint to resume --------------------------------------------------------------
+
+def _numbered(output_dir: Path) -> list[Path]:
+    if not Path(output_dir).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in Path(output_dir).iterdir() if (m := _CKPT.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def _ours(output_dir: Path) -> list[Path]:
+    """Checkpoints tunesmith finished writing (they hold a manifest), oldest first."""
+    return [p for p in _numbered(output_dir) if (p / MANIFEST).is_file()]
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoints that look resumable (they hold a trainer_state.json: ours, or the Hugging Face Trainer's),
+    oldest first. Whether one is complete and trusted is decided by resolve_resume and restore."""
+    return [p for p in _numbered(output_dir) if (p / "trainer_state.json").is_file()]
+
+
+def manifest_files(manifest) -> dict:
+    """The manifest's {relative path: {size, sha256}}, or a CheckpointError if it is not one of ours."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise CheckpointError("manifest.json is not a tunesmith manifest (no file table)")
+    outside = [rel for rel in files if rel.startswith("/") or ".." in Path(rel).parts]
+    if outside:
+        raise CheckpointError(f"manifest.json names files outside the checkpoint: {outside[:3]}")
+    return files
+
+
+def is_hf_trainer(path: Path) -> bool:
+    """A checkpoint-N of the Hugging Face Trainer / LLaMA-Factory: its trainer_state.json, none of our files."""
+    if (path / MANIFEST).exists() or (path / "engine_state.pt").exists() or (path / "dcp").exists():
+        return False
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "global_step" in state and "data" not in state
+
+
+def _why_not(path: Path) -> str | None:
+    """Why `path` cannot be resumed (cheap checks: files present, sizes as recorded), or None."""
+    if (path / MANIFEST).is_file():
+        try:
+            files = manifest_files(read_json(path / MANIFEST, "the checkpoint's manifest"))
+        except CheckpointError as err:
+            return f"its manifest is unreadable ({err})"
+        if "trainer_state.json" not in files:
+            return "not a resumable checkpoint: saved with save_only_model (weights only, no optimizer state)"
+        for rel, entry in sorted(files.items()):
+            try:
+                size = (path / rel).stat().st_size
+            except OSError:
+                return f"{rel} is missing"
+            if size != entry.get("size"):
+                return f"{rel} is {size} bytes, the manifest says {entry.get('size')} (truncated or changed)"
+        return _json_problem(path / "trainer_state.json")
+    if (path / "trainer_state.json").is_file():
+        return _json_problem(path / "trainer_state.json")  # the HF Trainer's, or an unsigned one of ours
+    return ("not a resumable checkpoint: no manifest.json and no trainer_state.json (not a checkpoint, or a copy "
+            "cut short)")
+
+
+def _json_problem(path: Path) -> str | None:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{path.name} is corrupt or truncated ({err})"
+    return None if isinstance(state, dict) and "global_step" in state else f"{path.name} holds no global_step"
+
+
+_reported: set[tuple[str, str]] = set()
+
+
+def resolve_resume(output_dir: Path, resume) -> Path | None:
+    """The checkpoint to resume: the path given (refused with the reason if it cannot be resumed), or with
+    `true` the newest in output_dir that is complete, naming the newer ones skipped and why."""
+    if resume in (None, False, "false", ""):
+        return None
+    if resume is True or resume == "true":
+        skipped = []
+        for path in reversed(_numbered(output_dir)):
+            reason = _why_not(path)
+            if reason is None:
+                _report_skipped(skipped, path)
+                return path
+            skipped.append((path, reason))
+        _report_skipped(skipped, None)
+        listed = "".join(f"\n  - {p.name}: {r}" for p, r in skipped)
+        raise CheckpointError(f"resume_from_checkpoint: true, but {output_dir} has no complete checkpoint{listed}")
+    path = Path(resume)
+    if not path.is_dir():
+        raise CheckpointError(f"resume_from_checkpoint: {path} is not a folder")
+    reason = _why_not(path)
+    if reason is not None:
+        raise CheckpointError(f"resume_from_checkpoint: {path} cannot be resumed: {reason}. Resume another "
+                              "checkpoint, or use it as model_name_or_path to start a new run from its weights.")
+    return path
+
+
+def _report_skipped(skipped: list, chosen: Path | None) -> None:
+    for path, reason in skipped:
+        if (str(path), reason) not in _reported:  # setup asks twice; say it once
+            _reported.add((str(path), reason))
+            log.warning("resume: skipping %s: %s%s", path.name, reason,
+                        f" (resuming from {chosen.name})" if chosen is not None else "")
+
+
+# ---- verifying and restoring -------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """What verification found: damage (never loaded) and why the checkpoint is not trusted (if it is not)."""
+
+    damage: list[str] = field(default_factory=list)
+    untrusted: str | None = None
+
+
+def verify(path: Path, key_file: str | None = None) -> Verdict:
+    """Check every file against the manifest (each rank hashes its share) and the manifest's signature (each
+    rank with its own copy of the key). Collective under torch.distributed: every rank gets the same verdict."""
+    verdict = Verdict()
+    if not (path / MANIFEST).is_file():
+        verdict.untrusted = "it has no manifest.json (written by an older tunesmith or another tool, or edited)"
+    else:
+        manifest = read_json(path / MANIFEST, "the checkpoint's manifest")
+        try:
+            verdict.damage = _damage(path, manifest_files(manifest))
+            verdict.untrusted = _signature_problem(manifest, key_path(key_file))
+        except CheckpointError as err:
+            verdict.damage = [str(err)]
+    damaged_elsewhere = dist.max_int(int(bool(verdict.damage)))
+    if damaged_elsewhere and not verdict.damage:
+        verdict.damage = ["another rank found a damaged file (see its message)"]
+    if dist.max_int(int(verdict.untrusted is not None)) and verdict.untrusted is None:
+        verdict.untrusted = "another rank could not verify its signature (see its message)"
+    return verdict
+
+
+def _signature_problem(manifest: dict, key_file: Path) -> str | None:
+    signature, signed_by = manifest.get("signature"), manifest.get("key_id")
+    if not signature or not isinstance(signature, str):
+        return "its manifest is not signed"
+    try:
+        key = read_key(key_file)
+    except CheckpointError as err:
+        return f"it cannot be checked: {err}"
+    if signed_by != key_id(key):
+        return (f"it was signed with another key (id {signed_by}; this installation's key {key_file} has id "
+                f"{key_id(key)}): written on another machine or with another checkpoint_key_file")
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    if not hmac.compare_digest(signature, _signature(key, body)):
+        return "its manifest was changed after it was signed"
+    return None
+
+
+def _damage(path: Path, files: dict) -> list[str]:
+    """This rank's share of the files that differ from the manifest, and (all ranks) files it does not list."""
+    problems = [f"{rel}: not listed in the manifest (added after the save)" for rel in _files(path) if rel not in files]
+    for rel in sorted(files)[dist.rank()::dist.world()]:
+        target = path / rel
+        if target.is_symlink() or not target.is_file():
+            problems.append(f"{rel}: missing or not a regular file")
+            continue
+        actual = _hash(target)
+        if actual["size"] != files[rel].get("size"):
+            problems.append(f"{rel}: {actual['size']} bytes, the manifest says {files[rel].get('size')} (truncated)")
+        elif actual["sha256"] != files[rel].get("sha256"):
+            problems.append(f"{rel}: its SHA-256 differs from the manifest's (corrupt or changed)")
+    return problems
+
+
+def check_trusted(path: Path, key_file: str | None, trust: bool) -> None:
+    """Refuse a damaged checkpoint always, an untrusted one unless trust_checkpoint: true (then say so)."""
+    verdict = verify(path, key_file)
+    if verdict.damage:
+        listed = "".join(f"\n  - {d}" for d in verdict.damage)
+        raise CheckpointError(f"checkpoint {path} is damaged; nothing was loaded:{listed}\nFix: resume from an "
+                              "earlier checkpoint (resume_from_checkpoint: <path>), or delete this one (then "
+                              "resume_from_checkpoint: true takes the newest that verifies)")
+    if verdict.untrusted is None:
+        return
+    if trust:
+        log.warning("trust_checkpoint: true: loading %s although %s", path, verdict.untrusted)
+        return
+    raise CheckpointError(
+        f"checkpoint {path} is refused: {verdict.untrusted}. Its optimizer/engine state is stored with pickle, "
+        "which can run code when loaded, so tunesmith loads it only from checkpoints this installation signed.\n"
+        f"Fix: if you wrote it with another key, set checkpoint_key_file (or {KEY_ENV}) to that key file; if "
+        "you trust where it came from, set trust_checkpoint: true; to start a new run from its weights only, use "
+        f"model_name_or_path: {path}")
+
+
+def restore(path: Path, engine, output_cfg, source) -> dict:
+    """Verify, then load a checkpoint into the engine and the RNG; returns its trainer state (with "data",
+    the step source's position)."""
+    trust = bool(getattr(output_cfg, "trust_checkpoint", False))
+    key_file = getattr(output_cfg, "checkpoint_key_file", None)
+    if is_hf_trainer(path):
+        return _restore_hf_trainer(path, engine, trust, source)
+    check_trusted(path, key_file, trust)
+    engine.load(path, trusted=True)  # weights, optimizer and schedule, however the backend stores them
+    saved = read_json(path / "trainer_state.json", "trainer state")
+    load_rng(path)
+    return saved
+
+
+def _restore_hf_trainer(path: Path, engine, trust: bool, source) -> dict:
+    """Weights (safetensors), step and data position always; optimizer.pt / rng_state.pth (pickles from
+    outside this installation, still loaded weights_only) only with trust_checkpoint."""
+    state = read_json(path / "trainer_state.json", "the Hugging Face Trainer's state")
+    step = int(state["global_step"])
+    data = _data_state_after(source, step, path)
+    optimizer_state = None
+    if trust and (path / "optimizer.pt").exists():
+        optimizer_state = read_torch_file(path / "optimizer.pt")
+    engine.load_hf_trainer(path, step, optimizer_state=optimizer_state, trusted=trust)
+    rng = path / f"rng_state_{dist.rank()}.pth"
+    rng = rng if dist.world() > 1 and rng.exists() else path / "rng_state.pth"
+    if trust and rng.exists():
+        _load_hf_rng(rng)
+    if not trust:
+        present = [n for n in _HF_PICKLES if (path / n).exists()]
+        log.warning("%s is a Hugging Face Trainer checkpoint: resuming its weights at step %d; the optimizer starts "
+                    "fresh and the RNG from the seed%s (set trust_checkpoint: true to load them)", path, step,
+                    f" ({', '.join(present)} are pickles this installation did not write)" if present else "")
+    log.warning("the data continues at step %d of tunesmith's order (the Trainer's sample order is not kept)", step)
+    return {"global_step": step, "num_skipped_steps": 0, "tokens_seen": int(state.get("num_input_tokens_seen", 0)),
+            "data": data}
+
+
+def _data_state_after(source, step: int, path: Path) -> dict:
+    """The sequence step source's position after `step` steps of its plan (the Trainer's position, in ours)."""
+    from .plan import Position
+
+    plan = getattr(source, "plan", None)
+    if plan is None:
+        raise CheckpointError(f"{path} is a Hugging Face Trainer checkpoint; those resume the sequence stages "
+                              "(pt, sft, rm, dpo, kto) only. Start online RL from its weights (model_name_or_path)")
+    position = Position()
+    for _ in range(step):
+        position = plan.advance(position)
+    return {"epoch": position.epoch, "micro_batch": position.micro_batch}
+
+
+def _load_hf_rng(path: Path) -> None:
+    """The Trainer's rng_state.pth (python, numpy, cpu, cuda), loaded weights_only with numpy's arrays allowed."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+
+    state = read_torch_file(path, allow=[np.ndarray, np.dtype, _reconstruct, type(np.dtype(np.uint32))])
+    try:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["cpu"])
+        if torch.cuda.is_available() and "cuda" in state:
+            cuda = state["cuda"]
+            torch.cuda.set_rng_state_all(cuda) if isinstance(cuda, (list, tuple)) else torch.cuda.set_rng_state(cuda)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path} is not the Trainer's RNG state ({type(err).__name__}: {err}); delete it "
+                              "to resume with the RNG from the seed") from None

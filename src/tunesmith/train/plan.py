@@ -8,6 +8,7 @@ position — resume needs only (epoch, micro-batch index).
 from __future__ import annotations
 
 import math
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -111,8 +112,30 @@ def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id:
         pin_memory=torch.cuda.is_available(),
         # Its own generator: creating a loader must not consume the global RNG (dropout), or resume drifts.
         generator=torch.Generator().manual_seed(plan.seed + epoch),
+        worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
     )
-    return iter(loader)
+    if num_workers == 0 or not hasattr(signal, "pthread_sigmask"):
+        return iter(loader)
+    # The workers start (in iter) with the stop signals blocked, a mask they inherit: one that arrives before
+    # ignore_stop_signals runs is held, then discarded there. This process gets its copy when it unblocks.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave SIGINT/SIGTERM to the main process. A signal sent to the whole process group
+    (Ctrl-C, `timeout`, a scheduler's preemption) would otherwise kill them while the main process finishes its
+    step and saves ("DataLoader worker ... is killed by signal: Terminated")."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def eval_batches(dataset, batch_size: int, pad_id: int, media=None, collate=collate_rows):

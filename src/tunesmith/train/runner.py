@@ -49,6 +49,7 @@ class Runner:
         self.total_steps = cfg.train.num_total_steps
         self.state = {"global_step": 0, "num_skipped_steps": 0, "tokens_seen": 0}
         self.bad_streak = 0  # consecutive updates that were skipped or had a zero gradient
+        self.saved_step: int | None = None  # the step of the last checkpoint written or resumed
         self.result = TrainResult(output_dir, 0)
         self.timing: dict = {}
 
@@ -77,12 +78,12 @@ class Runner:
         return self.state["global_step"] if self.resume is not None else None
 
     def _restore(self, path: Path) -> None:
-        self.engine.load(path)  # weights, optimizer and schedule, however the backend stores them
-        saved = json.loads((path / "trainer_state.json").read_text())
+        # Verified (manifest, signature) before anything is loaded; then weights, optimizer, schedule, RNG.
+        saved = ckpt.restore(path, self.engine, self.cfg.output, self.source)
         saved.pop("config", None)  # compared with this run's at setup (train/resume.py)
         self.source.load_state_dict(saved.pop("data"))
         self.state.update(saved)
-        ckpt.load_rng(path)
+        self.saved_step = self.state["global_step"]
         self.result.global_step = self.state["global_step"]
         log.info("resumed from %s at step %d", path, self.state["global_step"])
 
@@ -93,8 +94,10 @@ class Runner:
             self._run_step(step, window)
             bar.update(self.state["global_step"], window.last.get(self.source.progress_key, float("nan")))
             self._after_step(window, sinks, bar, step.epoch_ended)
-            if stop.requested:
-                self._save()
+            # Every rank must agree to stop at the same step, or they would desync in the collective save.
+            if dist.max_int(int(stop.requested)):
+                if self.saved_step != self.state["global_step"]:
+                    self._save()
                 self.result.interrupted = True
                 log.warning("stopped at step %d; resume with resume_from_checkpoint: true", self.state["global_step"])
                 return
@@ -184,7 +187,9 @@ class Runner:
     def _save(self) -> None:
         trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg)}
         path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
-                                    trainer_state, only_model=self.cfg.output.save_only_model)
+                                    trainer_state, only_model=self.cfg.output.save_only_model,
+                                    key_file=self.cfg.output.checkpoint_key_file)
+        self.saved_step = self.state["global_step"]
         ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)
         log.info("saved %s", path)
 
