@@ -21,6 +21,7 @@ from pathlib import Path
 import datasets
 from datasets import Features, List, Value
 
+from tunesmith.data.pages import PageReleasing
 from tunesmith.data.registry import DatasetSpec
 from tunesmith.data.sample import SAMPLE_COLUMNS, make_sample
 from tunesmith.data.sources import ROW_INDEX
@@ -66,11 +67,13 @@ def convert_rows(
     placeholders: dict | None = None,
     skip_bad_samples: bool = False,
     num_proc: int | None = None,
+    skipped_records: list | None = None,
 ) -> tuple[datasets.Dataset, int]:
     """Convert every row to a Sample; returns (samples, number of skipped records).
 
     With skip_bad_samples=False the first bad record raises DataError; with True
-    bad records are removed, counted and the first few reasons logged.
+    bad records are removed, counted, the first few reasons logged, and each one
+    appended to `skipped_records` ({"dataset", "index", "reason"}) when given.
     """
     check_columns(rows.column_names, name, spec, stage)
     convert = partial(
@@ -78,19 +81,31 @@ def convert_rows(
         media_dir=os.path.abspath(os.path.join(str(dataset_dir), spec.media_dir or "")),
     )
     converted = rows.map(
-        convert, with_indices=True, remove_columns=rows.column_names, features=SAMPLE_FEATURES,
+        PageReleasing(convert, every=4096), with_indices=True, remove_columns=rows.column_names, features=SAMPLE_FEATURES,
         num_proc=num_proc if num_proc and num_proc > 1 else None, desc=f"Converting {name}",
     )
-    errors = [e for e in converted[_ERROR] if e]
+    errors = _errors(converted)
     if errors and not skip_bad_samples:
         more = f" ({len(errors) - 1} more bad record(s) after it)" if len(errors) > 1 else ""
-        raise DataError(f"{errors[0]}{more}. Fix the data, or set skip_bad_samples: true to drop bad records.")
-    for reason in errors[:_MAX_LOGGED_SKIPS]:
-        logger.warning("skipping %s", reason)
+        raise DataError(f"{errors[0]['reason']}{more}. Fix the data, or set skip_bad_samples: true to drop bad "
+                        f"records.")
+    for error in errors[:_MAX_LOGGED_SKIPS]:
+        logger.warning("skipping %s", error["reason"])
     if errors:
         logger.warning("dataset '%s': skipped %d of %d records", name, len(errors), len(rows))
         converted = converted.filter(lambda e: not e, input_columns=[_ERROR])
+        if skipped_records is not None:
+            skipped_records.extend(errors)
     return converted.select_columns(list(SAMPLE_COLUMNS)), len(errors)
+
+
+def _errors(converted: datasets.Dataset) -> list[dict]:
+    """The bad records, read from the error column by arrow (not one Python string per record)."""
+    import pyarrow.compute as pc
+
+    column = converted.data.column(_ERROR)
+    bad = pc.filter(column, pc.not_equal(column, ""))
+    return [json.loads(e) for e in bad.to_pylist()]
 
 
 def _required_fields(spec: DatasetSpec, stage: str) -> list[str]:
@@ -136,7 +151,7 @@ def _convert_row(row: dict, position: int, *, name, spec, stage, placeholders, m
         sample[_ERROR] = ""
     except DataError as e:
         sample = make_sample([], source=name, index=index)
-        sample[_ERROR] = str(e)
+        sample[_ERROR] = json.dumps({"dataset": name, "index": index, "reason": str(e)}, ensure_ascii=False)
     return sample
 
 

@@ -55,8 +55,10 @@ def print_inspection(console: Console, data, report: dict, tokenizer, index: int
     lengths = train["length"]
     console.print(
         f"{len(train)} samples, {sum(lengths):,} tokens (min {min(lengths)}, mean {sum(lengths) / len(lengths):.0f}, "
-        f"max {max(lengths)}); truncated: {report.get('num_truncated', 0)}; "
-        f"dropped without supervised tokens: {report.get('num_dropped_no_labels', 0)}"
+        f"max {max(lengths)}); truncated: {report.get('num_truncated', 0)} (text cut to the character budget "
+        f"first: {report.get('num_text_cut', 0)}); "
+        f"dropped without supervised tokens: {report.get('num_dropped_no_labels', 0)}; "
+        f"skipped (bad media): {report.get('num_skipped_bad_media', 0)}"
     )
     hist = Table(title="length histogram (tokens)")
     hist.add_column("tokens")

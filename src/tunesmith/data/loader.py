@@ -33,10 +33,12 @@ def load_samples(
     skip_bad_samples: bool = False,
     num_proc: int | None = None,
     placeholders: dict[str, str] | None = None,
+    work_dir: Path | None = None,
 ) -> tuple[datasets.Dataset, dict]:
-    """Load, convert and mix the named datasets.
+    """Load, convert and mix the named datasets (JSON rows and map outputs under `work_dir` when given).
 
-    Returns (samples, report) where report is {name: {"rows": n, "skipped": k}}.
+    Returns (samples, report) where report is {name: {"rows": n, "skipped": k}}; with skip_bad_samples an entry
+    that skipped records also lists them under "skipped_records" ({"dataset", "index", "reason"}).
     """
     if not names:
         raise DataError("no dataset given. Set dataset: <name>[,<name>...] (names from dataset_info.json).")
@@ -46,18 +48,21 @@ def load_samples(
     parts, report = [], {}
     for name in names:
         spec = get_spec(name, dataset_dir)
-        rows = load_rows(name, spec, dataset_dir, seed=seed)
+        rows = load_rows(name, spec, dataset_dir, seed=seed, work_dir=work_dir)
         if max_samples is not None and len(rows) > max_samples:
             rows = rows.select(range(max_samples))
+        listed: list[dict] = []
         samples, skipped = convert_rows(
             rows, name, spec, dataset_dir, stage=stage, placeholders=placeholders,
-            skip_bad_samples=skip_bad_samples, num_proc=num_proc,
+            skip_bad_samples=skip_bad_samples, num_proc=num_proc, skipped_records=listed,
         )
         if len(samples) == 0:
             raise DataError(f"dataset '{name}': all {skipped} records were bad and skipped; nothing to train on.")
         entry = report.setdefault(name, {"rows": 0, "skipped": 0})  # a name may be listed twice
         entry["rows"] += len(samples)
         entry["skipped"] += skipped
+        if listed:
+            entry.setdefault("skipped_records", []).extend(listed)
         parts.append(samples)
     return _mix(parts, mix_strategy, probs, seed), report
 

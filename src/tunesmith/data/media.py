@@ -1,12 +1,16 @@
 """Image / video / audio decoding with the budgets users know from LLaMA-Factory.
 
-Two kinds of functions live here:
+Three kinds of functions live here:
 
 - probes (`probe_image`, `probe_video`, `probe_audio`) read only headers, so the
-  tokenizer can compute how many media tokens a sample needs without decoding
-  a single pixel or sample;
+  tokenizer can compute how many media tokens a sample needs;
+- the check (`check_media`) decodes each file fully once during preprocessing
+  (all of an image, a video's frames up to the last sampled one, all of an audio
+  stream) and keeps no pixels: a truncated or corrupt file is found before
+  training starts, not at the step whose batch holds it. A header alone does not
+  show that: a truncated PNG has a whole header;
 - loaders (`load_image`, `load_video`, `load_audio`) decode, in the data
-  workers, exactly once per sample.
+  workers, once per sample, into the pixels and waveforms the processor gets.
 
 Both sides share the pure functions `resize_to_budget` and
 `sample_frame_indices`, which is what keeps token counts computed at
@@ -41,7 +45,15 @@ _EPS = 1e-6
 
 
 class MediaError(DataError):
-    """An image, video or audio file that is missing or cannot be decoded. The message names the file."""
+    """An image, video or audio file that is missing or cannot be decoded. The message names the file;
+    `path` is the file, for the list of skipped records."""
+
+    def __init__(self, message: str, path=None):
+        super().__init__(message)
+        self.path = os.fspath(path) if path is not None else None
+
+    def __reduce__(self):  # keeps the path when a data worker sends the error back
+        return type(self), (str(self), self.path)
 
 
 @dataclass(frozen=True)
@@ -85,9 +97,9 @@ def _check_exists(path) -> str:
         return path  # PyAV can stream URLs; PIL cannot, which _open_image reports
     if not os.path.exists(path):
         raise MediaError(f"media file not found: {path}. Check the path in the dataset (relative paths are "
-                         f"resolved against dataset_dir or the entry's media_dir)")
+                         f"resolved against dataset_dir or the entry's media_dir)", path)
     if os.path.isdir(path):
-        raise MediaError(f"media path is a directory, not a file: {path}")
+        raise MediaError(f"media path is a directory, not a file: {path}", path)
     return path
 
 
@@ -161,11 +173,11 @@ def _open_image(path) -> Image.Image:
 
     path = _check_exists(path)
     if path.startswith(("http://", "https://")):
-        raise MediaError(f"image URLs are not supported: {path}. Download the image and use its local path")
+        raise MediaError(f"image URLs are not supported: {path}. Download the image and use its local path", path)
     try:
         return Image.open(path)  # lazy: reads the header only
     except _pil_errors() as e:
-        raise MediaError(f"cannot read image {path}: not a decodable image ({e})") from e
+        raise MediaError(f"cannot read image {path}: not a decodable image ({e})", path) from e
 
 
 def probe_image(path) -> ImageInfo:
@@ -190,7 +202,7 @@ def load_image(path, max_pixels: int | None, min_pixels: int | None) -> Image.Im
         image.load()
         rgb = image.convert("RGB")
     except _pil_errors() as e:
-        raise MediaError(f"cannot decode image {name}: the file is truncated or corrupt ({e})") from e
+        raise MediaError(f"cannot decode image {name}: the file is truncated or corrupt ({e})", name) from e
     size = resize_to_budget(rgb.width, rgb.height, max_pixels, min_pixels)
     return rgb if size == rgb.size else rgb.resize(size, Image.Resampling.BICUBIC)
 
@@ -205,13 +217,13 @@ def _open_av(path, what: str):
     try:
         return av.open(path)
     except _av_errors() as e:
-        raise MediaError(f"cannot read {what} {path}: not a decodable media file ({e})") from e
+        raise MediaError(f"cannot read {what} {path}: not a decodable media file ({e})", path) from e
 
 
 def _video_stream(container, path):
     if not container.streams.video:
         raise MediaError(f"no video stream in {path}; it has {len(container.streams.audio)} audio stream(s). "
-                         f"Put it under the audios column instead")
+                         f"Put it under the audios column instead", path)
     return container.streams.video[0]
 
 
@@ -238,7 +250,7 @@ def probe_video(path) -> VideoInfo:
         ctx = stream.codec_context
         if num_frames < 1 or fps <= 0 or ctx.width < 1 or ctx.height < 1:
             raise MediaError(f"video {path} is not decodable: its header reports {ctx.width}x{ctx.height} pixels, "
-                             f"{num_frames} frames at {fps} fps")
+                             f"{num_frames} frames at {fps} fps", path)
         return VideoInfo(os.fspath(path), ctx.width, ctx.height, num_frames, fps, duration or num_frames / fps,
                          bool(container.streams.audio))
 
@@ -263,7 +275,7 @@ def _decode_frames(path, wanted: list[int], size: tuple[int, int]) -> tuple[dict
                     break
         except _av_errors() as e:
             if count == 0:
-                raise MediaError(f"cannot decode video {path}: {e}") from e
+                raise MediaError(f"cannot decode video {path}: {e}", path) from e
             logger.warning("video %s: decoding stopped after %d frame(s): %s", path, count, e)
     return kept, count
 
@@ -282,7 +294,7 @@ def load_video(path, *, fps: float, maxlen: int, max_pixels: int | None, min_pix
     indices = sample_frame_indices(info.num_frames, info.fps, fps, maxlen, multiple)
     kept, decoded = _decode_frames(path, indices, size)
     if decoded == 0:
-        raise MediaError(f"video {path} has a video stream but no frame could be decoded")
+        raise MediaError(f"video {path} has a video stream but no frame could be decoded", path)
     if any(i not in kept for i in indices):
         logger.warning("video %s: header says %d frames but only %d decoded; sampling %d frames from those",
                        path, info.num_frames, decoded, len(indices))
@@ -298,7 +310,7 @@ def load_video(path, *, fps: float, maxlen: int, max_pixels: int | None, min_pix
 def _audio_stream(container, path):
     if not container.streams.audio:
         raise MediaError(f"no audio stream in {path}. For a video, use_audio_in_video needs a video with a "
-                         f"sound track; otherwise list an audio file under the audios column")
+                         f"sound track; otherwise list an audio file under the audios column", path)
     return container.streams.audio[0]
 
 
@@ -311,7 +323,7 @@ def probe_audio(path) -> AudioInfo:
         stream = _audio_stream(container, path)
         rate = int(stream.sample_rate or stream.codec_context.sample_rate or 0)
         if rate <= 0:
-            raise MediaError(f"audio stream of {path} has no sample rate")
+            raise MediaError(f"audio stream of {path} has no sample rate", path)
         duration = _stream_duration(stream, container)
         if duration > 0:
             num_samples = round(duration * rate)
@@ -349,12 +361,110 @@ def load_audio(path, sampling_rate: int) -> np.ndarray:
                 chunks += [f.to_ndarray().mean(axis=0) for f in resampler.resample(frame)]
             chunks += [f.to_ndarray().mean(axis=0) for f in resampler.resample(None)]
         except _av_errors() as e:
-            raise MediaError(f"cannot decode the audio of {path}: {e}") from e
+            raise MediaError(f"cannot decode the audio of {path}: {e}", path) from e
     if not chunks:
-        raise MediaError(f"audio stream of {path} decoded to no samples")
+        raise MediaError(f"audio stream of {path} decoded to no samples", path)
     samples = np.concatenate(chunks).astype(np.float32, copy=False)
     if abs(len(samples) - length) > 0.05 * length:
         logger.warning("audio %s: header says %d samples at %d Hz but %d decoded; using the header's length",
                        path, length, sampling_rate, len(samples))
     samples = np.pad(samples[:length], (0, max(0, length - len(samples))))
     return np.clip(samples, -1.0, 1.0)
+
+
+# ---------------------------------------------------------------- full decode at preprocessing
+
+# (path, size, mtime_ns, kind, detail) -> None (decodes) or the MediaError: each file is decoded once per process
+# and run, however many records (or chosen/rejected renderings) name it. Bounded so a huge image folder cannot grow it
+# without limit; a cleared entry only costs one more decode.
+_CHECKED: dict[tuple, MediaError | None] = {}
+_MAX_CHECKED = 200_000
+
+
+def check_media(kind: str, path, *, last_frame: int | None = None) -> None:
+    """Decode `path` as the data workers will, keeping no pixels; MediaError (naming the file) when that fails.
+
+    kind "image": verify() (PNG chunk CRCs) and then load() every pixel; "video": every frame up to
+    `last_frame` (the last one the tokenizer sampled); "audio": the whole audio stream (of an audio file, or
+    of a video with use_audio_in_video). The result is kept per file path, size and mtime for this process.
+    """
+    path = _check_exists(path)
+    stat = os.stat(path) if not path.startswith(("http://", "https://")) else None
+    key = (path, stat.st_size if stat else 0, stat.st_mtime_ns if stat else 0, kind, last_frame)
+    if key not in _CHECKED:
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        try:
+            _DECODE_CHECKS[kind](path, last_frame)
+            _CHECKED[key] = None
+        except MediaError as err:
+            _CHECKED[key] = err
+    if _CHECKED[key] is not None:
+        raise MediaError(str(_CHECKED[key]), path)
+
+
+def _check_image(path: str, _last_frame) -> None:
+    from PIL import Image, ImageFile
+
+    if path.startswith(("http://", "https://")):
+        raise MediaError(f"image URLs are not supported: {path}. Download the image and use its local path", path)
+    padding_allowed = ImageFile.LOAD_TRUNCATED_IMAGES  # a library may have set it; it would hide a cut file
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:  # verify() leaves the image unusable: open again to decode the pixels
+            image.load()
+    except _pil_errors() as e:
+        raise MediaError(f"cannot decode image {path}: the file is truncated or corrupt ({e})", path) from e
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = padding_allowed
+
+
+def _check_video(path: str, last_frame: int | None) -> None:
+    """Frames 0..last_frame decode (the sequential decode load_video does). A decoder error is a corrupt file; a
+    stream that simply ends early is what load_video tolerates for headers that estimate their frame count."""
+    with _open_av(path, "video") as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        count = 0
+        try:
+            for count, _frame in enumerate(container.decode(stream), start=1):
+                if last_frame is not None and count > last_frame:
+                    break
+        except _av_errors() as e:
+            raise MediaError(f"cannot decode video {path}: the file is truncated or corrupt (after {count} "
+                             f"frame(s): {e})", path) from e
+    if count == 0:
+        raise MediaError(f"video {path} has a video stream but no frame could be decoded", path)
+    if last_frame is not None and count <= last_frame:
+        logger.warning("video %s: header says at least %d frames but %d decoded; training samples from those",
+                       path, last_frame + 1, count)
+
+
+def _check_audio(path: str, _last_frame) -> None:
+    with _open_av(path, "audio") as container:
+        stream = _audio_stream(container, path)
+        samples = 0
+        try:
+            for frame in container.decode(stream):
+                samples += frame.samples
+        except _av_errors() as e:
+            raise MediaError(f"cannot decode the audio of {path}: the file is truncated or corrupt ({e})", path) from e
+    if samples == 0:
+        raise MediaError(f"audio stream of {path} decoded to no samples", path)
+
+
+_DECODE_CHECKS = {"image": _check_image, "video": _check_video, "audio": _check_audio}
+
+
+def check_plan(plan: dict) -> None:
+    """Decode every medium of one sample's media plan (mm_plan) once: see check_media."""
+    for image in plan.get("images") or []:
+        check_media("image", image["path"])
+    for video in plan.get("videos") or []:
+        check_media("video", video["path"], last_frame=max(video["indices"]))
+        if "audio" in video:
+            check_media("audio", video["audio"]["path"])
+    for audio in plan.get("audios") or []:
+        check_media("audio", audio["path"])

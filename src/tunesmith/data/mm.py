@@ -5,7 +5,9 @@ convention). Here each placeholder becomes a content part ({"type": "image"},
 ...) so the model's own chat template renders its media markers, and after
 tokenization each media token is expanded, at the token level, into the exact
 token sequence the model's processor would produce (computed from the media's
-size by a planner, without decoding it).
+size by a planner). Each file is then decoded once (media.check_plan), so a
+truncated or corrupt file is an error naming the record and file here, before
+training, rather than in a data worker at the step that meets it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 
 from ..stages import STAGES
 from ..errors import DataError
+from .budget import cut_messages
+from .media import check_plan
 from .sample import where
 
 PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
@@ -124,18 +128,34 @@ def with_markers(text: str, markers: dict[str, str]) -> str:
     return text
 
 
-def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: int) -> dict:
-    """A media sample: render with content parts, label assistant turns, expand media tokens."""
-    check_placeholders(sample)
+def in_record(sample: dict, err: DataError) -> DataError:
+    """`err` prefixed with the record it concerns; the file it names (MediaError.path) is kept."""
+    wrapped = DataError(f"{where(sample)}: {err}")
+    wrapped.path = getattr(err, "path", None)
+    return wrapped
+
+
+def plan_and_check(sample: dict, media) -> tuple[list[Expansion], str]:
+    """The media plan (from the headers), then every file decoded once: errors name the record and the file."""
     try:
         expansions, plan = media.plan(sample)
+        check_plan(json.loads(plan))
     except DataError as err:
-        raise DataError(f"{where(sample)}: {err}") from None
+        raise in_record(sample, err) from None
+    return expansions, plan
+
+
+def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: int, budget: int) -> dict:
+    """A media sample: render with content parts, label assistant turns, expand media tokens.
+    Messages are cut to `budget` characters first (data/budget.py keeps the placeholders)."""
+    check_placeholders(sample)
+    expansions, plan = plan_and_check(sample, media)
+    messages, text_cut = cut_messages(sample["messages"], budget)
     if STAGES[opts.stage].data_kind == "text":
-        text = with_markers(sample["messages"][0]["content"], media.markers) + tokenizer.eos_token
+        text = with_markers(messages[0]["content"], media.markers) + tokenizer.eos_token
         spans = [(0, len(text))]
     else:
-        text, spans = spans_fn(tokenizer, to_content_parts(sample["messages"]), opts)
+        text, spans = spans_fn(tokenizer, to_content_parts(messages), opts)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     labels = [t if opts.train_on_prompt or any(a <= s < b for a, b in spans) else ignore_index
@@ -143,9 +163,9 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
     try:
         ids, labels = expand_media_tokens(ids, labels, expansions, ignore_index)
     except DataError as err:
-        raise DataError(f"{where(sample)}: {err}") from None
+        raise in_record(sample, err) from None
     media_ids = {e.token_id for e in expansions}
-    return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids}
+    return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut)}
 
 
 def truncate_mm(row: dict, cutoff_len: int) -> dict | None:

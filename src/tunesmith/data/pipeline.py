@@ -6,21 +6,30 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
 
 from ..config.schema import RunConfig
 from ..errors import DataError
 from .. import dist
 from ..stages import STAGES
 from . import cache
+from .budget import char_budget
 from .loader import load_samples, split_eval
+from .pages import PageReleasing
 from .registry import get_spec
 from .prompts import render_prompt_batch
 from .render import IGNORE_INDEX, RenderOptions, render_batch, render_kto_batch, render_pair_batch
 from .templates import resolve
 
 log = logging.getLogger("tunesmith")
+
+# The file write_skipped_records writes into the run's output_dir.
+SKIPPED_RECORDS = "skipped_records.jsonl"
 
 
 @dataclass
@@ -40,6 +49,7 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
         train_on_prompt=cfg.data.train_on_prompt,
         mask_history=cfg.data.mask_history,
         skip_bad_samples=cfg.data.skip_bad_samples,
+        char_budget=char_budget(tokenizer, cfg.data.cutoff_len),
     )
 
 
@@ -114,26 +124,77 @@ def identity_placeholders(cfg: RunConfig) -> dict[str, str]:
 
 def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], tokenized_path: str | None,
                       media=None):
-    """Tokenized rows for `names`, from the cache when its fingerprint matches."""
-    if tokenized_path and Path(tokenized_path, "dataset_info.json").exists():
-        hit = cache.load_cached(Path(tokenized_path).name, Path(tokenized_path).parent)
-        if hit is None:
-            raise DataError(f"tokenized_path '{tokenized_path}' holds no tunesmith tokenized dataset; delete it")
-        log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
+    """Tokenized rows for `names`, from the cache when its fingerprint matches (and the entry verifies)."""
+    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache)
+    if hit is not None:
         return hit[0], {**hit[1], "cache": "tokenized_path"}
     options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names, media)
     key = cache.fingerprint(options, paths)
     hit = None if cfg.data.overwrite_cache else cache.load_cached(key)
     if hit is not None:
+        _save_tokenized_path(tokenized_path, key)
         return hit[0], {**hit[1], "cache": f"hit {key}"}
     if dist.world() > 1:
         dataset, report = _tokenize_across_ranks(cfg, tokenizer, opts, names, media, key)
     else:
-        dataset, report = _tokenize(cfg, tokenizer, opts, names, media)
-        cache.save_cached(key, dataset, report)
-    if tokenized_path and dist.is_main():
-        cache.save_cached(Path(tokenized_path).name, dataset, report, Path(tokenized_path).parent)
+        with _work_dir() as work:
+            writer = cache.EntryWriter(key, replace=True)
+            try:
+                report = _tokenize(cfg, tokenizer, opts, names, media, writer, work)
+                entry = writer.commit(report)
+            except BaseException:
+                writer.abort()
+                raise
+        dataset, report = _read_back(entry.name, entry.parent)
+    _save_tokenized_path(tokenized_path, key)
     return dataset, {**report, "cache": f"miss {key}"}
+
+
+def _read_back(key: str, root: Path):
+    """The entry just written (sizes checked; its hashes were computed from these very files)."""
+    hit = cache.load_cached(key, root, verify=False)
+    if hit is None:
+        raise DataError(f"the tokenized cache just written at {root / key} could not be read back (see the line "
+                        f"above); check the disk and run again")
+    return hit
+
+
+def _save_tokenized_path(tokenized_path: str | None, key: str) -> None:
+    """tokenized_path (absent, corrupt or overwritten: it was not loaded) gets a copy of entry `key`."""
+    if tokenized_path and dist.is_main():
+        path = Path(tokenized_path)
+        cache.copy_entry(cache.tokenized_root() / key, path.name, path.parent)
+
+
+def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
+    """LLaMA-Factory's tokenized_path: an existing one is loaded (not fingerprinted); a corrupt one is rebuilt."""
+    if not tokenized_path:
+        return None
+    path = Path(tokenized_path)
+    if not path.exists() or not any(path.iterdir()):
+        return None
+    if not cache.is_entry(path):
+        raise DataError(f"tokenized_path '{tokenized_path}' holds no tunesmith tokenized dataset; delete it or "
+                        f"point tokenized_path at a new folder")
+    if overwrite:
+        return None
+    hit = cache.load_cached(path.name, path.parent)
+    if hit is not None:
+        log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
+    return hit
+
+
+class _work_dir:
+    """A folder for the run's intermediate arrow files (rows, samples, rendered rows), removed afterwards."""
+
+    def __enter__(self) -> Path:
+        root = cache.tokenized_root()
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=".work-", dir=root))
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _shard_of_this_rank(cfg: RunConfig) -> tuple[int, int]:
@@ -148,23 +209,33 @@ def _tokenize_across_ranks(cfg, tokenizer, opts, names, media, key):
     then all of them read the assembled cache entry."""
     index, count = _shard_of_this_rank(cfg)
     shards = cache.tokenized_root() / f".{key}-shards"
-    part, report = _tokenize(cfg, tokenizer, opts, names, media, shard=(index, count))
-    part.save_to_disk(str(shards / str(index)))
-    (shards / f"{index}.json").write_text(json.dumps(report))
+    with _work_dir() as work:
+        writer = cache.EntryWriter(str(index), shards, replace=True)
+        try:
+            writer.commit(_tokenize(cfg, tokenizer, opts, names, media, writer, work, shard=(index, count)))
+        except BaseException:
+            writer.abort()
+            raise
     dist.barrier()
     if index == 0:
-        from datasets import concatenate_datasets, load_from_disk
-
-        parts = [load_from_disk(str(shards / str(i))) for i in range(count)]
-        reports = [json.loads((shards / f"{i}.json").read_text()) for i in range(count)]
-        cache.save_cached(key, concatenate_datasets(parts), _merge_reports(reports))
+        parts = [cache.load_cached(str(i), shards, verify=False) for i in range(count)]
+        if any(part is None for part in parts):
+            raise DataError(f"a rank's tokenized shard under {shards} is missing or incomplete; run again")
+        merged = cache.EntryWriter(key, replace=True, features=parts[0][0].features)
+        try:
+            for dataset, _ in parts:
+                merged.write_dataset(dataset)
+            merged.commit(_merge_reports([report for _, report in parts]))
+        except BaseException:
+            merged.abort()
+            raise
     dist.barrier()
     if index == 0:
         shutil.rmtree(shards, ignore_errors=True)
-    dataset, merged = cache.load_cached(key)
+    dataset, merged_report = _read_back(key, cache.tokenized_root())
     if len(dataset) == 0:
         raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
-    return dataset, merged
+    return dataset, merged_report
 
 
 def _merge_reports(reports: list[dict]) -> dict:
@@ -172,10 +243,14 @@ def _merge_reports(reports: list[dict]) -> dict:
     for key, value in reports[0].items():
         if isinstance(value, (int, float)):
             merged[key] = sum(r[key] for r in reports)
+        elif isinstance(value, list):
+            merged[key] = [item for r in reports for item in r[key]]
     return merged
 
 
-def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media=None, shard=None):
+def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], media, writer, work: Path,
+              shard=None) -> dict:
+    """Load, render and tokenize `names` into `writer` (a cache.EntryWriter); returns the data report."""
     samples, per_dataset = load_samples(
         names,
         dataset_dir=cfg.data.dataset_dir,
@@ -187,11 +262,13 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         skip_bad_samples=cfg.data.skip_bad_samples,
         num_proc=cfg.data.preprocessing_num_workers,
         placeholders=identity_placeholders(cfg),
+        work_dir=work,
     )
     if shard is not None:
         samples = samples.shard(num_shards=shard[1], index=shard[0], contiguous=True)
+    kind = STAGES[cfg.finetune.stage].data_kind
     tokenized = samples.map(
-        RENDERERS[STAGES[cfg.finetune.stage].data_kind],
+        PageReleasing(RENDERERS[kind]),
         batched=True,
         batch_size=cfg.data.preprocessing_batch_size,
         fn_kwargs={"tokenizer": tokenizer, "opts": opts, "media": media},
@@ -199,30 +276,110 @@ def _tokenize(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], 
         num_proc=cfg.data.preprocessing_num_workers,
         desc="Tokenizing",
     )
-    columns = set(tokenized.column_names)
-    num_too_long = int(sum(tokenized["too_long"])) if "too_long" in columns else 0
-    bad = [reason for reason in tokenized["bad"] if reason] if "bad" in columns else []
-    for reason in bad[:5]:
-        log.warning("skipped: %s", reason)
-    kept = tokenized if STAGES[cfg.finetune.stage].data_kind == "prompts" else tokenized.filter(
-        lambda b: [any(t != IGNORE_INDEX for t in labels[1:]) for labels in b["labels"]],
-        batched=True,
-        desc="Dropping samples without supervised tokens",
-    )
-    num_without_labels = len(tokenized) - len(kept) - num_too_long - len(bad)
-    if num_too_long:
+    del samples
+    stats = _write_kept(tokenized, writer, keep_unlabelled=kind == "prompts", keep_plans=media is not None)
+    skipped = [dict(record, stage="reading") for info in per_dataset.values()
+               for record in info.pop("skipped_records", [])] + stats.bad
+    for record in stats.bad[:5]:
+        log.warning("skipped: %s", record["reason"])
+    if stats.num_too_long:
         log.warning("%d media sample(s) longer than cutoff_len=%d dropped: cutting them would cut their media "
-                    "tokens; raise cutoff_len or lower the pixel budgets", num_too_long, cfg.data.cutoff_len)
-    if len(kept) == 0 and shard is None:
+                    "tokens; raise cutoff_len or lower the pixel budgets", stats.num_too_long, cfg.data.cutoff_len)
+    if stats.num_kept == 0 and shard is None:
         raise DataError(f"no sample of {names} has a supervised token left after cutoff_len={cfg.data.cutoff_len}")
-    report = {
+    return {
         "datasets": per_dataset,
-        "num_rows": len(kept),
-        "num_truncated": int(sum(tokenized["num_truncated"])),
-        "num_dropped_no_labels": num_without_labels,
-        "num_dropped_too_long": num_too_long,
-        "num_skipped_bad_media": len(bad),
-        "num_tokens": int(sum(kept["length"])),
+        "num_rows": stats.num_kept,
+        "num_truncated": stats.num_truncated,
+        "num_text_cut": stats.num_text_cut,
+        "num_dropped_no_labels": stats.num_rows - stats.num_kept - stats.num_too_long - len(stats.bad),
+        "num_dropped_too_long": stats.num_too_long,
+        "num_skipped_bad_media": len(stats.bad),
+        "num_tokens": stats.num_tokens,
+        "skipped_records": skipped,
     }
-    drop = [c for c in ("num_truncated", "too_long", "bad") if c in columns] + (["mm_plan"] if media is None else [])
-    return kept.remove_columns(drop), report
+
+
+@dataclass
+class _Stats:
+    num_rows: int = 0
+    num_kept: int = 0
+    num_tokens: int = 0
+    num_truncated: int = 0
+    num_text_cut: int = 0
+    num_too_long: int = 0
+    bad: list = field(default_factory=list)
+
+
+# Per-row bookkeeping the renderers emit for the report; not stored in the cache.
+_REPORT_COLUMNS = ("num_truncated", "num_text_cut", "too_long", "bad")
+
+
+def _write_kept(tokenized, writer, keep_unlabelled: bool, keep_plans: bool) -> _Stats:
+    """Stream the rendered rows into the cache entry, a batch at a time: the report's counts come from arrow
+    columns, rows without a supervised token (and bad / too-long ones) are dropped on the way. Nothing here holds
+    a column of the whole dataset in Python."""
+    import pyarrow.compute as pc
+
+    columns = tokenized.column_names
+    drop = [c for c in _REPORT_COLUMNS if c in columns] + ([] if keep_plans or "mm_plan" not in columns else ["mm_plan"])
+    from datasets import Features
+
+    writer.features = Features({k: v for k, v in tokenized.features.items() if k not in drop})
+    stats = _Stats()
+    for batch in tokenized.with_format("arrow").iter(batch_size=1000):
+        stats.num_rows += len(batch)
+        for name in ("num_truncated", "num_text_cut"):
+            if name in columns:
+                setattr(stats, name, getattr(stats, name) + int(pc.sum(batch[name]).as_py() or 0))
+        keep = np.ones(len(batch), dtype=bool)
+        if "too_long" in columns:
+            too_long = batch["too_long"].to_numpy(zero_copy_only=False).astype(bool)
+            stats.num_too_long += int(too_long.sum())
+            keep &= ~too_long
+        if "bad" in columns:
+            bad = pc.not_equal(batch["bad"], "").to_numpy(zero_copy_only=False)
+            stats.bad += [json.loads(b) for b in pc.filter(batch["bad"], bad).to_pylist()]
+            keep &= ~bad
+        if not keep_unlabelled:
+            keep &= _has_supervised_token(batch["labels"])
+        kept = batch.filter(pa.array(keep)).drop_columns(drop)
+        stats.num_kept += len(kept)
+        stats.num_tokens += int(pc.sum(kept["length"]).as_py() or 0) if len(kept) else 0
+        writer.write(kept)
+    if writer._writer is None:  # no rows at all: an entry with the columns
+        writer.write(pa.Table.from_batches([], schema=writer.features.arrow_schema))
+    return stats
+
+
+def _has_supervised_token(labels) -> np.ndarray:
+    """Per row: any label other than IGNORE_INDEX after the first position (the first is never predicted)."""
+    import pyarrow.compute as pc
+
+    labels = labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
+    tail = pc.list_slice(labels, 1)
+    values = pc.list_flatten(tail).to_numpy(zero_copy_only=False)
+    rows = pc.list_parent_indices(tail).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(labels), dtype=bool)
+    out[rows[values != IGNORE_INDEX]] = True
+    return out
+
+
+def write_skipped_records(report: dict, folder) -> Path | None:
+    """Write the records the data report lists as skipped (train and eval) to <folder>/skipped_records.jsonl, one
+    JSON object a line ({"split", "stage", "dataset", "index", "file", "reason"}); returns the file, or None (and
+    removes a stale file) when nothing was skipped. train/setup.py calls it with the run's output_dir."""
+    path = Path(folder) / SKIPPED_RECORDS
+    records = [{"split": "train", **r} for r in report.get("skipped_records", [])]
+    records += [{"split": "eval", **r} for r in (report.get("eval") or {}).get("skipped_records", [])]
+    if not records:
+        path.unlink(missing_ok=True)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps({"stage": "media", "file": None, **record}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    log.warning("%d bad record(s) skipped (skip_bad_samples: true); listed in %s", len(records), path)
+    return path

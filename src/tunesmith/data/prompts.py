@@ -12,43 +12,58 @@ from __future__ import annotations
 import json
 
 from ..errors import DataError
-from .mm import check_placeholders, expand_media_tokens, has_media, to_content_parts
-from .render import IGNORE_INDEX, RenderOptions, render_text
+from .budget import cut_messages
+from .mm import check_placeholders, expand_media_tokens, has_media, plan_and_check, to_content_parts
+from .render import IGNORE_INDEX, RenderOptions, bad_record, message_budget, render_text
 from .sample import where
+
+_COLUMNS = ("input_ids", "labels", "text", "mm_plan", "sample", "length", "num_truncated", "bad", "source")
 
 
 def render_prompt_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
-    """`datasets.map(batched=True)` entry for prompts: input_ids (no labels), text, mm_plan, sample."""
-    out = {k: [] for k in ("input_ids", "labels", "text", "mm_plan", "sample", "length", "num_truncated", "source")}
+    """`datasets.map(batched=True)` entry for prompts: input_ids (no labels), text, mm_plan, sample.
+    A prompt whose media cannot be decoded raises, or with skip_bad_samples is flagged `bad` (and listed)."""
+    out = {k: [] for k in _COLUMNS}
     for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
         messages = sample["messages"]
         extra = json.loads(sample.get("extra") or "{}")
         if messages and messages[-1]["role"] == "assistant":
             extra.setdefault("answer", messages[-1]["content"])
             messages = messages[:-1]
-        prompt = _prompt_ids(sample, messages, tokenizer, opts, media)
+        try:
+            prompt = _prompt_ids(sample, messages, tokenizer, opts, media)
+        except DataError as err:
+            if not (opts.skip_bad_samples and has_media(sample)):
+                raise
+            prompt, extra, messages = {"ids": [], "text": "", "mm_plan": "", "bad": bad_record(sample, err)}, {}, []
         if len(prompt["ids"]) > opts.cutoff_len:
-            raise DataError(f"{where(sample)}: the prompt has {len(prompt['ids'])} tokens, more than "
-                            f"cutoff_len={opts.cutoff_len}; raise cutoff_len")
+            count = "far more" if prompt["cut"] else f"{len(prompt['ids'])}"
+            raise DataError(f"{where(sample)}: the prompt has {count} tokens, more than cutoff_len={opts.cutoff_len}; "
+                            "raise cutoff_len")
         for key, value in (("input_ids", prompt["ids"]), ("labels", []), ("text", prompt["text"]),
                            ("mm_plan", prompt["mm_plan"]), ("length", len(prompt["ids"])), ("num_truncated", 0),
-                           ("sample", json.dumps({**extra, "messages": messages})), ("source", sample["source"])):
+                           ("bad", prompt.get("bad", "")), ("sample", json.dumps({**extra, "messages": messages})),
+                           ("source", sample["source"])):
             out[key].append(value)
     return out
 
 
 def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts: RenderOptions, media) -> dict:
+    """The prompt's ids. Messages are cut to the character budget first: a cut prompt is longer than cutoff_len
+    whatever it holds past the cut, so it is refused as it would be uncut (data/budget.py)."""
     has = has_media(sample)
     if has and media is None:
         raise DataError(f"{where(sample)} has media but the model is a text-only model")
-    text = render_text(tokenizer, to_content_parts(messages) if has else messages, opts, add_generation_prompt=True)
+    if has:
+        check_placeholders({**sample, "messages": messages})
+        expansions, plan = plan_and_check(sample, media)
+    cut_msgs, cut = cut_messages(messages, message_budget(tokenizer, opts))
+    text = render_text(tokenizer, to_content_parts(cut_msgs) if has else cut_msgs, opts, add_generation_prompt=True)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not has:
-        return {"ids": ids, "text": text, "mm_plan": ""}
-    check_placeholders({**sample, "messages": messages})
-    expansions, plan = media.plan(sample)
+        return {"ids": ids, "text": text, "mm_plan": "", "cut": cut}
     ids, _ = expand_media_tokens(ids, list(ids), expansions, IGNORE_INDEX)
-    return {"ids": ids, "text": text, "mm_plan": plan}
+    return {"ids": ids, "text": text, "mm_plan": plan, "cut": cut}
 
 
 def prompt_records(dataset) -> list[dict]:

@@ -5,6 +5,11 @@ The template is never hand-copied: the conversation is rendered to text by
 spans (assistant turns) are found by rendering the conversation up to each
 assistant turn. So the ids are exactly what `apply_chat_template` gives, and the
 labels follow the template whatever its format.
+
+Each message is first cut to a character budget derived from cutoff_len (data/budget.py), so a huge record costs
+what a normal one does; the kept tokens are the same (the head of the conversation is what cutoff_len keeps).
+Records whose media cannot be used are, with skip_bad_samples, emitted as empty rows whose `bad` column names the
+dataset, record, file and reason (the pipeline counts and lists them); without it they raise.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import DataError
 from ..stages import STAGES
+from .budget import char_budget, cut_messages
 from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
 from .sample import where
 
@@ -31,6 +37,22 @@ class RenderOptions:
     train_on_prompt: bool = False
     mask_history: bool = False
     skip_bad_samples: bool = False
+    char_budget: int | None = None  # characters kept per message (data/budget.py); None: derived from cutoff_len
+
+
+def message_budget(tokenizer, opts: RenderOptions) -> int:
+    return opts.char_budget or char_budget(tokenizer, opts.cutoff_len)
+
+
+def bad_record(sample: dict, err: Exception) -> str:
+    """The `bad` column of a skipped record: JSON naming the dataset, record, file (when known) and reason."""
+    return json.dumps({"dataset": sample.get("source"), "index": sample.get("index"),
+                       "file": getattr(err, "path", None), "reason": str(err)}, ensure_ascii=False)
+
+
+def _skippable(sample: dict, opts: RenderOptions) -> bool:
+    """skip_bad_samples covers records whose media cannot be used; other render errors concern every record."""
+    return opts.skip_bad_samples and has_media(sample)
 
 
 def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_generation_prompt=False) -> str:
@@ -92,10 +114,11 @@ def _text_of(content) -> str:
 
 
 def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
-    """input_ids, labels (-100 outside supervised spans), truncated flag."""
+    """input_ids, labels (-100 outside supervised spans), truncated flag, text-cut flag."""
     messages = sample["messages"]
     if not messages or messages[-1]["role"] != "assistant":
         raise DataError(f"{where(sample)}: the conversation must end with an assistant turn")
+    messages, text_cut = cut_messages(messages, message_budget(tokenizer, opts))
     tools = json.loads(sample["tools"]) if sample.get("tools") else None
     try:
         text, spans = assistant_char_spans(tokenizer, messages, opts, tools)
@@ -110,7 +133,8 @@ def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     else:
         labels = [tok if _inside(start, spans) else IGNORE_INDEX for tok, (start, _) in zip(ids, enc["offset_mapping"])]
     truncated = len(ids) > opts.cutoff_len
-    return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len], "num_truncated": int(truncated)}
+    return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len], "num_truncated": int(truncated),
+            "num_text_cut": int(text_cut)}
 
 
 def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
@@ -127,7 +151,7 @@ def render_pt(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     if tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", False):
         ids = [tokenizer.bos_token_id] + ids
     ids = ids + [tokenizer.eos_token_id]
-    return {"input_ids": ids, "labels": list(ids), "num_truncated": 0}
+    return {"input_ids": ids, "labels": list(ids), "num_truncated": 0, "num_text_cut": 0}
 
 
 def split_long(row: dict, cutoff_len: int) -> list[dict]:
@@ -163,58 +187,84 @@ def _render_one(sample: dict, tokenizer, opts: RenderOptions, media) -> dict:
     if has_media(sample):
         if media is None:
             _refuse_media(sample)
-        row = truncate_mm(render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX),
-                          opts.cutoff_len)
+        row = truncate_mm(render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX,
+                                        message_budget(tokenizer, opts)), opts.cutoff_len)
         if row is None:
             raise DataError(f"{where(sample)}: its media tokens do not fit in cutoff_len={opts.cutoff_len}")
         return row
     return render_sft(sample, tokenizer, opts)
 
 
+def _samples(batch: dict):
+    return (dict(zip(batch, values)) for values in zip(*batch.values()))
+
+
+_PAIR_COLUMNS = ("input_ids", "labels", "rejected_input_ids", "rejected_labels", "length", "num_truncated",
+                 "num_text_cut", "bad", "mm_plan", "margin", "source")
+
+
 def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
     """rm / dpo: the chosen and the rejected conversation of each record, labels on the final response."""
     opts = _response_only(opts)
-    out = {k: [] for k in ("input_ids", "labels", "rejected_input_ids", "rejected_labels", "length", "num_truncated",
-                           "mm_plan", "margin", "source")}
-    for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
+    out = {k: [] for k in _PAIR_COLUMNS}
+    for sample in _samples(batch):
         if not sample.get("rejected"):
             raise DataError(f"{where(sample)}: stage rm/dpo needs pairs; mark the dataset `ranking: true` with "
                             "chosen and rejected columns in dataset_info.json")
-        chosen = _render_one(sample, tokenizer, opts, media)
-        rejected = _render_one({**sample, "messages": sample["messages"][:-1] + sample["rejected"]}, tokenizer, opts,
-                               media)
-        out["input_ids"].append(chosen["input_ids"])
-        out["labels"].append(chosen["labels"])
-        out["rejected_input_ids"].append(rejected["input_ids"])
-        out["rejected_labels"].append(rejected["labels"])
-        out["length"].append(len(chosen["input_ids"]) + len(rejected["input_ids"]))
-        out["num_truncated"].append(int(bool(chosen["num_truncated"] or rejected["num_truncated"])))
-        out["mm_plan"].append(chosen.get("mm_plan", ""))
-        out["margin"].append(_margin(sample))
-        out["source"].append(sample["source"])
+        try:
+            chosen = _render_one(sample, tokenizer, opts, media)
+            rejected = _render_one({**sample, "messages": sample["messages"][:-1] + sample["rejected"]}, tokenizer,
+                                   opts, media)
+        except DataError as err:
+            if not _skippable(sample, opts):
+                raise
+            row = dict.fromkeys(_PAIR_COLUMNS, 0) | {"input_ids": [], "labels": [], "rejected_input_ids": [],
+                                                       "rejected_labels": [], "mm_plan": "", "margin": 0.0,
+                                                       "bad": bad_record(sample, err), "source": sample["source"]}
+        else:
+            row = {"input_ids": chosen["input_ids"], "labels": chosen["labels"],
+                   "rejected_input_ids": rejected["input_ids"], "rejected_labels": rejected["labels"],
+                   "length": len(chosen["input_ids"]) + len(rejected["input_ids"]),
+                   "num_truncated": int(bool(chosen["num_truncated"] or rejected["num_truncated"])),
+                   "num_text_cut": int(bool(chosen["num_text_cut"] or rejected["num_text_cut"])), "bad": "",
+                   "mm_plan": chosen.get("mm_plan", ""), "margin": _margin(sample), "source": sample["source"]}
+        for key in _PAIR_COLUMNS:
+            out[key].append(row[key])
     return out
+
+
+_KTO_COLUMNS = ("input_ids", "labels", "kl_input_ids", "kl_labels", "kto_tag", "length", "num_truncated",
+                "num_text_cut", "bad", "mm_plan", "source")
 
 
 def render_kto_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
     """kto: each (prompt, completion, label), plus the prompt with the next record's completion for the KL
     estimate (mismatched pairs, as in the KTO paper)."""
     opts = _response_only(opts)
-    samples = [dict(zip(batch, values)) for values in zip(*batch.values())]
-    out = {k: [] for k in ("input_ids", "labels", "kl_input_ids", "kl_labels", "kto_tag", "length", "num_truncated",
-                           "mm_plan", "source")}
+    samples = list(_samples(batch))
+    out = {k: [] for k in _KTO_COLUMNS}
     for i, sample in enumerate(samples):
         if sample.get("kto_tag") is None:
             raise DataError(f"{where(sample)}: stage kto needs a kto_tag (true/false) column in dataset_info.json")
         other = samples[(i + 1) % len(samples)]
-        row = _render_one(sample, tokenizer, opts, media)
-        kl = _render_one({**sample, "messages": sample["messages"][:-1] + other["messages"][-1:]}, tokenizer, opts,
-                         media)
-        for key, value in (("input_ids", row["input_ids"]), ("labels", row["labels"]), ("kl_input_ids", kl["input_ids"]),
-                           ("kl_labels", kl["labels"]), ("kto_tag", bool(sample["kto_tag"])),
-                           ("length", len(row["input_ids"]) + len(kl["input_ids"])),
-                           ("num_truncated", row["num_truncated"]), ("mm_plan", row.get("mm_plan", "")),
-                           ("source", sample["source"])):
-            out[key].append(value)
+        try:
+            row = _render_one(sample, tokenizer, opts, media)
+            kl = _render_one({**sample, "messages": sample["messages"][:-1] + other["messages"][-1:]}, tokenizer,
+                             opts, media)
+        except DataError as err:
+            if not _skippable(sample, opts):
+                raise
+            values = {"input_ids": [], "labels": [], "kl_input_ids": [], "kl_labels": [], "kto_tag": bool(sample["kto_tag"]),
+                      "length": 0, "num_truncated": 0, "num_text_cut": 0, "bad": bad_record(sample, err), "mm_plan": "",
+                      "source": sample["source"]}
+        else:
+            values = {"input_ids": row["input_ids"], "labels": row["labels"], "kl_input_ids": kl["input_ids"],
+                      "kl_labels": kl["labels"], "kto_tag": bool(sample["kto_tag"]),
+                      "length": len(row["input_ids"]) + len(kl["input_ids"]), "num_truncated": row["num_truncated"],
+                      "num_text_cut": int(bool(row["num_text_cut"] or kl["num_text_cut"])), "bad": "",
+                      "mm_plan": row.get("mm_plan", ""), "source": sample["source"]}
+        for key in _KTO_COLUMNS:
+            out[key].append(values[key])
     return out
 
 
@@ -226,46 +276,48 @@ def _margin(sample: dict) -> float:
         raise DataError(f"{where(sample)}: margin must be a number, got {value!r}") from None
 
 
+_BATCH_COLUMNS = ("input_ids", "labels", "length", "num_truncated", "num_text_cut", "too_long", "bad", "mm_plan",
+                  "source")
+
+
 def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
     """`datasets.map(batched=True)` entry: one input row can give several pt rows.
 
     `media` (a models.media_processor.MediaProcessor) handles records with images/videos/audios;
     without it such records are refused. A media record longer than cutoff_len whose cut
-    would fall inside its media tokens is flagged `too_long` and dropped (and counted) later.
+    would fall inside its media tokens is flagged `too_long` and dropped (and counted) later; one whose media
+    cannot be decoded raises, or with skip_bad_samples is flagged `bad` (and listed) instead.
     """
-    out = {key: [] for key in ("input_ids", "labels", "length", "num_truncated", "too_long", "bad", "mm_plan",
-                               "source")}
+    out = {key: [] for key in _BATCH_COLUMNS}
 
-    def emit(piece, truncated=0, too_long=0, plan="", bad=""):
-        out["input_ids"].append(piece["input_ids"])
-        out["labels"].append(piece["labels"])
-        out["length"].append(len(piece["input_ids"]))
-        out["num_truncated"].append(truncated)
-        out["too_long"].append(too_long)
-        out["bad"].append(bad)
-        out["mm_plan"].append(plan)
-        out["source"].append(sample["source"])
+    def emit(piece, truncated=0, too_long=0, plan="", bad="", text_cut=0):
+        for key, value in (("input_ids", piece["input_ids"]), ("labels", piece["labels"]),
+                           ("length", len(piece["input_ids"])), ("num_truncated", truncated),
+                           ("num_text_cut", text_cut), ("too_long", too_long), ("bad", bad), ("mm_plan", plan),
+                           ("source", sample["source"])):
+            out[key].append(value)
 
-    for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
+    for sample in _samples(batch):
         if has_media(sample):
             if media is None:
                 _refuse_media(sample)
             try:
-                row = truncate_mm(render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX),
-                                  opts.cutoff_len)
+                rendered = render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX,
+                                         message_budget(tokenizer, opts))
             except DataError as err:
                 if not opts.skip_bad_samples:
                     raise
-                emit({"input_ids": [], "labels": []}, bad=str(err))
+                emit({"input_ids": [], "labels": []}, bad=bad_record(sample, err))
                 continue
+            row = truncate_mm(rendered, opts.cutoff_len)
             if row is None:
-                emit({"input_ids": [], "labels": []}, too_long=1)
+                emit({"input_ids": [], "labels": []}, too_long=1, text_cut=rendered["num_text_cut"])
             else:
-                emit(row, row["num_truncated"], plan=row["mm_plan"])
+                emit(row, row["num_truncated"], plan=row["mm_plan"], text_cut=row["num_text_cut"])
         elif STAGES[opts.stage].data_kind == "text":
             for piece in split_long(render_pt(sample, tokenizer, opts), opts.cutoff_len):
                 emit(piece)
         else:
             rendered = render_sft(sample, tokenizer, opts)
-            emit(rendered, rendered["num_truncated"])
+            emit(rendered, rendered["num_truncated"], text_cut=rendered["num_text_cut"])
     return out

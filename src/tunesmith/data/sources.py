@@ -1,10 +1,11 @@
 """Files or hub datasets -> rows (a `datasets.Dataset`, columns as in the data).
 
-JSON and JSON Lines are parsed here with Python's json module rather than by
+JSON and JSON Lines are parsed with Python's json module rather than by
 `datasets`, because its arrow-based reader reports malformed input without the
 file's line number, and builds its schema from the first records only (a key
-missing there is lost). CSV, Parquet and Arrow are typed formats and go through
-`datasets` directly.
+missing there is lost); data/jsonrows.py reads them a bounded number of records
+at a time into arrow files under the run's work folder. CSV, Parquet and Arrow
+are typed formats and go through `datasets` directly.
 
 Hub and Parquet/Arrow data may hold its media inside the table (datasets' Image /
 Audio / Video features, as llava_1k_en or rlhf_v do); those are written once to
@@ -26,6 +27,7 @@ import datasets
 import numpy as np
 
 from tunesmith.data.cache import cache_root
+from tunesmith.data.jsonrows import read_json_records, rows_from_json_files, rows_from_records  # noqa: F401 (re-exported)
 from tunesmith.data.registry import DatasetSpec
 from tunesmith.errors import DataError
 
@@ -38,13 +40,15 @@ logger = logging.getLogger("tunesmith")
 ROW_INDEX = "_tunesmith_row"
 
 
-def load_rows(name: str, spec: DatasetSpec, dataset_dir: str | Path, *, seed: int = 42) -> datasets.Dataset:
-    """All rows of dataset `name`, with `num_samples` applied."""
+def load_rows(name: str, spec: DatasetSpec, dataset_dir: str | Path, *, seed: int = 42,
+              work_dir: Path | None = None) -> datasets.Dataset:
+    """All rows of dataset `name`, with `num_samples` applied. JSON rows are written under `work_dir` when given
+    (memory bounded by a part of the file), else held in memory."""
     if spec.hf_hub_url:
         _note_unused_hub_choice(name, spec)
         rows = _load_hub(name, spec)
     elif spec.file_name:
-        rows = _load_local(name, spec, Path(dataset_dir))
+        rows = _load_local(name, spec, Path(dataset_dir), work_dir)
     else:
         raise DataError(_unsupported_source(name, spec))
     if len(rows) == 0:
@@ -255,7 +259,7 @@ def _list_files(name: str, spec: DatasetSpec, dataset_dir: Path) -> tuple[list[P
     return files, types.pop()
 
 
-def _load_local(name: str, spec: DatasetSpec, dataset_dir: Path) -> datasets.Dataset:
+def _load_local(name: str, spec: DatasetSpec, dataset_dir: Path, work_dir: Path | None = None) -> datasets.Dataset:
     if spec.split != "train":
         raise DataError(
             f"dataset '{name}': split '{spec.split}' applies to hub datasets only; a local file is one split. "
@@ -263,84 +267,8 @@ def _load_local(name: str, spec: DatasetSpec, dataset_dir: Path) -> datasets.Dat
         )
     files, kind = _list_files(name, spec, dataset_dir)
     if kind in ("json", "jsonl"):
-        records = []
-        for f in files:
-            records.extend(read_json_records(f))
-        return rows_from_records(records, files)
+        return rows_from_json_files(files, work_dir)
     try:
         return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
     except Exception as e:  # noqa: BLE001 - arrow/pandas raise many types for a bad file
         raise DataError(f"dataset '{name}': could not read {', '.join(map(str, files))}: {type(e).__name__}: {e}") from None
-
-
-def read_json_records(path: Path) -> list[dict]:
-    """Records of a .json file (one array, or JSON Lines saved as .json) or a .jsonl file.
-
-    Errors name the file and line, which is what a user needs to fix a big file.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text ({e}). Save it as UTF-8.") from None
-    if path.suffix.lower() == ".jsonl" or _looks_like_json_lines(text):
-        return _parse_json_lines(path, text)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}, line {e.lineno}, column {e.colno}: invalid JSON ({e.msg}). Fix the file.") from None
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON array of records, got a {type(data).__name__}.")
-    return [_check_record(path, rec, f"record {i}") for i, rec in enumerate(data)]
-
-
-def _looks_like_json_lines(text: str) -> bool:
-    """A .json file with one object per line (datasets' json loader accepts these too)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if len(lines) < 2 or not lines[0].lstrip().startswith("{"):
-        return False
-    try:
-        json.loads(lines[0])
-        return True
-    except json.JSONDecodeError:
-        return False
-
-
-def _parse_json_lines(path: Path, text: str) -> list[dict]:
-    records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}, line {lineno}, column {e.colno}: invalid JSON ({e.msg}). Fix that line.") from None
-        records.append(_check_record(path, rec, f"line {lineno}"))
-    return records
-
-
-def _check_record(path: Path, rec: object, where: str) -> dict:
-    if not isinstance(rec, dict):
-        raise DataError(f"{path}, {where}: a record must be a JSON object, got {type(rec).__name__}: {str(rec)[:80]}")
-    return rec
-
-
-def rows_from_records(records: list[dict], files: list[Path]) -> datasets.Dataset:
-    """A Dataset from dicts whose keys may differ: a key a record lacks becomes None."""
-    keys = list(dict.fromkeys(k for rec in records for k in rec))
-    columns = {k: [rec.get(k) for rec in records] for k in keys}
-    try:
-        return datasets.Dataset.from_dict(columns)
-    except Exception:  # noqa: BLE001 - find the column arrow cannot type, to name it
-        pass
-    for key, values in columns.items():
-        try:
-            datasets.Dataset.from_dict({key: values})
-        except Exception as e:  # noqa: BLE001
-            kinds = sorted({type(v).__name__ for v in values if v is not None})
-            raise DataError(
-                f"{', '.join(map(str, files))}: field '{key}' has mixed types across records ({', '.join(kinds)}): {e}. "
-                f"Make it the same type in every record."
-            ) from None
-    raise DataError(f"{', '.join(map(str, files))}: could not build a table from the records.")

@@ -107,3 +107,53 @@ def test_text_model_refuses_media_records(tiny_qwen3):
     sample["images"] = ["/a.png", "/b.png"]
     with pytest.raises(DataError, match="1 <image> placeholder.*but 2 image"):
         render_batch({k: [v] for k, v in sample.items()}, tok, _opts(tok, "chatml"))
+
+
+# ---------------------------------------------------------------- the character budget (data/budget.py)
+
+
+def _words(n, seed):
+    import random
+
+    rng = random.Random(seed)
+    vocab = ["the", "assistant", "answers", "question", "step", "by", "tunesmith", "helpful", "2", "+", "3", "\n"]
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+LONG = [  # (template, conversation): each has a message far longer than cutoff_len tokens can cover
+    ("chatml", [{"role": "user", "content": _words(9000, 1)}, {"role": "assistant", "content": _words(9000, 2)}]),
+    ("chatml", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x" * 40000 + _words(3000, 3)}]),
+    ("llama3", [{"role": "system", "content": "S " * 20000}, {"role": "user", "content": "q"},
+                {"role": "assistant", "content": _words(9000, 4)}]),
+    # Qwen3 drops a history turn's reasoning: its answer (after a long </think>) is what the tokens show.
+    ("qwen3", [{"role": "user", "content": "q1"},
+               {"role": "assistant", "content": "<think>\n" + _words(9000, 5) + "\n</think>\n\n" + _words(9000, 6)},
+               {"role": "user", "content": "q2"}, {"role": "assistant", "content": "<think>\nr\n</think>\n\na"}]),
+    # ...and keeps the last turn's, split at </think>,
+    ("qwen3", [{"role": "user", "content": "q"},
+               {"role": "assistant", "content": "<think>\n" + _words(9000, 8) + "\n</think>\n\n" + _words(900, 9)}]),
+    # ...and recognises a tool result by its start and end.
+    ("qwen3", [{"role": "user", "content": "<tool_response>" + _words(9000, 7) + "</tool_response>"},
+               {"role": "assistant", "content": "a"}]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LONG)))
+def test_the_character_budget_changes_no_kept_token(tiny_qwen3, tiny_llama, case):
+    from dataclasses import replace
+
+    name, conversation = LONG[case]
+    tok = AutoTokenizer.from_pretrained(tiny_llama if name == "llama3" else tiny_qwen3)
+    sample = make_sample(conversation, source="long", index=case)
+    opts = _opts(tok, name, cutoff_len=64)
+    cut = render_sft(sample, tok, opts)
+    whole = render_sft(sample, tok, replace(opts, char_budget=10**12))
+    assert cut["num_text_cut"] == 1 and whole["num_text_cut"] == 0
+    assert cut["num_truncated"] == whole["num_truncated"] == 1
+    assert cut["input_ids"] == whole["input_ids"] and cut["labels"] == whole["labels"]
+
+
+def test_a_record_within_the_budget_is_not_cut(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    out = render_sft(make_sample(CONVERSATION, source="t", index=0), tok, _opts(tok, "chatml", cutoff_len=64))
+    assert out["num_text_cut"] == 0

@@ -1,4 +1,5 @@
-"""Multimodal rendering: ids equal the processor's own output per family; media decoded only in process()."""
+"""Multimodal rendering: ids equal the processor's own output per family; each file decoded once to check it,
+pixels made only in process()."""
 
 import json
 
@@ -61,11 +62,18 @@ def test_expansion_equals_the_processor(arch, dataset, monkeypatch):
     processor, mp = _media(arch)
     samples, _ = load_samples([dataset], dataset_dir=DATA_DIR, stage="sft")
     sample = next(s for s in samples if len(s["images"]) == 2) if dataset == "mllm_demo" else samples[0]
-    decoded = []
-    for name in ("load_image", "load_video", "load_audio"):  # planning must not decode anything
+    decoded, checked = [], []
+    for name in ("load_image", "load_video", "load_audio"):  # rendering makes no pixels: the workers do
         monkeypatch.setattr(M, name, lambda *a, _n=name, **k: decoded.append(_n))
+    M._CHECKED.clear()
+    real_checks = dict(M._DECODE_CHECKS)
+    for kind, check in real_checks.items():  # ...but it decodes each file once, to find a corrupt one now
+        monkeypatch.setitem(M._DECODE_CHECKS, kind, lambda p, last, _c=check: (checked.append(p), _c(p, last)))
     out = _render(processor, mp, sample)
+    _render(processor, mp, sample)  # the same files again: no second decode
     assert decoded == []
+    files = sample["images"] + sample["videos"] + sample["audios"]
+    assert sorted(checked) == sorted(set(files)) and checked
     monkeypatch.undo()
     plan = json.loads(out["mm_plan"][0])
     assert out["input_ids"][0] == _reference_ids(processor, sample, plan)
@@ -132,3 +140,26 @@ def test_media_past_cutoff_is_dropped_not_cut():
     opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=16)
     out = render_batch({k: [v] for k, v in samples[0].items()}, processor.tokenizer, opts, media=mp)
     assert out["too_long"] == [1] and out["input_ids"] == [[]]
+
+
+def test_the_character_budget_keeps_media_and_changes_no_kept_token():
+    from dataclasses import replace
+
+    processor, mp = _media("qwen2_5_vl")
+    samples, _ = load_samples(["mllm_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=1)
+    sample = dict(samples[0])
+    long = "the assistant answers " * 3000
+    sample["messages"] = [{**m, "content": m["content"] + long if m["role"] == "user" else long + m["content"]}
+                          for m in sample["messages"]]
+    opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=256)
+    batch = {k: [v] for k, v in sample.items()}
+    cut = render_batch(batch, processor.tokenizer, opts, media=mp)
+    whole = render_batch(batch, processor.tokenizer, replace(opts, char_budget=10**12), media=mp)
+    assert cut["num_text_cut"] == [1] and whole["num_text_cut"] == [0] and cut["too_long"] == [0]
+    assert cut["input_ids"] == whole["input_ids"] and cut["labels"] == whole["labels"]
+    assert cut["mm_plan"] == whole["mm_plan"] and len(cut["input_ids"][0]) == 256
+    # a placeholder past the budget stays (its count is checked), and the record is too long as it was
+    sample["messages"] = [{"role": "user", "content": long * 3 + "<image>" * len(sample["images"])},
+                          sample["messages"][-1]]
+    batch = {k: [v] for k, v in sample.items()}
+    assert render_batch(batch, processor.tokenizer, opts, media=mp)["too_long"] == [1]

@@ -86,3 +86,47 @@ def test_num_samples_subset_and_oversample_are_deterministic(tmp_path):
     again = load_rows("a", DatasetSpec(file_name="a.json", num_samples=12), tmp_path)
     assert len(big) == 12 and set(big["i"]) == set(range(5)) and big["i"] == again["i"]
     assert big["i"] == big[ROW_INDEX]  # the original record number travels with the row
+
+
+# ---------------------------------------------------------------- JSON read a part at a time (data/jsonrows.py)
+
+
+def _small_parts(monkeypatch):
+    from tunesmith.data import jsonrows
+
+    monkeypatch.setattr(jsonrows, "_PART_RECORDS", 3)
+    monkeypatch.setattr(jsonrows, "_CHUNK", 16)  # the array reader's buffer refills and compacts constantly
+
+
+def test_json_read_in_parts_equals_one_table(tmp_path, monkeypatch):
+    records = [{"instruction": f"q{i}", "output": "a" * (i * 7), "history": []} for i in range(8)]
+    records[5]["history"] = [["h", "i"]]  # typed in a later part only
+    records[7]["system"] = "late key"
+    (tmp_path / "a.json").write_text(json.dumps(records, indent=1))
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    whole = sources.rows_from_records(records, ["x"]).to_list()
+    _small_parts(monkeypatch)
+    for name in ("a.json", "b.jsonl"):
+        in_memory = load_rows("a", DatasetSpec(file_name=name), tmp_path)
+        on_disk = sources.rows_from_json_files([tmp_path / name], tmp_path)
+        assert in_memory.to_list() == on_disk.to_list() == whole
+        assert on_disk.cache_files  # memory-mapped parts, not Python objects
+
+
+def test_json_array_errors_name_the_line_after_many_refills(tmp_path, monkeypatch):
+    _small_parts(monkeypatch)
+    lines = ["["] + [f'  {{"instruction": "q{i}", "output": "a"}},' for i in range(40)] + ['  {"instruction": }', "]"]
+    (tmp_path / "bad.json").write_text("\n".join(lines))
+    with pytest.raises(DataError, match=r"bad\.json, line 42, column 19: invalid JSON"):
+        load_rows("bad", DatasetSpec(file_name="bad.json"), tmp_path)
+    (tmp_path / "extra.json").write_text('[{"a": 1}] [')
+    with pytest.raises(DataError, match=r"extra\.json, line 1, column 12: invalid JSON \(Extra data\)"):
+        load_rows("x", DatasetSpec(file_name="extra.json"), tmp_path)
+
+
+def test_json_mixed_types_across_parts_name_the_field(tmp_path, monkeypatch):
+    _small_parts(monkeypatch)
+    records = [{"a": "x", "b": 1}] * 4 + [{"a": "y", "b": "text"}] * 4
+    (tmp_path / "m.json").write_text(json.dumps(records))
+    with pytest.raises(DataError, match="field 'b' has mixed types"):
+        load_rows("m", DatasetSpec(file_name="m.json"), tmp_path)
