@@ -88,3 +88,14 @@ def test_a_diverging_run_stops_after_max_bad_steps_and_keeps_its_checkpoint(tmp_
     assert ckpt.list_checkpoints(out)  # the checkpoints written before it diverged are still there
     summary = out / "train_summary.json"
     assert not summary.exists()  # no final model pretends the run finished
+
+
+def test_a_run_with_skip_bad_samples_lists_the_skipped_records_in_its_output_dir(tmp_path):
+    rows = [{"instruction": f"What is {i} + 1?", "output": str(i + 1)} for i in range(8)]
+    rows[3] = {"instruction": "no answer here"}  # an sft record without a response
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.json"}}))
+    out = tmp_path / "o"
+    train(run_config(out, dataset="d", dataset_dir=str(tmp_path), max_steps=1, skip_bad_samples=True))
+    listed = [json.loads(line) for line in (out / "skipped_records.jsonl").read_text().splitlines()]
+    assert len(listed) == 1 and listed[0]["dataset"] == "d" and listed[0]["index"] == 3

@@ -35,7 +35,8 @@ def print_data_report(report: dict, cfg) -> None:
         f"truncated to cutoff_len={cfg.data.cutoff_len}: {report.get('num_truncated', 0)}; "
         f"dropped (no supervised token left): {report.get('num_dropped_no_labels', 0)}; "
         f"dropped (media past cutoff_len): {report.get('num_dropped_too_long', 0)}; "
-        f"skipped (bad media): {report.get('num_skipped_bad_media', 0)}; cache {report.get('cache', '?')}"
+        f"skipped (bad media): {report.get('num_skipped_bad_media', 0)}; text cut to the cutoff's character "
+        f"budget before tokenizing: {report.get('num_text_cut', 0)}; cache {report.get('cache', '?')}"
     )
     if "eval" in report:
         console.print(f"eval: {report['eval'].get('num_rows', '?')} samples")

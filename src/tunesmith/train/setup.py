@@ -19,7 +19,7 @@ from transformers import set_seed
 from .. import dist
 from ..config.load import redacted, save_config
 from ..config.resolve import RunFacts, resolve, resolve_steps
-from ..data.pipeline import prepare_data, render_options
+from ..data.pipeline import prepare_data, render_options, write_skipped_records
 from ..data.prompts import prompt_records
 from ..data.templates import stop_tokens
 from ..engines import build_engine, checkpoint_backend, needs_process_group
@@ -88,6 +88,8 @@ def set_up(cfg) -> Runner:
     stage = STAGES[cfg.finetune.stage]
     with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
         data = prepare_data(cfg, tokenizer, media)
+    if dist.is_main():
+        write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
     changes = check_config(resume, redacted(cfg), cfg.output.resume_allow_changes) if resume is not None else {}
