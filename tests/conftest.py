@@ -41,6 +41,7 @@ def _isolated_cache(tiny_cache):
     """Runs never touch ~/.cache: tiny models and tokenized data go to the session temp dir."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TUNESMITH_CACHE", str(tiny_cache))
+    mp.setenv("TUNESMITH_CHECKPOINT_KEY_FILE", str(tiny_cache / "checkpoint.key"))  # not the user's own key
     mp.setenv("HF_HUB_OFFLINE", "1")
     yield
     mp.undo()

@@ -37,11 +37,19 @@ def torchrun_command(argv: list[str]) -> list[str]:
 def relaunch(argv: list[str]) -> int:
     """Run the same command under torchrun (in this process: its launcher, not a subprocess, so a failure
     ends as one line here while each failing rank has already said what failed); returns the exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # torchrun forwards SIGTERM/SIGINT to the ranks and then gives them this long to save and exit (its own
+    # default, 30 s, is too short to checkpoint a large model); the user's value wins.
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "600")
     try:
         run(parse_args(torchrun_command(argv)))
+    except SignalException:
+        # Preempted: the ranks were asked to save at their next step boundary and exit, as one process does.
+        print("tunesmith: stopped by a signal; resume with resume_from_checkpoint: true", file=sys.stderr)
+        return 130
     except ChildFailedError as err:
         ranks = sorted(err.failures)
         print(f"tunesmith: training failed on rank(s) {ranks}; each rank's message is above", file=sys.stderr)

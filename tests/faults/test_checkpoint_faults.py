@@ -328,6 +328,7 @@ def stopped_under_torchrun(tmp_path_factory, tiny_qwen3):
     _wait_for(_logged_steps(out, 2), proc)
     os.killpg(proc.pid, signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr  # the launcher reports a preemption as Ctrl-C does
     return out, stdout + stderr, env
 
 

@@ -72,16 +72,28 @@ def saved_config(checkpoint: Path) -> dict | None:
     return state.get("config")
 
 
-def check_config(checkpoint: Path, current: dict, allowed: list[str]) -> dict[str, list]:
+# Per-device batch, accumulation and steps per epoch follow the number of processes: resuming on another
+# number of processes (sharded state reshards) keeps the training when the global batch is the same.
+_PER_PROCESS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "num_steps_per_epoch"})
+
+
+def _global_batch(config: dict, world: int) -> int:
+    return int(config.get("per_device_train_batch_size") or 1) * int(config.get("gradient_accumulation_steps") or 1) * world
+
+
+def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size: int = 1) -> dict[str, list]:
     """The changes from the checkpoint's config to this run's ({key: [old, new]}), or a refusal listing the
     ones that change training and are not allowed."""
     saved = saved_config(checkpoint)
+    saved_world = int(json.loads((checkpoint / "trainer_state.json").read_text()).get("world_size", 1))
     if saved is None:
         log.warning("%s records no config (written by another tool or an older tunesmith): the config is not "
                     "compared at resume", checkpoint)
         return {}
     changes = {k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current))
                if saved.get(k) != current.get(k) and k not in _HARMLESS}
+    if _global_batch(saved, saved_world) == _global_batch(current, world_size):
+        changes = {k: v for k, v in changes.items() if k not in _PER_PROCESS}
     refused = sorted(k for k in changes if k not in _LENGTH and k not in allowed)
     if refused:
         listed = ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)

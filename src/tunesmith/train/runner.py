@@ -81,6 +81,7 @@ class Runner:
         # Verified (manifest, signature) before anything is loaded; then weights, optimizer, schedule, RNG.
         saved = ckpt.restore(path, self.engine, self.cfg.output, self.source)
         saved.pop("config", None)  # compared with this run's at setup (train/resume.py)
+        saved.pop("world_size", None)
         self.source.load_state_dict(saved.pop("data"))
         self.state.update(saved)
         self.saved_step = self.state["global_step"]
@@ -185,7 +186,8 @@ class Runner:
             sink.log(metrics, step)
 
     def _save(self) -> None:
-        trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg)}
+        trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg),
+                         "world_size": dist.world()}
         path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
                                     trainer_state, only_model=self.cfg.output.save_only_model,
                                     key_file=self.cfg.output.checkpoint_key_file)

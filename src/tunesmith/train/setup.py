@@ -92,7 +92,8 @@ def set_up(cfg) -> Runner:
         write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
-    changes = check_config(resume, redacted(cfg), cfg.output.resume_allow_changes) if resume is not None else {}
+    changes = (check_config(resume, redacted(cfg), cfg.output.resume_allow_changes, dist.world())
+               if resume is not None else {})
     if dist.is_main():
         save_config(cfg, output_dir / "tunesmith_config.yaml")
         if resume is not None:
