@@ -68,14 +68,23 @@ def _truncated_png() -> bytes:
 
 GARBAGE = bytes(range(256)) * 16
 
+
+def _truncated_wav() -> bytes:
+    """A whole header and half the samples: the decoder reads the rest without an error."""
+    data = (DATA_DIR / KINDS["audio"][1]).read_bytes()
+    return data[: len(data) // 2]
+
+
 CASES = [  # (kind, bytes of the bad file, its suffix, what the error says)
     ("image", _truncated_png(), ".png", "truncated or corrupt"),
     ("video", GARBAGE, ".mp4", "not a decodable media file"),
     ("audio", GARBAGE, ".wav", "not a decodable media file"),
+    ("audio", _truncated_wav(), ".wav", "the file is truncated"),
 ]
+_IDS = ["image", "video", "audio", "audio-truncated"]
 
 
-@pytest.mark.parametrize("kind, payload, suffix, says", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("kind, payload, suffix, says", CASES, ids=_IDS)
 def test_bad_media_is_an_error_naming_dataset_record_and_file(tmp_path, kind, payload, suffix, says):
     data, bad = _media_dataset(tmp_path, kind, payload, suffix)
     if kind == "image":  # the header is whole: a probe alone would pass it on to training
@@ -85,7 +94,7 @@ def test_bad_media_is_an_error_naming_dataset_record_and_file(tmp_path, kind, pa
         _prepare_media(tmp_path, kind, data)
 
 
-@pytest.mark.parametrize("kind, payload, suffix, says", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("kind, payload, suffix, says", CASES, ids=_IDS)
 def test_bad_media_with_skip_bad_samples_is_counted_and_listed(tmp_path, kind, payload, suffix, says):
     data, bad = _media_dataset(tmp_path, kind, payload, suffix)
     prepared = _prepare_media(tmp_path, kind, data, skip_bad_samples=True)

@@ -453,6 +453,26 @@ def _check_audio(path: str, _last_frame) -> None:
             raise MediaError(f"cannot decode the audio of {path}: the file is truncated or corrupt ({e})", path) from e
     if samples == 0:
         raise MediaError(f"audio stream of {path} decoded to no samples", path)
+    _check_wav_length(path)
+
+
+def _check_wav_length(path: str) -> None:
+    """A WAV cut short keeps its header, and the decoder then reads what is there without an error (its length
+    comes from the file size): compare the header's frame count with the bytes the file holds."""
+    if not path.lower().endswith(".wav"):
+        return
+    import wave
+
+    try:
+        with wave.open(path, "rb") as wav:
+            declared, frame_bytes = wav.getnframes(), wav.getsampwidth() * wav.getnchannels()
+            start = wav._data_chunk.offset + 8  # the PCM data begins after the chunk's 8-byte header
+    except (wave.Error, EOFError, AttributeError):
+        return  # not plain PCM (float, extensible): the decoder's own check stands
+    held = (os.path.getsize(path) - start) // max(frame_bytes, 1)
+    if held < declared:
+        raise MediaError(f"cannot decode the audio of {path}: the file is truncated (its header declares "
+                         f"{declared} frames, it holds {held})", path)
 
 
 _DECODE_CHECKS = {"image": _check_image, "video": _check_video, "audio": _check_audio}
