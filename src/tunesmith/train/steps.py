@@ -51,12 +51,12 @@ def run_prepasses(engine, method, batches: list) -> None:
     """The method's pre-passes (reference or old log-probs, ...) into batch.extra, skipping values a batch
     already has (precomputed columns, or computed once per rollout batch by the source)."""
     for prepass in method.prepasses():
-        todo = [b for b in batches if prepass.key not in b.extra]
-        if not todo:
+        missing = [b for b in batches if prepass.key not in b.extra]
+        if not missing:
             continue
         with engine.reference() if prepass.reference else contextlib.nullcontext():
-            values = engine.forward(todo, LossFn(prepass.outputs, prepass.fn))
-        for batch, value in zip(todo, values):
+            values = engine.forward(missing, LossFn(prepass.outputs, prepass.fn))
+        for batch, value in zip(missing, values):
             batch.extra[prepass.key] = value
 
 
