@@ -6,6 +6,7 @@ import logging
 import shutil
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -75,13 +76,35 @@ def _truncated_wav() -> bytes:
     return data[: len(data) // 2]
 
 
+def _truncated_mp4() -> bytes:
+    """A 16-frame MP4 with its index (moov) first, cut in the frame data: the decoder ends early without an error."""
+    import tempfile
+
+    import av
+    import numpy as np
+
+    path = Path(tempfile.mkdtemp()) / "cut.mp4"  # faststart rewrites the file: it needs a real one
+    with av.open(str(path), "w", options={"movflags": "faststart"}) as out:
+        stream = out.add_stream("mpeg4", rate=8)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        rng = np.random.default_rng(0)
+        for _ in range(16):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8), format="rgb24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    data = path.read_bytes()
+    shutil.rmtree(path.parent)
+    return data[: len(data) // 2]
+
+
 CASES = [  # (kind, bytes of the bad file, its suffix, what the error says)
     ("image", _truncated_png(), ".png", "truncated or corrupt"),
     ("video", GARBAGE, ".mp4", "not a decodable media file"),
+    ("video", _truncated_mp4(), ".mp4", "is truncated"),
     ("audio", GARBAGE, ".wav", "not a decodable media file"),
     ("audio", _truncated_wav(), ".wav", "the file is truncated"),
 ]
-_IDS = ["image", "video", "audio", "audio-truncated"]
+_IDS = ["image", "video", "video-truncated", "audio", "audio-truncated"]
 
 
 @pytest.mark.parametrize("kind, payload, suffix, says", CASES, ids=_IDS)
@@ -89,6 +112,8 @@ def test_bad_media_is_an_error_naming_dataset_record_and_file(tmp_path, kind, pa
     data, bad = _media_dataset(tmp_path, kind, payload, suffix)
     if kind == "image":  # the header is whole: a probe alone would pass it on to training
         assert media.probe_image(bad).width == 96
+    if suffix == ".mp4" and payload is not GARBAGE:
+        assert media.probe_video(bad).num_frames == 16
     with pytest.raises(DataError, match=rf"dataset 'pics', record 1: .*{bad.name}.*{says}|"
                                         rf"dataset 'pics', record 1: .*{says}.*{bad.name}"):
         _prepare_media(tmp_path, kind, data)

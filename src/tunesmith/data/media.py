@@ -422,10 +422,13 @@ def _check_image(path: str, _last_frame) -> None:
 
 
 def _check_video(path: str, last_frame: int | None) -> None:
-    """Frames 0..last_frame decode (the sequential decode load_video does). A decoder error is a corrupt file; a
-    stream that simply ends early is what load_video tolerates for headers that estimate their frame count."""
+    """Frames 0..last_frame decode (the sequential decode load_video does). A decoder error is a corrupt file, and
+    so is a stream that ends before the last sampled frame when the header records its frame count (a file cut
+    after an intact header: the decoder reads what is there without an error). A header without a frame count
+    (estimated as duration x fps) may be off by a frame or two: that shortfall is tolerated with a warning."""
     with _open_av(path, "video") as container:
         stream = _video_stream(container, path)
+        recorded = int(stream.frames)
         stream.thread_type = "AUTO"
         count = 0
         try:
@@ -437,9 +440,20 @@ def _check_video(path: str, last_frame: int | None) -> None:
                              f"frame(s): {e})", path) from e
     if count == 0:
         raise MediaError(f"video {path} has a video stream but no frame could be decoded", path)
-    if last_frame is not None and count <= last_frame:
-        logger.warning("video %s: header says at least %d frames but %d decoded; training samples from those",
-                       path, last_frame + 1, count)
+    if last_frame is None or count > last_frame:
+        return
+    if recorded or last_frame + 1 - count > _estimate_slack(last_frame + 1):
+        header = f"records {recorded} frames" if recorded else f"implies about {last_frame + 1} or more frames"
+        raise MediaError(f"video {path} is truncated: its header {header} but the stream ends after {count} "
+                         f"frame(s), before frame {last_frame + 1} that sampling needs. Re-encode or re-download "
+                         f"the file, or set skip_bad_samples: true to skip its record", path)
+    logger.warning("video %s: the header estimates at least %d frames but %d decoded; training samples from those",
+                   path, last_frame + 1, count)
+
+
+def _estimate_slack(frames: int) -> int:
+    """Frames a duration x fps estimate may be off by (rounding of the duration and fps): 2 or 5%."""
+    return max(2, round(0.05 * frames))
 
 
 def _check_audio(path: str, _last_frame) -> None:
