@@ -43,7 +43,9 @@ s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
     one layer        a1 = B*S*(34*H + 5*A*S) * k bytes; the 5*A*S term (the attention matrix)
                      is dropped with SDPA / flash attention (every flash_attn choice but eager)
     no checkpointing L * a1
-    checkpointing    L * B*S*H * 2k bytes (each layer's input) + a1 (the layer being recomputed)
+    checkpointing    L * B*S*H * 2k bytes (each layer's input) + a1 (the layer being recomputed); with c of
+                     the L layers checkpointed (gradient_checkpointing: auto's selective choice),
+                     c * B*S*H*2k + (L - c) * a1 + a1
     logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); about 0 with
                      enable_liger_kernel (the fused linear + cross-entropy never builds them)
     Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
@@ -194,7 +196,8 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
 
     Returns {"params", "trainable_params", "num_gpus", "sharded" (by which engine, "" if not), "gpu_gib", "weights", "gradients",
     "optimizer", "gathered_params", "activations", "logits", "overhead", "total", "cpu", "fits",
-    "biggest", "notes"} (memory keys in GiB per GPU; "cpu" is CPU memory per GPU process).
+    "biggest", "notes", "checkpointed_layers", "checkpointing" (the layers gradient_checkpointing checkpoints and
+    why: checkpoint_plan)} (memory keys in GiB per GPU; "cpu" is CPU memory per GPU process).
     """
     if hf_config is None:
         hf_config = model_config(cfg)
@@ -261,8 +264,10 @@ def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float
             weights: float, gradients: float, optimizer: float, gathered: float, cpu: float) -> dict:
     """Add activations and logits to the model states; decide whether it fits and what would help."""
     ft = cfg.finetune
-    activations, logits = _activation_gib(cfg, dims)
-    total = weights + gradients + optimizer + gathered + activations + logits + OVERHEAD_GIB
+    states = weights + gradients + optimizer + gathered + OVERHEAD_GIB
+    layers, reason = checkpoint_plan(cfg, dims, states, gpu_gib)
+    activations, logits = _activation_gib(cfg, dims, layers)
+    total = states + activations + logits
 
     terms = {"weights": weights, "gradients": gradients, "optimizer states": optimizer,
              "activations": activations, "logits": logits}
@@ -282,12 +287,14 @@ def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float
         "params": N, "trainable_params": N_t, "num_gpus": W, "sharded": sharded, "gpu_gib": gpu_gib,
         "weights": weights, "gradients": gradients, "optimizer": optimizer, "gathered_params": gathered,
         "activations": activations, "logits": logits, "overhead": OVERHEAD_GIB, "total": total, "cpu": cpu,
-        "fits": fits, "biggest": biggest, "notes": notes,
+        "fits": fits, "biggest": biggest, "notes": notes, "checkpointed_layers": layers,
+        "checkpointing": reason,
     }
 
 
-def _activation_gib(cfg: RunConfig, dims: dict) -> tuple[float, float]:
-    """(activations, logits) in GiB for one micro-batch; formulas in the module docstring."""
+def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int) -> tuple[float, float]:
+    """(activations, logits) in GiB for one micro-batch with `checkpointed` of the L layers checkpointed; formulas
+    in the module docstring."""
     m, t, ft = cfg.model, cfg.train, cfg.finetune
     L, H, A, V = dims["L"], dims["H"], dims["A"], dims["V"]
     rows = t.per_device_train_batch_size * (2 if STAGES[ft.stage].data_kind == "pairs" else 1)
@@ -295,13 +302,42 @@ def _activation_gib(cfg: RunConfig, dims: dict) -> tuple[float, float]:
     k = 1 if (m.pure_bf16 or m.bf16 or m.fp16) else 2
     flash = m.flash_attn not in ("eager", "disabled")
     per_layer = rows * S * (34 * H + (0 if flash else 5 * A * S)) * k
-    if m.gradient_checkpointing:
-        act_bytes = L * rows * S * H * 2 * k + per_layer
-    else:
-        act_bytes = L * per_layer
+    layer_input = rows * S * H * 2 * k
+    act_bytes = checkpointed * layer_input + (L - checkpointed) * per_layer + (per_layer if checkpointed else 0)
     vocab = 1 if STAGES[ft.stage].reward_head else V
     logits = 0.0 if m.enable_liger_kernel else rows * S * vocab * 4 * 2 / GIB
     return act_bytes / GIB, logits
+
+
+AUTO_MARGIN = 0.85  # gradient_checkpointing: auto keeps the estimate under this share of the memory
+
+
+def checkpoint_plan(cfg: RunConfig, dims: dict, states_gib: float, memory_gib: float) -> tuple[int, str]:
+    """(layers to checkpoint, one line saying why) for gradient_checkpointing true / false / auto.
+
+    auto: none when the estimate fits in AUTO_MARGIN of the memory, else the fewest layers that make it fit
+    (selective: the first layers are checkpointed, the rest keep their activations), else all of them.
+    """
+    L, setting = dims["L"], cfg.model.gradient_checkpointing
+    if setting != "auto":
+        return (L, "gradient checkpointing: every layer (gradient_checkpointing: true)") if setting else \
+               (0, "gradient checkpointing: off (gradient_checkpointing: false)")
+    budget = AUTO_MARGIN * memory_gib
+
+    def total(c: int) -> float:
+        return states_gib + sum(_activation_gib(cfg, dims, c))
+
+    if total(0) <= budget:
+        return 0, (f"gradient checkpointing: off (auto: the estimate, {total(0):.1f} GiB, fits in "
+                   f"{budget:.1f} GiB = {AUTO_MARGIN:.0%} of {memory_gib:.1f} GiB)")
+    fitting = next((c for c in range(1, L + 1) if total(c) <= budget), None)
+    if fitting is None:
+        return L, (f"gradient checkpointing: every layer (auto: {total(L):.1f} GiB estimated with it, over "
+                   f"{budget:.1f} GiB even so)")
+    kind = "every layer" if fitting == L else f"{fitting} of {L} layers"
+    return fitting, (f"gradient checkpointing: {kind} (auto: {total(0):.1f} GiB estimated without, "
+                     f"{total(fitting):.1f} GiB with; budget {budget:.1f} GiB = {AUTO_MARGIN:.0%} of "
+                     f"{memory_gib:.1f} GiB)")
 
 
 def _advice(cfg: RunConfig, terms: dict, W: int) -> list[str]:
@@ -310,7 +346,7 @@ def _advice(cfg: RunConfig, terms: dict, W: int) -> list[str]:
     total = sum(terms.values()) or 1.0
     big = {name for name, value in terms.items() if value > 0.1 * total}
     tips: list[str] = []
-    if "activations" in big and not m.gradient_checkpointing:
+    if "activations" in big and m.gradient_checkpointing is False:
         tips.append("set gradient_checkpointing: true (keeps one tensor per layer, recomputes the rest)")
     if "logits" in big and not m.enable_liger_kernel:
         tips.append("set enable_liger_kernel: true (the fused linear + cross-entropy never builds the logits)")
@@ -357,6 +393,7 @@ def print_estimate(console, cfg: RunConfig, result: dict, name: str | None = Non
     if r["fits"]:
         console.print(f"[green]fits[/green]: {r['total']:.1f} of {r['gpu_gib']:.1f} GiB "
                       f"({100 * r['total'] / r['gpu_gib']:.0f}%)")
+    console.print(f"[dim]{r['checkpointing']}[/dim]", highlight=False)
     for note in r["notes"]:
         style = "yellow" if note.startswith(("does not fit", "try:")) else "dim"
         console.print(f"[{style}]{note}[/{style}]", highlight=False)

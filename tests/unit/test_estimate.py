@@ -94,7 +94,8 @@ def test_freeze_trains_the_last_layers():
 
 
 def test_gradient_checkpointing_lowers_the_activations():
-    plain = est(finetuning_type="full", bf16=True, cutoff_len=4096, per_device_train_batch_size=4)
+    plain = est(finetuning_type="full", bf16=True, cutoff_len=4096, per_device_train_batch_size=4,
+                gradient_checkpointing=False)
     ckpt = est(finetuning_type="full", bf16=True, cutoff_len=4096, per_device_train_batch_size=4,
                gradient_checkpointing=True)
     assert ckpt["activations"] < plain["activations"] / 5
@@ -109,7 +110,8 @@ def test_gradient_checkpointing_lowers_the_activations():
 
 
 def test_a_huge_batch_does_not_fit():
-    r = est(finetuning_type="full", bf16=True, per_device_train_batch_size=64, cutoff_len=8192)
+    r = est(finetuning_type="full", bf16=True, per_device_train_batch_size=64, cutoff_len=8192,
+            gradient_checkpointing=False)
     assert not r["fits"]
     assert r["biggest"] in ("activations", "logits")
     warning = next(note for note in r["notes"] if note.startswith("does not fit"))
@@ -197,3 +199,30 @@ def test_estimate_of_a_hub_id_offline_is_one_clear_error():
     assert "model_name_or_path=/path/to/dir" in flat and "--shape qwen3-8b" in flat
     code, text = _cli_estimate("--shape", "qwen9")
     assert code == 1 and "unknown --shape 'qwen9'" in text
+
+
+# ---------------------------------------------------------------- gradient_checkpointing: auto
+
+
+def test_auto_checkpointing_is_off_when_the_run_fits_with_the_margin():
+    r = est(finetuning_type="full", bf16=True, cutoff_len=2048, per_device_train_batch_size=4)
+    assert r["checkpointed_layers"] == 0 and r["checkpointing"].startswith("gradient checkpointing: off (auto")
+    assert r["activations"] == pytest.approx(28 * 4 * 2048 * 34 * 2048 / GIB)
+
+
+def test_auto_checkpointing_picks_the_fewest_layers_that_fit():
+    settings = dict(finetuning_type="full", bf16=True, cutoff_len=4096, per_device_train_batch_size=8)
+    off = est(gradient_checkpointing=False, **settings)
+    assert off["total"] > 0.85 * 141 and off["fits"]  # fits, but not with the margin
+    r = est(**settings)
+    c = r["checkpointed_layers"]
+    assert 0 < c < 28 and f"{c} of 28 layers" in r["checkpointing"]
+    assert r["total"] <= 0.85 * 141
+    per_layer, layer_input = 8 * 4096 * 34 * 2048 / GIB, 8 * 4096 * 2048 * 2 / GIB
+    assert r["total"] + per_layer - layer_input > 0.85 * 141  # one layer fewer would not fit
+
+
+def test_auto_checkpointing_is_every_layer_when_nothing_less_fits():
+    r = est(finetuning_type="full", bf16=True, per_device_train_batch_size=64, cutoff_len=8192)
+    assert r["checkpointed_layers"] == 28 and r["checkpointing"].startswith("gradient checkpointing: every layer")
+    assert est(finetuning_type="full", bf16=True, gradient_checkpointing=True)["checkpointed_layers"] == 28

@@ -196,8 +196,8 @@ _MODEL = _section("model", [
     _honoured("enable_liger_kernel"),
     _unless_null("moe_aux_loss_coef", "setting the router auxiliary loss coefficient is not available; remove it"),
     _mapped("disable_gradient_checkpointing", "gradient_checkpointing", _bool_to("gradient_checkpointing", False),
-            "true -> gradient_checkpointing: false; false (LLaMA-Factory's default) changes nothing, and "
-            "tunesmith's default applies: no checkpointing unless gradient_checkpointing: true"),
+            "true -> gradient_checkpointing: false; false (LLaMA-Factory's default) changes nothing: "
+            "tunesmith's default gradient_checkpointing: auto decides from the memory estimate"),
     _idle("use_reentrant_gc", "tunesmith always checkpoints non-reentrantly; the gradients are the same"),
     _refused("upcast_layernorm", "upcasting layer norms to fp32 is not available; remove it"),
     _refused("upcast_lmhead_output", "upcasting the lm_head output is not available; remove it"),
@@ -474,10 +474,10 @@ _HF = _section("hf", [
     _refused("tf32", "TF32 matmuls are not switched on; remove it"),
     _mapped("activation_checkpointing", "gradient_checkpointing", _to("gradient_checkpointing"),
             "transformers 5 name of gradient_checkpointing"),
-    _refused("activation_checkpointing_kwargs", "checkpointing options are not read; every layer is checkpointed "
+    _refused("activation_checkpointing_kwargs", "checkpointing options are not read; layers are checkpointed "
              "non-reentrantly", accept=(None, {})),
-    _honoured("gradient_checkpointing", "tunesmith's default is false, as in Hugging Face (LLaMA-Factory turns it "
-              "on unless disable_gradient_checkpointing)"),
+    _honoured("gradient_checkpointing", "true/false as given; tunesmith's default is auto (from the memory "
+              "estimate; LLaMA-Factory turns it on unless disable_gradient_checkpointing)"),
     _refused("gradient_checkpointing_kwargs", "checkpointing options are not read; tunesmith checkpoints "
              "non-reentrantly", accept=(None, {}, {"use_reentrant": False})),
     _honoured("torch_compile"),

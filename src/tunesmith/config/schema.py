@@ -52,8 +52,10 @@ class ModelConfig(_Group):
         "disabled = eager."
     )
     enable_liger_kernel: bool = Field(False, description="Use Liger kernels (fused RMSNorm, SwiGLU, RoPE, linear+CE).")
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in the backward pass: less memory, about 30% slower."
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="Recompute activations in the backward pass (less memory, about 30% slower): true = "
+        "every layer, false = none, auto = decided per run from the memory estimate: off when the run fits with a "
+        "15% margin, else the fewest layers that make it fit, else every layer (the choice is logged)."
     )
     bf16: bool = Field(False, description="bf16 mixed precision: bf16 compute, fp32 weights and optimizer states.")
     fp16: bool = Field(False, description="fp16 mixed precision with loss scaling.")

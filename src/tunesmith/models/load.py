@@ -137,7 +137,8 @@ def auto_model_class(config):
     return AutoModelForMultimodalLM if family_of(config) is not None else AutoModelForCausalLM
 
 
-def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False, on_meta: bool = False):
+def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False, on_meta: bool = False,
+               checkpoint_layers: int = 0):
     """The model with fp32 master weights (bf16 under pure_bf16), on `device`.
 
     reward_head: a sequence-classification model with one output (stage rm), so the saved
@@ -145,6 +146,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     on_meta: parameters on the meta device (no memory; buffers real, on the CPU), for sharded
     engines that fill their shards afterwards (`engines.fsdp2.materialize`); `device` still
     chooses the attention kernel.
+    checkpoint_layers: language-model layers to checkpoint (estimate.checkpoint_plan decides; 0 = none).
     """
     path = resolve_model_path(cfg.model_name_or_path)
     config = load_config(cfg)
@@ -165,9 +167,9 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
 
         with init_empty_weights(include_buffers=False):
             model = model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
-        return _finish_model(model, cfg, None)
+        return _finish_model(model, cfg, None, checkpoint_layers)
     if cfg.random_init:
-        return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device)
+        return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device, checkpoint_layers)
     try:
         model = model_class.from_pretrained(
             path,
@@ -180,7 +182,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         )
     except OSError as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
-    return _finish_model(model, cfg, device)
+    return _finish_model(model, cfg, device, checkpoint_layers)
 
 
 def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
@@ -189,18 +191,37 @@ def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
         return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
 
 
-def _finish_model(model, cfg: ModelConfig, device):
+def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     model.config.use_cache = False
     linearize_patch_embeds(model)
-    if cfg.gradient_checkpointing:
-        # transformers >= 5.20 renamed it (the old name warns); older releases only have the old one.
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+    if checkpoint_layers > 0:
+        enable_checkpointing(model, checkpoint_layers)
     return model.to(device) if device is not None else model
+
+
+def enable_checkpointing(model, layers: int) -> None:
+    """Non-reentrant activation checkpointing of the first `layers` language-model layers (all of them when
+    `layers` reaches their count). A vision/audio tower's blocks stay checkpointed whenever any layer is: the
+    memory estimate that chose `layers` does not count their activations."""
+    # transformers >= 5.20 renamed it (the old name warns); older releases only have the old one.
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    for layer in decoder_layers(model)[layers:]:
+        layer.gradient_checkpointing = False
+
+
+def decoder_layers(model) -> list:
+    """The language model's repeated decoder blocks, in order."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None:  # heads without get_decoder (sequence classification): the longest `layers` list
+        lists = [m for name, m in model.named_modules() if name.endswith("layers") and isinstance(m, torch.nn.ModuleList)]
+        layers = max(lists, key=len, default=[])
+    return list(layers)
 
 
 def _apply_liger_for(path: str, cfg: ModelConfig) -> None:

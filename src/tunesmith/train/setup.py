@@ -34,6 +34,7 @@ from .resume import check_config, clear_previous_run, find_resume, record_change
 from .runner import Runner, TrainResult
 
 log = logging.getLogger("tunesmith")
+EVERY_LAYER = 1 << 30  # checkpoint_layers at or above the layer count checkpoints every layer
 
 # Files that show an output_dir holds a finished or running training run (a config alone does not).
 _RUN_MARKERS = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "model.safetensors",
@@ -99,7 +100,8 @@ def set_up(cfg) -> Runner:
         if resume is not None:
             record_changes(output_dir, step_of(resume), changes)
     method = stage.build_method(cfg)
-    make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids)
+    layers = checkpoint_layers(cfg, device)
+    make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids)
     return Runner(cfg, engine, method, source, saver, output_dir, resume)
@@ -136,11 +138,36 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
     return SequenceSteps(cfg, data, _plan(cfg, data), method, pad_id, media)
 
 
-def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int]):
+def checkpoint_layers(cfg, device: torch.device) -> int:
+    """Layers to checkpoint (estimate.checkpoint_plan against this device's memory), logged in one line."""
+    from ..estimate import GIB, estimate_memory
+
+    setting = cfg.model.gradient_checkpointing
+    if setting != "auto":
+        log.info("gradient checkpointing: %s (gradient_checkpointing: %s)", "every layer" if setting else "off",
+                 str(setting).lower())
+        return EVERY_LAYER if setting else 0
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory / GIB
+    else:
+        import psutil
+
+        memory = psutil.virtual_memory().available / GIB
+    try:
+        plan = estimate_memory(cfg, num_gpus=dist.world(), gpu_gib=memory)
+    except Exception as err:  # noqa: BLE001 - an estimate that cannot be made must not stop the run
+        log.info("gradient checkpointing: every layer (auto, but the memory estimate failed: %s)", err)
+        return EVERY_LAYER
+    log.info(plan["checkpointing"])
+    return plan["checkpointed_layers"]
+
+
+def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int], layers: int):
     """make_model(device, on_meta) for the engine: the model with its fine-tuning applied."""
 
     def make_model(device: torch.device, on_meta: bool):
-        model = load_model(cfg.model, device, reward_head=stage.reward_head, on_meta=on_meta)
+        model = load_model(cfg.model, device, reward_head=stage.reward_head, on_meta=on_meta,
+                           checkpoint_layers=layers)
         model.config.pad_token_id = pad_id
         _set_stop_tokens(model, stop_ids)
         model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)

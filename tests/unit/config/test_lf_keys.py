@@ -100,9 +100,10 @@ def test_disable_gradient_checkpointing():
     assert build_config(None, {"dataset": "x", "gradient_checkpointing": True}).model.gradient_checkpointing
     off = build_config(None, {"dataset": "x", "disable_gradient_checkpointing": True})
     assert off.model.gradient_checkpointing is False
-    # false is LF's default, often written out: it is "unset", and tunesmith's default (off) or the user's
+    # false is LF's default, often written out: it is "unset", and tunesmith's default (auto) or the user's
     # own gradient_checkpointing applies
     unset = build_config(None, {"dataset": "x", "disable_gradient_checkpointing": False})
+    assert unset.model.gradient_checkpointing == "auto"
     assert unset == build_config(None, {"dataset": "x"})
     on = build_config(None, {"dataset": "x", "disable_gradient_checkpointing": False, "gradient_checkpointing": True})
     assert on.model.gradient_checkpointing is True
