@@ -1,0 +1,275 @@
+"""The LLaMA-Factory text-SFT workload of issue 15, run with tunesmith and (when installed) LLaMA-Factory.
+
+    python benchmarks/lf_workload.py --work /tmp/lfw --out results.json            # tunesmith, the YAML as is
+    python benchmarks/lf_workload.py --work /tmp/lfw --run pure=pure_bf16=true ...  # named variants: NAME=k=v,k=v
+    python benchmarks/lf_workload.py --work /tmp/lfw --llamafactory /path/to/site   # + LLaMA-Factory, same YAML
+    python benchmarks/lf_workload.py --work /tmp/lfw-tiny --tiny                    # a CPU check of the harness
+
+Builds once under --work: a random-initialised Qwen3-1.7B-shaped model saved as a Hugging Face folder (the
+tiny tokenizer; bf16 safetensors, as a downloaded checkpoint is), 1,000 sharegpt conversations whose rendered
+lengths are uniform in 200-2,000 tokens (~1.1M tokens), a dataset_info.json, and the YAML below: the issue's
+LLaMA-Factory YAML with only the paths filled in. Every run is a fresh subprocess, `tunesmith train <yaml>` or
+`llamafactory-cli train <yaml>` (LLaMA-Factory from its own site directory, put first on PYTHONPATH), timed from
+start to exit. Reported per run: end to end, training seconds and training tokens/s (all non-padding input tokens
+/ training seconds: tunesmith's train_summary.json; LLaMA-Factory's effective_tokens_per_sec and train_runtime),
+MFU (DESIGN.md: 6N + 12*L*H*d_head*S per token, S = mean sample length, 989 TFLOP/s bf16 peak), peak GPU memory
+(nvidia-smi memory.used of the device, sampled every 0.2 s: the same meter for both tools), steps, final loss.
+Results go to --out (JSON) and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PEAK = 989e12
+SHAPE = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+             intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960)
+YAML = """\
+model_name_or_path: {model}
+flash_attn: sdpa
+stage: sft
+do_train: true
+finetuning_type: full
+dataset: lf_sharegpt
+dataset_dir: {data}
+template: qwen3_nothink
+cutoff_len: 2048
+overwrite_cache: true
+preprocessing_num_workers: 8
+dataloader_num_workers: 4
+packing: true
+neat_packing: true
+output_dir: {output}
+overwrite_output_dir: true
+logging_steps: 5
+save_strategy: "no"
+report_to: none
+include_effective_tokens_per_second: true
+include_num_input_tokens_seen: "true"
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 1
+learning_rate: 1.0e-5
+num_train_epochs: 1
+lr_scheduler_type: cosine
+bf16: true
+pure_bf16: false
+enable_liger_kernel: true
+disable_gradient_checkpointing: false
+seed: 42
+"""
+WORDS = ("the model data train step loss token batch layer value time answer question result number system "
+         "input output memory speed first second third place point line group order word sentence page").split()
+
+
+def build_model(folder: Path, tiny: bool) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from tunesmith.models.tiny import build_tiny
+
+    source = build_tiny("qwen3")
+    if tiny:
+        shutil.copytree(source, folder)
+        return
+    config = AutoConfig.from_pretrained(source)
+    for key, value in SHAPE.items():
+        setattr(config, key, value)
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+
+
+def build_data(folder: Path, model: Path, num: int, lengths: tuple[int, int], seed: int = 0) -> dict:
+    """sharegpt conversations whose rendered length (qwen3_nothink) is uniform in `lengths` tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    cost = {w: len(tok(" " + w, add_special_tokens=False)["input_ids"]) for w in WORDS}
+    frame = len(tok.apply_chat_template([{"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
+                                        tokenize=True, enable_thinking=False))
+    rng = random.Random(seed)
+
+    def text(tokens: int) -> str:
+        words, used = [], 0
+        while used < tokens:
+            word = rng.choice(WORDS)
+            words.append(word)
+            used += cost[word]
+        return " ".join(words)
+
+    records, total = [], 0
+    for _ in range(num):
+        length = rng.randint(*lengths)
+        prompt = rng.randint(length // 8, length // 3)
+        records.append({"conversations": [{"from": "human", "value": text(prompt)},
+                                          {"from": "gpt", "value": text(max(1, length - prompt - frame))}]})
+        total += length
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lf_sharegpt.json").write_text(json.dumps(records))
+    (folder / "dataset_info.json").write_text(json.dumps({"lf_sharegpt": {
+        "file_name": "lf_sharegpt.json", "formatting": "sharegpt", "columns": {"messages": "conversations"}}}))
+    return {"samples": num, "target_tokens": total, "mean_len": total / num}
+
+
+def prepare(work: Path, samples: int, tiny: bool) -> dict:
+    model, data = work / "model", work / "data"
+    if not (model / "config.json").exists():
+        build_model(model, tiny)
+    facts_file = work / "data_facts.json"
+    if not facts_file.exists():
+        facts_file.write_text(json.dumps(build_data(data, model, samples, (60, 300) if tiny else (200, 2000))))
+    return json.loads(facts_file.read_text())
+
+
+class GpuMemory(threading.Thread):
+    """Peak of nvidia-smi memory.used (MiB) on the visible GPU while a run lasts."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self._done = 0, threading.Event()
+
+    def run(self):
+        while not self._done.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                                     capture_output=True, text=True, timeout=5).stdout
+                self.peak = max(self.peak, int(out.split()[0]))
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                return
+            self._done.wait(0.2)
+
+    def stop(self) -> float:
+        self._done.set()
+        self.join()
+        return self.peak / 1024
+
+
+def write_yaml(work: Path, name: str, overrides: dict) -> tuple[Path, Path]:
+    output = work / "runs" / name
+    text = YAML.format(model=work / "model", data=work / "data", output=output)
+    lines = [line for line in text.splitlines() if line.split(":")[0] not in overrides]
+    lines += [f"{key}: {value}" for key, value in overrides.items()]
+    path = work / f"{name}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path, output
+
+
+# --tiny: the tiny model on the CPU (no bf16 autocast, no Liger there); everything else as the YAML says
+TINY_OVERRIDES = {"bf16": "false", "enable_liger_kernel": "false", "preprocessing_num_workers": "2",
+                  "dataloader_num_workers": "0"}
+
+
+def run_one(work: Path, name: str, tool: str, overrides: dict, lf_site: str | None, log_dir: Path) -> dict:
+    yaml_path, output = write_yaml(work, name, overrides)
+    env = dict(os.environ)
+    if tool == "llamafactory":
+        env["PYTHONPATH"] = f"{lf_site}:{env.get('PYTHONPATH', '')}"
+        env.setdefault("DISABLE_VERSION_CHECK", "1")
+        command = [sys.executable, "-m", "llamafactory.cli", "train", str(yaml_path)]
+    else:
+        command = [sys.executable, "-m", "tunesmith", "train", str(yaml_path)]
+    meter = GpuMemory()
+    meter.start()
+    start = time.perf_counter()
+    with open(log_dir / f"{name}.log", "w") as log:
+        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    end_to_end = time.perf_counter() - start
+    peak = meter.stop()
+    result = {"name": name, "tool": tool, "overrides": overrides, "returncode": code,
+              "end_to_end_s": round(end_to_end, 1), "peak_gpu_gib": round(peak, 1)}
+    if code == 0:
+        result.update(_tunesmith_numbers(output) if tool == "tunesmith" else _lf_numbers(output))
+    return result
+
+
+def _tunesmith_numbers(output: Path) -> dict:
+    s = json.loads((output / "train_summary.json").read_text())
+    losses = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    return {"train_s": round(s["train_seconds"], 1), "train_tokens": s["train_tokens"],
+            "tokens_per_s": s["train_tokens_per_s"], "steps": s["global_step"],
+            "final_loss": losses[-1]["loss"] if losses else None, "allocated_peak_gib": s.get("peak_memory_gib")}
+
+
+def _lf_numbers(output: Path) -> dict:
+    r = json.loads((output / "train_results.json").read_text())
+    state = json.loads((output / "trainer_state.json").read_text()) if (output / "trainer_state.json").exists() else {}
+    losses = [h["loss"] for h in state.get("log_history", []) if "loss" in h]
+    return {"train_s": round(r["train_runtime"], 1), "tokens_per_s": r.get("effective_tokens_per_sec"),
+            "train_tokens": r.get("effective_tokens_per_sec", 0) * r["train_runtime"],
+            "steps": state.get("global_step"), "final_loss": losses[-1] if losses else None}
+
+
+def flops_per_token(mean_len: float) -> float:
+    h, layers, heads, d, kv = (SHAPE[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                   "head_dim", "num_key_value_heads"))
+    n = layers * (h * d * (2 * heads + 2 * kv) + 3 * h * SHAPE["intermediate_size"]) + SHAPE["vocab_size"] * h
+    return 6 * n + 12 * layers * heads * d * mean_len
+
+
+def table(results: list[dict], mean_len: float) -> str:
+    rows = ["| run | tool | training tokens/s | MFU | training | end to end | peak (nvidia-smi) | steps | final loss |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if r["returncode"] != 0:
+            rows.append(f"| {r['name']} | {r['tool']} | failed (exit {r['returncode']}) | | | {r['end_to_end_s']} s | | | |")
+            continue
+        mfu = (r["tokens_per_s"] or 0) * flops_per_token(mean_len) / PEAK
+        rows.append(f"| {r['name']} | {r['tool']} | {r['tokens_per_s'] / 1e3:.1f}k | {mfu:.0%} | {r['train_s']} s | "
+                    f"{r['end_to_end_s']} s | {r['peak_gpu_gib']} GiB | {r['steps']} | {r['final_loss']:.4f} |")
+    return "\n".join(rows)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, _, settings = text.partition("=")
+    pairs = [item.split("=", 1) for item in settings.split(",") if item]
+    return name, {key: value for key, value in pairs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--run", action="append", default=[], help="NAME=key=value,key=value (tunesmith variant)")
+    parser.add_argument("--no_as_is", action="store_true", help="skip the tunesmith run of the YAML as is")
+    parser.add_argument("--llamafactory", metavar="SITE", help="a site directory holding LLaMA-Factory and its pins")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model and short samples, on the CPU")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    facts = prepare(args.work, args.samples, args.tiny)
+    print(f"workload ready in {time.perf_counter() - t0:.0f} s: {facts}", flush=True)
+    log_dir = args.work / "logs"
+    log_dir.mkdir(exist_ok=True)
+    plan = ([] if args.no_as_is else [("tunesmith-as-is", "tunesmith", {})])
+    plan += [(name, "tunesmith", o) for name, o in map(parse_variant, args.run)]
+    if args.llamafactory:
+        plan.insert(0, ("llamafactory-as-is", "llamafactory", {}))
+    if args.tiny:
+        plan = [(name, tool, {**TINY_OVERRIDES, **o}) for name, tool, o in plan]
+    results = []
+    for name, tool, overrides in plan:
+        results.append(run_one(args.work, name, tool, overrides, args.llamafactory, log_dir))
+        print(json.dumps(results[-1]), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps({"data": facts, "results": results}, indent=1))
+    print(table(results, facts["mean_len"]))
+    shutil.rmtree(args.work / "runs", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
