@@ -23,6 +23,7 @@ commands:
   eval    [cfg.yaml] --model RM dataset=NAME             pairwise accuracy of a reward model
   bench   --shape qwen3-1.7b [key=value ...]             synthetic throughput benchmark (tokens/s, MFU, memory)
   env                                                    versions, GPUs and usable optional features
+  webui   [--host H] [--port P] [--runs_root DIR]        web page: build, launch, watch and compare runs; chat, export
 
 Config keys are LLaMA-Factory's (model_name_or_path, dataset, template, cutoff_len, ...).
 Example: tunesmith train examples/quickstart.yaml learning_rate=1e-3
@@ -335,9 +336,32 @@ def cmd_env(argv: list[str]) -> int:
     return 0
 
 
+def webui_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunesmith webui", allow_abbrev=False,
+        description="A web page to build a training config from a form (LLaMA-Factory YAML import and export), "
+        "launch runs, watch their curves live, compare runs, chat with a checkpoint and export it. Local by "
+        "default; bound to any other address it requires a token. See docs/webui.md.")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: 127.0.0.1, this machine only; another address needs a token)")
+    parser.add_argument("--port", type=int, default=7860, help="port to listen on (default: 7860)")
+    parser.add_argument("--runs_root", default="saves",
+                        help="folder whose runs are shown and where launched runs train (default: ./saves)")
+    parser.add_argument("--token", help="access token every request must carry (default: TUNESMITH_WEBUI_TOKEN, "
+                        "else generated and printed when the host is not a loopback address)")
+    return parser
+
+
+def cmd_webui(argv: list[str]) -> int:
+    args = webui_parser().parse_args(argv)
+    from .webui.server import run_webui
+
+    return run_webui(args.host, args.port, args.runs_root, args.token)
+
+
 COMMANDS = {"train": cmd_train, "data": cmd_data, "chat": cmd_chat, "export": cmd_export, "env": cmd_env,
             "score": cmd_score, "eval": cmd_eval, "bench": cmd_bench,
-            "estimate": cmd_estimate}
+            "estimate": cmd_estimate, "webui": cmd_webui}
 
 
 def main(argv: list[str] | None = None) -> int:
