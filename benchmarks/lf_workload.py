@@ -208,9 +208,21 @@ def _lf_numbers(output: Path) -> dict:
     r = json.loads((output / "train_results.json").read_text())
     state = json.loads((output / "trainer_state.json").read_text()) if (output / "trainer_state.json").exists() else {}
     losses = [h["loss"] for h in state.get("log_history", []) if "loss" in h]
-    return {"train_s": round(r["train_runtime"], 1), "tokens_per_s": r.get("effective_tokens_per_sec"),
-            "train_tokens": r.get("effective_tokens_per_sec", 0) * r["train_runtime"],
-            "steps": state.get("global_step"), "final_loss": losses[-1] if losses else None}
+    # LLaMA-Factory's effective_tokens_per_sec counts every position of a packed row, padding included
+    # (num_input_tokens_seen = steps x batch x cutoff): kept as reported_tokens_per_s; tokens_per_s is set from
+    # the non-padding count of the same data (same_data_tokens) once a tunesmith run has counted it.
+    return {"train_s": round(r["train_runtime"], 1), "reported_tokens_per_s": r.get("effective_tokens_per_sec"),
+            "tokens_per_s": r.get("effective_tokens_per_sec"), "steps": state.get("global_step"),
+            "final_loss": losses[-1] if losses else None}
+
+
+def same_data_tokens(results: list[dict]) -> None:
+    """LLaMA-Factory rows: training tokens/s = the non-padding tokens of the data (counted by tunesmith's run of
+    the same YAML: same data, template and cutoff) / LLaMA-Factory's training seconds."""
+    counted = next((r["train_tokens"] for r in results if r["tool"] == "tunesmith" and r.get("train_tokens")), None)
+    for r in results:
+        if r["tool"] == "llamafactory" and r["returncode"] == 0 and counted:
+            r["train_tokens"], r["tokens_per_s"] = counted, counted / r["train_s"]
 
 
 def flops_per_token(mean_len: float) -> float:
@@ -267,6 +279,9 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
         if args.out:
             args.out.write_text(json.dumps({"data": facts, "results": results}, indent=1))
+    same_data_tokens(results)
+    if args.out:
+        args.out.write_text(json.dumps({"data": facts, "results": results}, indent=1))
     print(table(results, facts["mean_len"]))
     shutil.rmtree(args.work / "runs", ignore_errors=True)
 
