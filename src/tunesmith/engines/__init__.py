@@ -52,6 +52,10 @@ def _optimizer_and_schedule(cfg, model, device, num_optimizer_steps: int):
 def _single(cfg, model, device, num_optimizer_steps: int):
     from .single import SingleEngine
 
+    if cfg.train.torch_compile:
+        from .blocks import compile_each, transformer_blocks
+
+        compile_each(transformer_blocks(model))
     optimizer, scheduler = _optimizer_and_schedule(cfg, model, device, num_optimizer_steps)
     return SingleEngine(model, optimizer, scheduler, device, precision=precision_of(cfg, device),
                         max_grad_norm=cfg.train.max_grad_norm, skip_nonfinite=cfg.train.skip_nonfinite,

@@ -28,6 +28,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from ..errors import TunesmithError
 from ..models.weights import weights_by_model_key
+from .blocks import compile_each, transformer_blocks
 from .base import (CheckpointError, LossFn, StepOutput, StepResult, read_torch_file, schedule_at,
                    switched_to_reference, write_torch_file)
 from .optim import realign_schedule
@@ -36,24 +37,11 @@ from .reference import ReferenceView
 
 log = logging.getLogger("tunesmith")
 
-_BLOCK_LISTS = ("layers", "blocks")  # ModuleLists that hold transformer blocks (LM layers, ViT blocks)
-
-
-def transformer_blocks(model) -> list[torch.nn.Module]:
-    """Every block of every `layers`/`blocks` ModuleList (language model, vision tower, audio encoder)."""
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in _BLOCK_LISTS:
-            found.extend(module)
-    return found
-
-
 def parallelize(model, *, precision: str, cpu_offload: bool, compile_blocks: bool) -> torch.nn.Module:
     """Apply checkpointing (already on the model), compile, then FSDP2 sharding, in that order."""
     blocks = transformer_blocks(model)
     if compile_blocks:
-        for block in blocks:
-            block.compile()
+        compile_each(blocks)
     policy = {}
     if precision == "bf16":
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
