@@ -92,6 +92,21 @@ def _load_preprocessor(sources: list[str], multimodal: bool, **kwargs):
     raise AssertionError("unreachable")
 
 
+def load_preprocessor(path: str, adapters: list[str] | tuple[str, ...] = (), *, trust_remote_code: bool = False,
+                      cache_dir: str | None = None, revision: str = "main"):
+    """(base weights, adapter folders, preprocessor) without loading weights: the processor or tokenizer
+    load_for_inference would use (for a backend that loads the weights itself)."""
+    from transformers import AutoConfig
+
+    base, adapters = resolve_sources(path, adapters)
+    hub = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir, "revision": revision}
+    try:
+        multimodal = family_of(AutoConfig.from_pretrained(base, **hub)) is not None
+        return base, adapters, _load_preprocessor(list(reversed(adapters)) + [base], multimodal, **hub)
+    except OSError as err:
+        raise ModelError(f"cannot load '{adapters[-1] if adapters else base}': {err}") from None
+
+
 def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = torch.float32, merge: bool = False,
                        adapters: list[str] | tuple[str, ...] = (), trust_remote_code: bool = False,
                        cache_dir: str | None = None, revision: str = "main"):

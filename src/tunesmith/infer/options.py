@@ -1,23 +1,26 @@
-"""Keys of `tunesmith chat` and `tunesmith export`: flags, key=value items and LLaMA-Factory YAMLs.
+"""Keys of `tunesmith chat`, `serve` and `export`: flags, key=value items and LLaMA-Factory YAMLs.
 
-LLaMA-Factory users run `llamafactory-cli chat|export cfg.yaml`; the same files work here:
+LLaMA-Factory users run `llamafactory-cli chat|api|export cfg.yaml`; the same files work here:
 
     tunesmith chat examples/inference/qwen3_lora_sft.yaml --prompt "Who are you?"
+    tunesmith serve examples/inference/qwen3_lora_sft.yaml
     tunesmith export examples/merge_lora/qwen3_lora_sft.yaml
 
 Later values win: the YAML file, then `key=value` / `--key value` items, then the named flags
 (`--model`, `--prompt`, ...). Every key is one of:
 
-- honoured: a field of the groups the command reads (MODEL for both; GENERATION and MEDIA for
-  chat; EXPORT for export);
-- for the other command: export keys in a chat YAML, generation keys in a merge YAML. They
-  change nothing here and are listed once in the log (LLaMA-Factory accepts them in both too);
+- honoured: a field of the groups the command reads (MODEL for all; GENERATION, MEDIA and VLLM
+  for chat and serve; SERVE for serve; EXPORT for export);
+- for another command: export keys in a chat YAML, generation keys in a merge YAML, server keys
+  in a chat YAML. They change nothing here and are listed once in the log (LLaMA-Factory accepts
+  them in both too);
 - no effect: LLaMA-Factory keys that change nothing in tunesmith (NO_EFFECT), and the training
   keys of the model, data and finetune groups (`dataset`, `cutoff_len`, `stage`, ...), listed
   once in the log;
-- refused: a feature tunesmith does not have (REFUSED, `infer_backend: vllm`,
-  `export_legacy_format: true`), or a training-only key (`learning_rate`, `output_dir`, ...),
-  with what to do instead.
+- refused: a feature tunesmith does not have (REFUSED, `infer_backend: sglang`,
+  `export_legacy_format: true`), `infer_backend: vllm` when vLLM is not installed, a vllm_* key
+  with another backend, or a training-only key (`learning_rate`, `output_dir`, ...), with what
+  to do instead.
 
 Any other key is an error with a "did you mean". All problems are reported at once.
 """
@@ -52,8 +55,9 @@ class ModelKeys(_Keys):
     finetuning_type: Literal["lora", "full", "freeze"] | None = Field(
         None, description="How the model was trained; only lora takes adapter_name_or_path.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off unless you trust it).")
-    infer_backend: Literal["huggingface"] = Field(
-        "huggingface", description="Generation backend: huggingface (transformers generate) is the one there is.")
+    infer_backend: Literal["huggingface", "vllm"] = Field(
+        "huggingface", description="Generation backend of chat and serve: huggingface (transformers generate) "
+        "or vllm (needs `pip install 'tunesmith[vllm]'` and a GPU).")
     infer_dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
         "auto", description="Weights dtype: auto = float32 for chat, bfloat16 for export.")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
@@ -118,6 +122,74 @@ class MediaKeys(_Keys):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class VllmKeys(_Keys):
+    """LLaMA-Factory's vLLM settings; read only with infer_backend: vllm."""
+
+    vllm_maxlen: int = Field(4096, ge=16, description="vLLM: longest prompt + answer in tokens (the context the "
+                             "server allows).")
+    vllm_gpu_util: float = Field(0.7, gt=0, le=1, description="vLLM: share of GPU memory for weights and KV cache.")
+    vllm_enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs (slower, less memory).")
+    vllm_max_lora_rank: int = Field(32, ge=1, description="vLLM: the largest LoRA rank that can be served.")
+    vllm_config: dict | str | None = Field(None, description="vLLM: more engine arguments, a mapping or its JSON "
+                                           "text (e.g. {\"tensor_parallel_size\": 2}).")
+
+    @field_validator("vllm_config", mode="before")
+    @classmethod
+    def _json(cls, value):
+        if isinstance(value, str) and value.strip():
+            import json
+
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"not a JSON object: {err}") from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("give a mapping of vLLM engine arguments")
+        return value or None
+
+
+class ServeKeys(_Keys):
+    """`tunesmith serve`: where it listens, what it serves and the limits of one request."""
+
+    host: str | None = Field(None, description="Address to bind; default API_HOST, else 127.0.0.1 (this machine "
+                             "only). Any other address needs the API_KEY environment variable.")
+    port: int | None = Field(None, ge=0, le=65535, description="Port; default API_PORT, else 8000 (0: a free one).")
+    served_model_name: str | None = Field(None, description="Name of the model in requests and /v1/models "
+                                          "(default: model_name_or_path as given).")
+    lora_modules: list[str] = Field(default_factory=list, description="More LoRA adapters of the same base, served "
+                                    "side by side: name=path items (comma-separated, or --adapter name=path); a "
+                                    "request picks one by its model name.")
+    max_request_mb: float = Field(20, gt=0, description="Largest request body in MB (images in base64 count).")
+    max_concurrent: int = Field(4, ge=1, description="Requests generating at once; later ones wait in a queue.")
+    max_queue: int = Field(100, ge=0, description="Requests that may wait for a slot; one more is refused (429).")
+    allow_local_media: bool | None = Field(None, description="Let image_url name a file on the server (a path or "
+                                           "file:// URL); default: only when bound to a loopback address.")
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _split(cls, value):
+        if value is None:
+            return []
+        if isinstance(value, dict):
+            return [f"{name}={path}" for name, path in value.items()]
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _pairs(cls, value):
+        for item in value:
+            name, _, path = item.partition("=")
+            if not name.strip() or not path.strip():
+                raise ValueError(f"'{item}' is not name=path (e.g. support=saves/qwen3-lora)")
+        return value
+
+    def adapters(self) -> dict[str, str]:
+        """name -> adapter folder, in the order given."""
+        return {name.strip(): path.strip() for name, _, path in (i.partition("=") for i in self.lora_modules)}
+
+
 class ExportKeys(_Keys):
     export_dir: str = Field(description="New folder for the merged, standalone model.")
     export_size: int | float | str = Field(5, description="Largest safetensors shard: GB as an int (LLaMA-Factory's "
@@ -146,20 +218,24 @@ class ExportKeys(_Keys):
         return str(size)
 
 
-CHAT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "generation": GenerationKeys, "media": MediaKeys}
+CHAT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "generation": GenerationKeys, "media": MediaKeys,
+                                       "vllm": VllmKeys}
+SERVE_GROUPS: dict[str, type[_Keys]] = {**CHAT_GROUPS, "serve": ServeKeys}
 EXPORT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "export": ExportKeys}
-ALL_GROUPS: dict[str, type[_Keys]] = {**CHAT_GROUPS, **EXPORT_GROUPS}
+# Which command reads a key that another command's YAML holds (the first command listed that has it).
+COMMAND_GROUPS: dict[str, dict[str, type[_Keys]]] = {"chat": CHAT_GROUPS, "export": EXPORT_GROUPS,
+                                                     "serve": SERVE_GROUPS}
+ALL_GROUPS: dict[str, type[_Keys]] = {**SERVE_GROUPS, **EXPORT_GROUPS}
 
-_VLLM = ("only used by infer_backend vllm/sglang/ktransformers, which tunesmith does not have; generation runs "
-         "on transformers (infer_backend: huggingface); remove the key")
+_VLLM = ("only used by infer_backend sglang/ktransformers, which tunesmith does not have; generation runs on "
+         "transformers (infer_backend: huggingface) or vLLM (infer_backend: vllm); remove the key")
 _QUANT = "quantized loading is not available; the model loads unquantized (remove the key)"
 _EXPORT_QUANT = ("quantized (GPTQ) export is not available; export unquantized, then quantize the folder with "
                  "a quantization tool (e.g. gptqmodel or llm-compressor)")
 
 # LLaMA-Factory keys for features tunesmith does not have, with what to do instead.
 REFUSED: dict[str, str] = {
-    **{k: _VLLM for k in ("vllm_maxlen", "vllm_gpu_util", "vllm_enforce_eager", "vllm_max_lora_rank", "vllm_config",
-                          "sglang_maxlen", "sglang_mem_fraction", "sglang_tp_size", "sglang_config",
+    **{k: _VLLM for k in ("sglang_maxlen", "sglang_mem_fraction", "sglang_tp_size", "sglang_config",
                           "sglang_lora_backend", "use_kt", "kt_optimize_rule", "cpu_infer", "chunk_size", "mode",
                           "kt_maxlen", "kt_use_cuda_graph", "kt_mode", "kt_force_think")},
     **{k: _QUANT for k in ("quantization_bit", "quantization_method", "quantization_type", "double_quantization",
@@ -224,6 +300,14 @@ class ChatOptions:
     media: MediaKeys
 
 
+    vllm: VllmKeys = VllmKeys()
+
+
+@dataclass(frozen=True)
+class ServeOptions(ChatOptions):
+    serve: ServeKeys = ServeKeys()
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     model: ModelKeys
@@ -233,6 +317,11 @@ class ExportOptions:
 def chat_options(flat: dict[str, Any]) -> ChatOptions:
     groups = _parse(flat, CHAT_GROUPS, "chat")
     return ChatOptions(**groups)
+
+
+def serve_options(flat: dict[str, Any]) -> ServeOptions:
+    groups = _parse(flat, SERVE_GROUPS, "serve")
+    return ServeOptions(**groups)
 
 
 def export_options(flat: dict[str, Any]) -> ExportOptions:
@@ -266,7 +355,7 @@ def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
         elif key in REFUSED:
             problems.append(f"'{key}': {REFUSED[key]}")
         elif key in other:
-            idle.append(f"{key} (a `tunesmith {'export' if command == 'chat' else 'chat'}` key)")
+            idle.append(f"{key} (a `tunesmith {_reader_of(key)}` key)")
         elif key in NO_EFFECT:
             idle.append(f"{key} ({NO_EFFECT[key]})")
         elif key in training and training[key] in _QUIET_TRAINING_GROUPS:
@@ -282,15 +371,19 @@ def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
     return routed, idle
 
 
+def _reader_of(key: str) -> str:
+    return next(command for command, groups in COMMAND_GROUPS.items()
+                if any(key in cls.model_fields for cls in groups.values()))
+
+
 def _validate(routed: dict[str, dict], groups: dict[str, type[_Keys]], problems: list[str]) -> dict[str, _Keys]:
     """Validate each group; a bad value is reported and its key dropped, so every problem comes out at once."""
     parsed: dict[str, _Keys] = {}
     for name, cls in groups.items():
         values = dict(routed[name])
-        if name == "model" and values.get("infer_backend", "huggingface") != "huggingface":
-            problems.append(f"infer_backend: {values.pop('infer_backend')}: tunesmith has no vLLM/SGLang/"
-                            "KTransformers inference yet; use infer_backend: huggingface (transformers generate), "
-                            "or serve the exported model with vLLM yourself (`vllm serve <export_dir>`)")
+        if name == "model" and values.get("infer_backend", "huggingface") not in ("huggingface", "vllm"):
+            problems.append(f"infer_backend: {values.pop('infer_backend')}: tunesmith has no SGLang/KTransformers "
+                            "inference; use infer_backend: huggingface (transformers generate) or vllm")
         if name == "export" and values.get("export_legacy_format") is True:
             values.pop("export_legacy_format")
             problems.append("export_legacy_format: true asks for pickled .bin weights; tunesmith writes "
@@ -337,6 +430,31 @@ def _cross_checks(flat: dict[str, Any], parsed: dict[str, _Keys]) -> list[str]:
     generation = parsed.get("generation")
     if generation and generation.do_sample and "temperature" in flat and generation.temperature == 0:
         problems.append("do_sample: true with temperature: 0; set temperature > 0 to sample, or do_sample: false")
+    if model and generation:  # the commands that generate
+        problems.extend(_backend_checks(model, parsed))
+    return problems
+
+
+# Per generation backend: the key group only it reads, and the package it needs with how to install it.
+_BACKEND_GROUPS = {"vllm": "vllm"}
+_BACKEND_PACKAGES = {"vllm": ("vllm", "pip install 'tunesmith[vllm]' (on a machine with a CUDA GPU)")}
+
+
+def _backend_checks(model: ModelKeys, parsed: dict[str, _Keys]) -> list[str]:
+    """A backend's own keys only with that backend, and the backend only where its package is installed."""
+    import importlib.util
+
+    problems = []
+    for name, group in _BACKEND_GROUPS.items():
+        keys = parsed.get(group)
+        if keys is not None and name != model.infer_backend:
+            problems += [f"'{key}' is read only by infer_backend: {name}; with infer_backend: "
+                         f"{model.infer_backend} it changes nothing: set infer_backend: {name} or remove the key"
+                         for key in sorted(keys.model_fields_set)]
+    package = _BACKEND_PACKAGES.get(model.infer_backend)
+    if package and importlib.util.find_spec(package[0]) is None:
+        problems.append(f"infer_backend: {model.infer_backend} needs the {package[0]} package, which is not "
+                        f"installed: {package[1]}, or use infer_backend: huggingface (transformers generate)")
     return problems
 
 
