@@ -22,8 +22,8 @@ OPTIONAL: dict[str, Extra] = {
                               "pip install 'tunesmith[liger]'"),
     "flash-attn": Extra("flash_attn", "flash_attn: fa2 (auto picks it on a GPU)",
                             "pip install flash-attn --no-build-isolation"),
-    "vllm": Extra("vllm", "not used by tunesmith yet (chat and GRPO rollouts generate with transformers; "
-                      "exported models serve with `vllm serve`)", "pip install vllm"),
+    "vllm": Extra("vllm", "infer_backend: vllm for `tunesmith serve` and `chat` (GRPO rollouts generate with "
+                      "transformers)", "pip install 'tunesmith[vllm]'"),
     "tensorboard": Extra("tensorboard", "report_to: tensorboard", "pip install tensorboard"),
     "wandb": Extra("wandb", "report_to: wandb", "pip install 'tunesmith[wandb]'"),
     "swanlab": Extra("swanlab", "report_to: swanlab", "pip install 'tunesmith[swanlab]'"),

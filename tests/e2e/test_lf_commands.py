@@ -1,6 +1,7 @@
 """`tunesmith chat / export / eval cfg.yaml` with LLaMA-Factory's own inference and merge YAMLs (pinned in
 tests/fixtures/llamafactory), on a tiny LoRA trained here."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -90,12 +91,13 @@ def test_chat_prompt_with_an_lf_inference_yaml(tmp_path, lora):
     assert answer == same
 
 
-def test_chat_refuses_a_vllm_backend_before_loading_anything(tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_chat_refuses_a_vllm_backend_without_vllm_before_loading_anything(tmp_path):
     cfg = lf_yaml(tmp_path, "inference/qwen3.yaml", infer_backend="vllm")
     proc = cli("chat", cfg, "--prompt", "hi")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     text = " ".join(proc.stderr.split())
-    assert "tunesmith has no vLLM" in text and "use infer_backend: huggingface" in text
+    assert "pip install 'tunesmith[vllm]'" in text and "use infer_backend: huggingface" in text
 
 
 def test_eval_with_a_yaml_base_plus_lora_reward_model(tmp_path):

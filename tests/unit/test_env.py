@@ -30,7 +30,7 @@ def test_deepspeed_is_an_engine_that_exists(monkeypatch):
 def test_nothing_claims_a_missing_feature_of_tunesmith_is_available(monkeypatch):
     info = _collect(monkeypatch, {spec.module for spec in env.OPTIONAL.values()})
     assert "not available yet" not in " ".join(v for k, v in info.items() if k != "megatron-core")
-    assert "not used by tunesmith yet" in info["vllm"]
+    assert "infer_backend: vllm" in info["vllm"] and "serve" in info["vllm"]
     assert "not available" in info["megatron-core"]
 
 

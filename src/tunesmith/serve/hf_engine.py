@@ -1,0 +1,153 @@
+"""The transformers backend: `model.generate`, streamed through TextIteratorStreamer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import torch
+from transformers import LogitsProcessor, StoppingCriteria
+
+from ..infer.load import load_for_inference
+from ..infer.options import ChatOptions
+from ..models.load import pick_device
+from .adapters import AdapterGate, NoGate, attach
+from .engine import CancelToken, Engine, Finished, Prepared, ServedModel
+from .models import check_adapter, served_models
+from .render import Rendering, stop_token_ids, tokenizer_of
+
+log = logging.getLogger("tunesmith")
+
+DTYPES = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def context_length(model) -> int | None:
+    """The longest prompt + answer the model's positions allow (None when its config does not say)."""
+    config = getattr(model, "config", None)
+    for part in (getattr(config, "text_config", None), config):
+        length = getattr(part, "max_position_embeddings", None)
+        if isinstance(length, int) and length > 0:
+            return length
+    return None
+
+
+class _Cancelled(StoppingCriteria):
+    """Generation ends at the next token once the token is set."""
+
+    def __init__(self, token: CancelToken):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.token.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class _Penalties(LogitsProcessor):
+    """OpenAI's presence / frequency penalties on the tokens generated so far (not the prompt's)."""
+
+    def __init__(self, num_prompt_tokens: int, presence: float, frequency: float):
+        self.start, self.presence, self.frequency = num_prompt_tokens, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        generated = input_ids[:, self.start:]
+        if generated.shape[1] == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+class HFEngine(Engine):
+    def __init__(self, model, preprocessor, models: dict[str, ServedModel], gate=None, media_overrides=None):
+        super().__init__(models, context_length(model), preprocessor, media_overrides)
+        self.model = model
+        self.tokenizer = tokenizer_of(preprocessor)
+        self.gate = gate or NoGate()
+
+    @classmethod
+    def load(cls, options: ChatOptions, lora_modules: dict[str, str], served_model_name: str | None = None):
+        spec = options.model
+        model, preprocessor = load_for_inference(
+            spec.model_name_or_path, device=pick_device(), dtype=DTYPES[spec.infer_dtype],
+            adapters=spec.adapter_name_or_path, merge=bool(lora_modules), trust_remote_code=spec.trust_remote_code,
+            cache_dir=spec.cache_dir, revision=spec.model_revision)
+        folders = {name: check_adapter(name, path, spec.model_name_or_path) for name, path in lora_modules.items()}
+        gate, handles = None, {}
+        if folders:
+            model, handles = attach(model, folders)
+            gate = AdapterGate(model)
+        models = served_models(options, preprocessor, folders, handles, served_model_name)
+        return cls(model, preprocessor, models, gate, options.media.overrides())
+
+    @classmethod
+    def for_model(cls, model, preprocessor, rendering: Rendering = Rendering(), name: str = "default",
+                  path: str = "") -> "HFEngine":
+        """An engine around a model already loaded (one served name, no adapters to switch)."""
+        return cls(model, preprocessor, {name: ServedModel(name, None, path, rendering)})
+
+    def _generate_kwargs(self, prepared: Prepared, cancel: CancelToken, streamer=None) -> dict:
+        sampling = prepared.sampling
+        inputs = {k: v.to(self.model.device) if hasattr(v, "to") else v for k, v in prepared.prompt.inputs.items()}
+        kwargs = {**inputs, "eos_token_id": self._stop_ids(prepared.served), "pad_token_id": self.tokenizer.pad_token_id,
+                  "streamer": streamer, **sampling.generation.generate_kwargs(),
+                  "max_new_tokens": prepared.max_new_tokens, "stopping_criteria": [_Cancelled(cancel)],
+                  **(prepared.media.generate_kwargs() if prepared.media else {})}
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            kwargs["logits_processor"] = [_Penalties(prepared.prompt.num_tokens, sampling.presence_penalty,
+                                                     sampling.frequency_penalty)]
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        return kwargs
+
+    def _stop_ids(self, served: ServedModel) -> list[int]:
+        return stop_token_ids(self.model, self.tokenizer, served.rendering.template)
+
+    def _generate(self, prepared: Prepared, kwargs: dict):
+        if prepared.sampling.seed is not None:
+            torch.manual_seed(prepared.sampling.seed)
+        with self.gate.use(prepared.served.adapter), torch.no_grad():
+            out = self.model.generate(**kwargs)
+        return out[0, prepared.prompt.num_tokens:]
+
+    def _finished(self, prepared: Prepared, ids) -> Finished:
+        ids = ids.tolist()
+        ended = bool(ids) and ids[-1] in self._stop_ids(prepared.served)
+        reason = "length" if not ended and len(ids) >= prepared.max_new_tokens else "stop"
+        return Finished(reason, prepared.prompt.num_tokens, len(ids))
+
+    def _tokens(self, prepared: Prepared, stream: bool, cancel: CancelToken) -> Iterator[str | Finished]:
+        skip = prepared.sampling.generation.skip_special_tokens
+        if not stream or prepared.sampling.generation.num_beams > 1:  # beam search cannot stream
+            ids = self._generate(prepared, self._generate_kwargs(prepared, cancel))
+            yield self.tokenizer.decode(ids, skip_special_tokens=skip)
+            yield self._finished(prepared, ids)
+            return
+        yield from self._streamed(prepared, cancel, skip)
+
+    def _streamed(self, prepared: Prepared, cancel: CancelToken, skip: bool) -> Iterator[str | Finished]:
+        from transformers import TextIteratorStreamer
+
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=skip)
+        result: dict = {}
+
+        def work():
+            try:
+                result["ids"] = self._generate(prepared, self._generate_kwargs(prepared, cancel, streamer))
+            except BaseException as err:  # raised again in the caller's thread
+                result["error"] = err
+                streamer.end()
+
+        worker = threading.Thread(target=work, name="tunesmith-generate", daemon=True)
+        worker.start()
+        read_all = False
+        try:
+            for piece in streamer:
+                if piece:
+                    yield piece
+            read_all = True
+        finally:
+            if not read_all:  # the consumer went away: stop generating
+                cancel.set()
+            worker.join()
+        if "error" in result:
+            raise result["error"]
+        yield self._finished(prepared, result["ids"])
