@@ -19,6 +19,7 @@ commands:
   estimate [cfg.yaml] [key=value ...] [--shape S]        memory per GPU a training config needs; warns if it won't fit
   chat    [cfg.yaml] --model DIR [--prompt TEXT] ...     talk to a trained model (interactive without --prompt)
   export  [cfg.yaml] --model DIR --export_dir OUT        merge LoRA and write a standalone Hugging Face model
+  serve   [cfg.yaml] --model DIR [--adapter NAME=DIR]    OpenAI-compatible API server (chat/completions, models)
   score   --model RM --data FILE                         reward-model scores for the records of a file
   eval    [cfg.yaml] --model RM dataset=NAME             pairwise accuracy of a reward model
   bench   --shape qwen3-1.7b [key=value ...]             synthetic throughput benchmark (tokens/s, MFU, memory)
@@ -249,6 +250,40 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    from .infer.options import SERVE_GROUPS
+
+    parser = argparse.ArgumentParser(
+        prog="tunesmith serve", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="tunesmith serve [cfg.yaml] [key=value ...] [--model DIR] [--adapter NAME=DIR ...] [--host H] "
+        "[--port P]",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions, "
+        "/v1/completions). cfg.yaml: an inference YAML (llamafactory-cli api's). Listens on 127.0.0.1:8000 "
+        "unless --host/--port or API_HOST/API_PORT say otherwise; another address needs API_KEY. See "
+        "docs/serving.md.", epilog=_infer_epilog(SERVE_GROUPS))
+    parser.add_argument("--model", "--model_name_or_path", dest="model",
+                        help="output_dir of a run (full model or LoRA adapter), a model folder or hub id "
+                        "(or model_name_or_path in cfg.yaml)")
+    parser.add_argument("--adapter", action="append",
+                        help="NAME=DIR: a LoRA adapter of the same base served beside it as model NAME "
+                        "(repeatable; sets lora_modules)")
+    parser.add_argument("--host", help="address to bind (default: API_HOST, else 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: API_PORT, else 8000)")
+    return parser
+
+
+_SERVE_FLAGS = {"model": "model_name_or_path", "adapter": "lora_modules", "host": "host", "port": "port"}
+
+
+def cmd_serve(argv: list[str]) -> int:
+    _, flat = _parse_infer_argv(serve_parser(), argv, _SERVE_FLAGS)
+    from .infer.options import serve_options
+    from .serve.server import serve
+
+    serve(serve_options(flat))
+    return 0
+
+
 def score_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tunesmith score", description="Score records with a reward model.")
     parser.add_argument("--model", required=True, help="output_dir of a `stage: rm` run")
@@ -361,7 +396,7 @@ def cmd_webui(argv: list[str]) -> int:
 
 COMMANDS = {"train": cmd_train, "data": cmd_data, "chat": cmd_chat, "export": cmd_export, "env": cmd_env,
             "score": cmd_score, "eval": cmd_eval, "bench": cmd_bench,
-            "estimate": cmd_estimate, "webui": cmd_webui}
+            "estimate": cmd_estimate, "webui": cmd_webui, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:
