@@ -111,7 +111,7 @@ const chatPage = {
         if (data.error) throw new Error(data.error);
         if (data.delta) text += data.delta;
         if (data.done) text = data.text;
-        reply.textContent = text || "…";
+        reply.textContent = text || (data.done ? "(an empty reply: the model ended its turn at once)" : "…");
       }
     }
     return text;

@@ -72,6 +72,7 @@ const runsPage = {
     document.getElementById("run-log").textContent = "";
     document.getElementById("run-detail").hidden = false;
     document.getElementById("run-title").textContent = id;
+    this.showStatus({status: "loading", progress: {}, config: "", config_file: null});  // nothing of the last run
     for (const row of document.querySelectorAll("#runs-table tbody tr")) {
       row.classList.toggle("selected", row.dataset.run === id);
     }
