@@ -43,17 +43,25 @@ class StepResult:
 
 @dataclass
 class StepOutput:
-    """This rank's sums over the micro-batches of one forward_backward call."""
+    """This rank's sums over the micro-batches of one forward_backward call.
+
+    add() keeps device tensors as they are (reading one would make the host wait for the GPU in the middle of
+    the step); settle() turns them into floats once, after the last backward is queued."""
 
     loss: float = 0.0
     sums: dict = field(default_factory=dict)
     count: int = 0
 
     def add(self, out) -> None:
-        self.loss += float(out.loss.detach())
+        self.loss = self.loss + out.loss.detach()
         self.count += out.count
         for key, value in out.sums.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.sums[key] = self.sums.get(key, 0.0) + (value.detach() if torch.is_tensor(value) else value)
+
+    def settle(self) -> "StepOutput":
+        self.loss = float(self.loss)
+        self.sums = {key: float(value) for key, value in self.sums.items()}
+        return self
 
 
 class Engine(Protocol):
@@ -92,8 +100,10 @@ class Engine(Protocol):
         """Full (unsharded) weights for a rollout engine with its own copy of the model."""
 
 
-def check_finite(out) -> bool:
-    return bool(torch.isfinite(out.loss.detach()))
+def nonfinite(flag, out):
+    """`flag` (False or a device bool tensor) or'ed with "this micro-batch's loss is not finite", without
+    reading it on the host: engines read the flag once, in step()."""
+    return flag | ~torch.isfinite(out.loss.detach())
 
 
 @contextlib.contextmanager

@@ -25,8 +25,8 @@ import torch.distributed as dist
 from ..config.deepspeed import offloads, read_ds_config, zero_settings
 from ..errors import ConfigError
 from ..models.forward import run_forward
-from .base import (CheckpointError, LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode,
-                   forward_module, schedule_at, switched_to_reference)
+from .base import (CheckpointError, LossFn, NonFiniteError, StepOutput, StepResult, eval_mode,
+                   forward_module, nonfinite, schedule_at, switched_to_reference)
 from .optim import realign_schedule
 from .reference import ReferenceView
 
@@ -140,11 +140,11 @@ class DeepSpeedEngine:
         for batch in micro_batches:
             batch = batch.to(self.device)
             out = loss_fn.fn(run_forward(self.model, batch, loss_fn.outputs), batch)
-            self._nonfinite_loss |= not check_finite(out)
+            self._nonfinite_loss = nonfinite(self._nonfinite_loss, out)
             # DeepSpeed averages gradients over ranks; the Runner's normaliser expects their sum.
             self.ds.backward(out.loss * dist.get_world_size(), scale_wrt_gas=False)
             total.add(out)
-        return total
+        return total.settle()
 
     @torch.no_grad()
     def forward(self, micro_batches: list, fn: LossFn) -> list:
@@ -160,7 +160,8 @@ class DeepSpeedEngine:
 
     def step(self) -> StepResult:
         lr = self.scheduler.get_last_lr()[0]
-        if self._nonfinite_loss:
+        if bool(self._nonfinite_loss):
+            self._nonfinite_loss = False
             raise NonFiniteError("non-finite loss")
         self.ds.step()  # reduce, clip (gradient_clipping), update, schedule, zero the gradients
         # DeepSpeed reports no norm for ZeRO-0 in fp32 (plain optimizer): logged as nan there.

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..models.forward import run_forward
-from .base import LossFn, NonFiniteError, StepOutput, StepResult, check_finite, eval_mode, forward_module
+from .base import LossFn, NonFiniteError, StepOutput, StepResult, eval_mode, forward_module, nonfinite
 
 
 def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, skip_nonfinite: bool,
@@ -52,11 +52,11 @@ def backward_each(engine, micro_batches: list, loss_fn: LossFn, loss_scale: int 
         batch = batch.to(engine.device)
         with autocast(engine.precision, engine.device):
             out = loss_fn.fn(run_forward(engine.model, batch, loss_fn.outputs), batch)
-        engine._nonfinite_loss |= not check_finite(out)
+        engine._nonfinite_loss = nonfinite(engine._nonfinite_loss, out)
         loss = out.loss * loss_scale if loss_scale != 1 else out.loss
         (engine.scaler.scale(loss) if engine.scaler else loss).backward()
         total.add(out)
-    return total
+    return total.settle()
 
 
 @torch.no_grad()
@@ -72,7 +72,7 @@ def forward_each(engine, micro_batches: list, fn: LossFn) -> list:
 
 
 def step_of(engine) -> StepResult:
-    bad_loss, engine._nonfinite_loss = engine._nonfinite_loss, False
+    bad_loss, engine._nonfinite_loss = bool(engine._nonfinite_loss), False
     return clip_and_step(engine.model, engine.optimizer, engine.scheduler, engine.scaler,
                          max_grad_norm=engine.max_grad_norm, skip_nonfinite=engine.skip_nonfinite,
                          nonfinite_loss=bad_loss)

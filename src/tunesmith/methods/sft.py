@@ -23,16 +23,16 @@ def sft_loss(outputs: ModelOutputs, batch: SFTBatch, num_label_tokens: int) -> L
     """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step."""
     if outputs.nll_sum is not None:
         nll_sum = outputs.nll_sum
-        out = LossOutput(nll_sum / num_label_tokens, {"nll": float(nll_sum.detach())}, batch.num_label_tokens)
+        out = LossOutput(nll_sum / num_label_tokens, {"nll": nll_sum.detach()}, batch.num_label_tokens)
     else:
         nll_BT = token_nll(outputs.logits_BTV, batch.targets_BT)
-        out = LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": float(nll_BT.detach().sum())},
+        out = LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": nll_BT.detach().sum()},
                          batch.num_label_tokens)
     if outputs.aux_loss is None:
         return out
     out.loss = out.loss + moe_aux_share(outputs.aux_loss, outputs.aux_loss_coef, batch.num_label_tokens,
                                         num_label_tokens)
-    out.sums["aux_loss"] = float(outputs.aux_loss.detach()) * batch.num_label_tokens
+    out.sums["aux_loss"] = outputs.aux_loss.detach().float() * batch.num_label_tokens
     return out
 
 

@@ -61,7 +61,7 @@ class SequenceSteps:
             units += stats["units"]
             count += out.count
             for key, value in out.sums.items():
-                sums[key] = sums.get(key, 0.0) + value
+                sums[key] = sums.get(key, 0.0) + float(value)
         metrics = {"eval_loss": total / max(units, 1)}
         metrics.update({f"eval_{k}": v / max(count, 1) for k, v in sums.items() if k != "nll"})
         return metrics
