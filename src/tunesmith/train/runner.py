@@ -52,6 +52,7 @@ class Runner:
         self.saved_step: int | None = None  # the step of the last checkpoint written or resumed
         self.result = TrainResult(output_dir, 0)
         self.timing: dict = {}
+        self.marks: dict[str, float] = {}  # wall-clock times of the run's phases (set_up sets the first ones)
 
     def run(self) -> TrainResult:
         self.source.prepare(self.engine)
@@ -59,6 +60,7 @@ class Runner:
             self._restore(self.resume)
         sinks = build_sinks(self.cfg, self.output_dir, self._resume_step()) if dist.is_main() else []
         started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
+        self.marks["train_start"] = time.time()
         try:
             if self.source.eval_before_training and self.state["global_step"] == 0 and self._evaluates():
                 self._log_eval(sinks, None)
@@ -67,6 +69,7 @@ class Runner:
             seconds = time.perf_counter() - started
             tokens = self.state["tokens_seen"] - tokens_before
             self.timing = {"train_seconds": seconds, "train_tokens": tokens, "train_tokens_per_s": tokens / seconds}
+            self.marks["train_end"] = time.time()
         finally:
             for sink in sinks:
                 sink.close()
@@ -200,7 +203,9 @@ class Runner:
             self.engine.export_hf(self.output_dir, self.saver)
         if not dist.is_main():
             return
-        summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing}
+        self.marks["saved"] = time.time()
+        summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing,
+                   "phases": phase_seconds(self.marks)}
         if torch.cuda.is_available():
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
@@ -258,3 +263,16 @@ class _Window:
         metrics.update({key: value / max(self.count, 1) for key, value in self.sums.items() if key != "nll"})
         self.reset()
         return metrics
+
+
+# (phase, its first mark, its last mark): the marks set_up and Runner.run record
+_PHASES = (("start_up", "process_start", "data_start"), ("data", "data_start", "data_end"),
+           ("model", "data_end", "train_start"), ("train", "train_start", "train_end"),
+           ("final_save", "train_end", "saved"))
+
+
+def phase_seconds(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of each phase whose marks were recorded: start-up (interpreter, imports, config, tokenizer), data
+    (read, render, tokenize, cache), model (load, engine, optimizer, data loader and resume), train, final save."""
+    return {name: round(marks[end] - marks[begin], 2) for name, begin, end in _PHASES
+            if begin in marks and end in marks}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -87,8 +88,10 @@ def set_up(cfg) -> Runner:
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     stage = STAGES[cfg.finetune.stage]
+    marks = {"process_start": _process_start(), "data_start": time.time()}
     with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
         data = prepare_data(cfg, tokenizer, media)
+    marks["data_end"] = time.time()
     if dist.is_main():
         write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     print_data_report(data.report, cfg)
@@ -104,7 +107,16 @@ def set_up(cfg) -> Runner:
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids)
-    return Runner(cfg, engine, method, source, saver, output_dir, resume)
+    runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
+    runner.marks.update(marks)
+    return runner
+
+
+def _process_start() -> float:
+    """When this process started (wall clock): start-up counts from there, imports included."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def _use_chat_template(cfg, tokenizer, saver) -> None:

@@ -38,6 +38,8 @@ def test_each_stage_evaluates_saves_resumes_exactly_and_saves_the_final_model(tm
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
     assert first.eval_metrics and (out / "train_summary.json").exists()
     assert (out / "model.safetensors").exists()
+    phases = json.loads((out / "train_summary.json").read_text())["phases"]
+    assert list(phases) == ["start_up", "data", "model", "train", "final_save"] and min(phases.values()) >= 0
     resumed = train(run_config(out, **common, resume_from_checkpoint=str(out / "checkpoint-2")))
     assert resumed.step_losses == pytest.approx(first.step_losses[2:], abs=1e-6)
     steps = [r["step"] for r in _rows(out) if "loss" in r]
