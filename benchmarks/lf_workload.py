@@ -201,7 +201,8 @@ def _tunesmith_numbers(output: Path) -> dict:
     losses = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     return {"train_s": round(s["train_seconds"], 1), "train_tokens": s["train_tokens"],
             "tokens_per_s": s["train_tokens_per_s"], "steps": s["global_step"],
-            "final_loss": losses[-1]["loss"] if losses else None, "allocated_peak_gib": s.get("peak_memory_gib")}
+            "final_loss": losses[-1]["loss"] if losses else None, "allocated_peak_gib": s.get("peak_memory_gib"),
+            "phases": s.get("phases")}
 
 
 def _lf_numbers(output: Path) -> dict:
@@ -242,7 +243,9 @@ def table(results: list[dict], mean_len: float) -> str:
         mfu = (r["tokens_per_s"] or 0) * flops_per_token(mean_len) / PEAK
         rows.append(f"| {r['name']} | {r['tool']} | {r['tokens_per_s'] / 1e3:.1f}k | {mfu:.0%} | {r['train_s']} s | "
                     f"{r['end_to_end_s']} s | {r['peak_gpu_gib']} GiB | {r['steps']} | {r['final_loss']:.4f} |")
-    return "\n".join(rows)
+    phases = [f"- {r['name']}: " + ", ".join(f"{k} {v} s" for k, v in r["phases"].items())
+              for r in results if r.get("phases")]
+    return "\n".join(rows + ([""] + phases if phases else []))
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
