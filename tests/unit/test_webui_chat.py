@@ -11,7 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tunesmith.models.tiny import build_tiny
+from tunesmith.serve.engine import Finished, TextDelta
 from tunesmith.webui.app import WebUIState, build_app
+from tunesmith.webui.chat import reply_events
 
 IMAGES = Path(__file__).resolve().parents[2] / "data" / "mllm_demo_data"
 
@@ -46,6 +48,16 @@ def test_a_reply_streams_in_pieces_then_the_whole_reply(client):
     assert last["text"] == "".join(deltas).strip()
 
 
+def test_an_empty_think_block_is_never_shown_and_an_open_one_is_kept():
+    empty = list(reply_events([TextDelta("<think>"), TextDelta("\n\n</think>"), TextDelta("\n\nHi"),
+                               TextDelta(" there"), Finished("stop", 5, 4)]))
+    assert [e["delta"] for e in empty if "delta" in e] == ["Hi", " there"]
+    assert empty[-1] == {"done": True, "text": "Hi there", "finish_reason": "stop", "prompt_tokens": 5,
+                         "completion_tokens": 4}
+    unfinished = list(reply_events([TextDelta("<think>"), TextDelta("still thinking"), Finished("length", 5, 2)]))
+    assert len(unfinished) == 1 and unfinished[0]["text"] == "<think>still thinking"
+
+
 def test_a_conversation_and_a_system_prompt_are_sent(client):
     body = {"model": "tiny", "system": "Be brief.", "max_new_tokens": 4, "temperature": 0.7, "top_p": 0.8,
             "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
@@ -60,7 +72,10 @@ def test_refusals_come_before_streaming(client, runs_root):
     assert text_only.status_code == 400 and "takes no image input" in text_only.json()["error"]
     bad = client.post("/api/chat", json={"model": "tiny", "messages": [
         {"role": "user", "content": "x", "images": ["http://example.org/cat.png"]}]})
-    assert bad.status_code == 400 and "not a data:image" in bad.json()["error"]
+    assert bad.status_code == 400 and "send the image as a base64 data URL" in bad.json()["error"]
+    broken = client.post("/api/chat", json={"model": "tiny", "messages": [
+        {"role": "user", "content": "x", "images": ["data:image/png;base64,bm90IGFuIGltYWdl"]}]})
+    assert broken.status_code == 400
     (runs_root / "no-weights").mkdir()
     empty = client.post("/api/chat", json={"model": "no-weights", "messages": [{"role": "user", "content": "x"}]})
     assert empty.status_code == 400 and "holds no model weights" in empty.json()["error"]
@@ -107,3 +122,31 @@ def test_export_refuses_a_used_folder_a_folder_outside_and_a_bad_dtype(client, r
     dtype = client.post("/api/export", json={"model": "tiny", "export_dir": "new", "dtype": "int3"})
     assert dtype.status_code == 400 and "int3" in dtype.json()["error"]
     assert client.get("/api/export/job", params={"id": 99}).status_code == 400
+
+
+def test_a_reader_that_stops_cancels_the_generation():
+    import asyncio
+    import threading
+
+    from tunesmith.webui.api_models import _sse
+
+    cancel, produced = threading.Event(), []
+
+    def endless():
+        while True:
+            produced.append(1)
+            yield {"delta": "x"}
+            time.sleep(0.01)
+
+    async def read_one():
+        stream = _sse(endless(), cancel)
+        first = await stream.__anext__()
+        await stream.aclose()  # the page pressed Stop / closed the tab
+        return first
+
+    assert asyncio.run(read_one()) == 'data: {"delta": "x"}\n\n'
+    assert cancel.is_set()
+    time.sleep(0.2)
+    count = len(produced)
+    time.sleep(0.2)
+    assert len(produced) == count  # the worker stopped

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
+from typing import Iterator
 
 from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -34,10 +38,13 @@ def router(state) -> APIRouter:
         return {"models": list_models(state.root)}
 
     @api.post("/chat")
-    def chat(body: ChatRequest):
+    async def chat(body: ChatRequest):
         folder = model_dir(body.model)
-        prepared = state.chat.prepare(folder, body)  # errors (bad image, wrong model) answer 400 before streaming
-        return StreamingResponse(_sse(prepared), media_type="text/event-stream",
+        # loading and every refusal (bad image, template, context length) happen here: a 400 before streaming
+        engine, prepared = await run_in_threadpool(state.chat.prepare, folder, body)
+        cancel = threading.Event()
+        return StreamingResponse(_sse(state.chat.events(engine, prepared, cancel), cancel),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     @api.post("/export")
@@ -55,10 +62,36 @@ def router(state) -> APIRouter:
     return api
 
 
-def _sse(events):
-    """Server-sent events: one `data: {json}` per piece of the reply, then the whole reply (or the error)."""
+_END = object()
+
+
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item) -> None:
     try:
-        for event in events:
-            yield f"data: {json.dumps(event)}\n\n"
-    except Exception as err:  # the stream has started: the error goes to the page as an event
-        yield f"data: {json.dumps({'error': f'{type(err).__name__}: {err}'})}\n\n"
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+    except RuntimeError:  # the loop closed (server stopping): nobody reads any more
+        pass
+
+
+async def _sse(events: Iterator[dict], cancel: threading.Event):
+    """Server-sent events, one `data: {json}` per event, generated in a thread of their own. When the page
+    stops reading (Stop, a closed tab) `cancel` is set and the engine stops at its next token."""
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+    def work():
+        try:
+            for event in events:
+                if cancel.is_set():
+                    break
+                _post(loop, queue, event)
+        except Exception as err:  # the stream has started: the error goes to the page as an event
+            _post(loop, queue, {"error": f"{type(err).__name__}: {err}"})
+        finally:
+            events.close()
+            _post(loop, queue, _END)
+
+    threading.Thread(target=work, name="webui-chat", daemon=True).start()
+    try:
+        while (item := await queue.get()) is not _END:
+            yield f"data: {json.dumps(item)}\n\n"
+    finally:
+        cancel.set()
