@@ -98,6 +98,21 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     page.goto(url + "#train")
     page.wait_for_selector("#f-model_name_or_path")
 
+    # a LLaMA-Factory YAML imported through the key table, a key found by the filter, an LF export downloaded
+    page.click("#import-paste-toggle")
+    page.fill("#import-text", "stage: sft\ndisable_gradient_checkpointing: true\nddp_find_unused_parameters: false\n")
+    page.click("#import-apply")
+    page.wait_for_selector("#form-messages .messages")
+    assert page.input_value("#f-gradient_checkpointing") == "false"
+    assert "accepted without effect: ddp_find_unused_parameters" in page.inner_text("#form-messages")
+    page.fill("#field-filter", "lora_rank")
+    assert page.is_visible("#f-lora_rank") and not page.is_visible("#f-cutoff_len")
+    page.fill("#field-filter", "")
+    with page.expect_download() as download:
+        page.click("#export-lf")
+    exported = Path(download.value.path()).read_text()
+    assert exported.startswith("# llamafactory-cli train this.yaml") and "gradient_checkpointing: false" in exported
+
     # a problem is shown beside its field, as `tunesmith train` words it
     fill_form(page, root / "bad", "-1", 4)
     page.click("#validate")
@@ -152,6 +167,12 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     page.click("#run-chat")
     page.wait_for_url("**#chat?model=fast-lr")
     page.wait_for_function("() => document.querySelector('#chat-model').value === 'fast-lr'")
+    page.set_input_files("#chat-image", str(DATA / "mllm_demo_data" / "image_000.png"))
+    page.fill("#chat-text", "What is in the picture?")
+    page.press("#chat-text", "Enter")
+    page.wait_for_selector(".msg.assistant.error")  # a text-only model: refused before generating
+    assert "takes no image input" in page.inner_text(".msg.assistant.error")
+    page.click("#chat-clear")
     page.fill("#chat-text", "Who are you?")
     page.press("#chat-text", "Enter")
     page.wait_for_function("""() => { const m = document.querySelectorAll('.msg.assistant span');
@@ -170,3 +191,16 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     page.wait_for_selector("#export-jobs .badge.finished", timeout=120_000)
     assert (root / "fast-lr-export" / "model.safetensors").is_file()
     shot(page, "export", tmp_path)
+
+    # a run launched here is stopped from the page: it saves a checkpoint and exits
+    page.goto(url + "#train")
+    page.wait_for_selector("#f-model_name_or_path")
+    fill_form(page, root / "stopped", "1e-3", 100_000)
+    page.click("#launch")
+    page.wait_for_url("**#runs?run=stopped")
+    page.wait_for_function("() => runsPage.feed.id === 'stopped' && runsPage.feed.store.lastStep > 0",
+                           timeout=120_000)  # it trains
+    page.click("#run-stop")
+    page.wait_for_function("() => document.querySelector('#run-state').textContent === 'stopped'",
+                           timeout=120_000)
+    assert any((root / "stopped").glob("checkpoint-*"))

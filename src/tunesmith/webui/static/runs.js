@@ -8,11 +8,16 @@ const POLL_MS = 2000;
 class RunFeed {
   constructor(id) { this.id = id; this.offset = 0; this.store = new MetricStore(); }
   async poll() {
-    const data = await api(`/run/metrics?run=${encodeURIComponent(this.id)}&offset=${this.offset}`);
-    if (data.reset) this.store = new MetricStore();  // the file was rewritten (a resumed run)
-    this.store.add(data.rows);
-    this.offset = data.offset;
-    return data.rows.length > 0 || data.reset;
+    if (this.polling) return;  // a slow answer is not asked for twice
+    this.polling = true;
+    try {
+      const data = await api(`/run/metrics?run=${encodeURIComponent(this.id)}&offset=${this.offset}`);
+      if (data.reset) this.store = new MetricStore();  // the file was rewritten (a resumed run)
+      this.store.add(data.rows);
+      this.offset = data.offset;
+    } finally {
+      this.polling = false;
+    }
   }
 }
 
@@ -38,9 +43,8 @@ const runsPage = {
 
   async show() {
     const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("run");
-    await this.refreshList();
-    if (wanted && wanted !== this.selected) this.select(wanted);
-    else if (this.selected) await this.tick();
+    if (wanted && wanted !== this.selected) this.select(wanted);  // at once: nothing of the last run shows
+    await this.tick();
     clearInterval(this.timer);
     this.timer = setInterval(() => this.tick(), POLL_MS);
   },
@@ -81,11 +85,19 @@ const runsPage = {
   },
 
   async refreshDetail() {
-    const id = this.selected;
-    const [info] = await Promise.all([api(`/run/info?run=${encodeURIComponent(id)}`), this.feed.poll(), this.pollLog()]);
-    if (id !== this.selected) return;
-    this.charts.draw(runPanels(this.feed.store));
-    this.showStatus(info);
+    if (this.refreshing) return;  // one refresh at a time: polls of one offset never overlap
+    this.refreshing = true;
+    try {
+      const id = this.selected, feed = this.feed;
+      const [info, , log] = await Promise.all([api(`/run/info?run=${encodeURIComponent(id)}`), feed.poll(),
+        api(`/run/log?run=${encodeURIComponent(id)}&offset=${this.logOffset}`)]);
+      if (id !== this.selected) return;  // another run was picked meanwhile
+      this.charts.draw(runPanels(feed.store));
+      this.showStatus(info);
+      this.showLog(log);
+    } finally {
+      this.refreshing = false;
+    }
   },
 
   showStatus(info) {
@@ -100,8 +112,7 @@ const runsPage = {
     document.getElementById("run-config").textContent = info.config || "no config file in this run's folder";
   },
 
-  async pollLog() {
-    const data = await api(`/run/log?run=${encodeURIComponent(this.selected)}&offset=${this.logOffset}`);
+  showLog(data) {
     const log = document.getElementById("run-log");
     if (!data.exists) {
       log.textContent = "no train.log: this run was not launched from the web UI (its log went to its terminal)";
