@@ -6,6 +6,7 @@ which is missing, without them. WEBUI_SCREENSHOTS=<folder> keeps a screenshot of
 holds the ones the docs show); otherwise they go to the test's temp folder.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -93,8 +94,28 @@ def loss_points(page) -> int:
         return chart && chart.plot ? chart.plot.data[0].length : 0; }""")
 
 
+def write_rl_run(folder: Path) -> None:
+    """An online-RL run's metrics as the trainer writes them (reward per function, KL, held-out evaluation)."""
+    folder.mkdir(parents=True)
+    rows = [{"step": s, "loss": 0.1 / s, "lr": 1e-6, "grad_norm": 0.5, "tokens_per_s": 800.0, "reward_mean": s / 4,
+             "reward_accuracy": s / 5, "kl": 0.01 * s} for s in range(1, 5)]
+    rows.append({"step": 4, "eval_reward_mean": 0.9, "eval_loss": 0.3})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def test_launch_watch_compare_chat_export(server, page, tmp_path):
     url, root = server
+
+    # reward, eval and every other logged metric get their charts
+    write_rl_run(root / "grpo-like")
+    page.goto(url + "#runs?run=grpo-like")
+    page.wait_for_selector(".chart[data-title='kl']")
+    titles = page.eval_on_selector_all("#run-charts .chart", "charts => charts.map((c) => c.dataset.title)")
+    assert titles == ["loss", "learning rate", "grad norm", "tokens/s", "reward", "kl"]
+    assert page.evaluate("() => runsPage.charts.charts.get('reward').plot.series.map((s) => s.label)") == [
+        "step", "reward_mean", "reward_accuracy", "eval_reward_mean"]
+    assert page.evaluate("() => runsPage.charts.charts.get('loss').plot.series.map((s) => s.label)") == [
+        "step", "loss", "eval_loss"]
     page.goto(url + "#train")
     page.wait_for_selector("#f-model_name_or_path")
 

@@ -93,3 +93,14 @@ def test_cross_site_and_non_json_changes_are_refused(tmp_path):
     assert form_post.status_code == 403 and "must be JSON" in form_post.json()["error"]
     same = local.post("/api/config/import", json={"text": "cutoff_len: 8"}, headers={"origin": "http://127.0.0.1:7860"})
     assert same.status_code == 200
+
+
+def test_webui_flags_explain_themselves_and_default_to_local():
+    from tunesmith.cli import webui_parser
+
+    parser = webui_parser()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help and action.help.strip(), action.option_strings
+    args = parser.parse_args([])
+    assert (args.host, args.port, args.runs_root, args.token) == ("127.0.0.1", 7860, "saves", None)
