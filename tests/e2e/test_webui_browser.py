@@ -103,10 +103,8 @@ def write_rl_run(folder: Path) -> None:
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_launch_watch_compare_chat_export(server, page, tmp_path):
-    url, root = server
-
-    # reward, eval and every other logged metric get their charts
+def check_rl_charts(page, url, root):
+    """Reward, eval and every other logged metric get their charts."""
     write_rl_run(root / "grpo-like")
     page.goto(url + "#runs?run=grpo-like")
     page.wait_for_selector(".chart[data-title='kl']")
@@ -116,10 +114,15 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
         "step", "reward_mean", "reward_accuracy", "eval_reward_mean"]
     assert page.evaluate("() => runsPage.charts.charts.get('loss').plot.series.map((s) => s.label)") == [
         "step", "loss", "eval_loss"]
+
+
+def open_form(page, url):
     page.goto(url + "#train")
     page.wait_for_selector("#f-model_name_or_path")
 
-    # a LLaMA-Factory YAML imported through the key table, a key found by the filter, an LF export downloaded
+
+def import_filter_export(page):
+    """A LLaMA-Factory YAML imported through the key table, a key found by the filter, an LF export downloaded."""
     page.click("#import-paste-toggle")
     page.fill("#import-text", "stage: sft\ndisable_gradient_checkpointing: true\nddp_find_unused_parameters: false\n")
     page.click("#import-apply")
@@ -134,7 +137,9 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     exported = Path(download.value.path()).read_text()
     assert exported.startswith("# llamafactory-cli train this.yaml") and "gradient_checkpointing: false" in exported
 
-    # a problem is shown beside its field, as `tunesmith train` words it
+
+def check_validation_error(page, root, tmp_path):
+    """A problem is shown beside its field, as `tunesmith train` words it."""
     fill_form(page, root / "bad", "-1", 4)
     page.click("#validate")
     page.wait_for_selector(".field.bad[data-key=learning_rate] .error div")
@@ -142,14 +147,15 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     page.locator(".field[data-key=learning_rate]").scroll_into_view_if_needed()
     shot(page, "validation", tmp_path)
 
+
+def launch_and_watch(page, root, tmp_path):
+    """Launch from the form; the loss curve grows while the run trains; progress, charts and log at the end."""
     fill_form(page, root / "slow-lr", "5e-4", 150)
     page.click("#validate")
     page.wait_for_selector(".messages.good")
     shot(page, "train", tmp_path)
     page.click("#launch")
     page.wait_for_url("**#runs?run=slow-lr")
-
-    # the loss curve grows while the run trains
     counts = []
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -167,9 +173,10 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     assert "model saved to" in page.inner_text("#run-log")
     shot(page, "runs", tmp_path)
 
-    # a second run, overlaid on the first
-    page.goto(url + "#train")
-    page.wait_for_selector("#f-model_name_or_path")
+
+def second_run_and_compare(page, url, root, tmp_path):
+    """A second run, overlaid on the first."""
+    open_form(page, url)
     fill_form(page, root / "fast-lr", "3e-3", 150)
     page.click("#launch")
     page.wait_for_url("**#runs?run=fast-lr")
@@ -183,7 +190,9 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
         return c && c.plot && c.plot.series.length === 3 && full(c.plot.data[1]) && full(c.plot.data[2]); }""")
     shot(page, "compare", tmp_path)
 
-    # chat with the result: the reply streams into the page
+
+def chat_with_it(page, url, tmp_path):
+    """From the run's page to the chat; an image refused by a text-only model; the reply streams in."""
     page.goto(url + "#runs?run=fast-lr")
     page.click("#run-chat")
     page.wait_for_url("**#chat?model=fast-lr")
@@ -191,7 +200,7 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     page.set_input_files("#chat-image", str(DATA / "mllm_demo_data" / "image_000.png"))
     page.fill("#chat-text", "What is in the picture?")
     page.press("#chat-text", "Enter")
-    page.wait_for_selector(".msg.assistant.error")  # a text-only model: refused before generating
+    page.wait_for_selector(".msg.assistant.error")  # refused before generating
     assert "takes no image input" in page.inner_text(".msg.assistant.error")
     page.click("#chat-clear")
     page.fill("#chat-text", "Who are you?")
@@ -204,7 +213,8 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     assert "error" not in page.get_attribute(".msg.assistant", "class")
     shot(page, "chat", tmp_path)
 
-    # export it
+
+def export_it(page, url, root, tmp_path):
     page.goto(url + "#export")
     page.select_option("#export-model", "fast-lr")
     page.fill("#export-dir", "fast-lr-export")
@@ -213,9 +223,10 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     assert (root / "fast-lr-export" / "model.safetensors").is_file()
     shot(page, "export", tmp_path)
 
-    # a run launched here is stopped from the page: it saves a checkpoint and exits
-    page.goto(url + "#train")
-    page.wait_for_selector("#f-model_name_or_path")
+
+def stop_a_run(page, url, root):
+    """A run launched here is stopped from the page: it saves a checkpoint and exits."""
+    open_form(page, url)
     fill_form(page, root / "stopped", "1e-3", 100_000)
     page.click("#launch")
     page.wait_for_url("**#runs?run=stopped")
@@ -225,3 +236,16 @@ def test_launch_watch_compare_chat_export(server, page, tmp_path):
     page.wait_for_function("() => document.querySelector('#run-state').textContent === 'stopped'",
                            timeout=120_000)
     assert any((root / "stopped").glob("checkpoint-*"))
+
+
+def test_launch_watch_compare_chat_export(server, page, tmp_path):
+    url, root = server
+    open_form(page, url)
+    import_filter_export(page)
+    check_validation_error(page, root, tmp_path)
+    launch_and_watch(page, root, tmp_path)
+    second_run_and_compare(page, url, root, tmp_path)
+    chat_with_it(page, url, tmp_path)
+    export_it(page, url, root, tmp_path)
+    stop_a_run(page, url, root)
+    check_rl_charts(page, url, root)
