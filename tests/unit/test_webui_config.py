@@ -147,3 +147,17 @@ def test_launch_a_tiny_run_and_watch_it_finish(client, tmp_path):
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert "model saved to" in log and info["config_file"] == "tunesmith_config.yaml"
     assert any(m["id"] == "tiny" for m in client.get("/api/models").json()["models"])
+
+
+def test_a_folder_holding_a_run_is_refused_unless_resumed_or_replaced(client, tmp_path):
+    out = tmp_path / "saves" / "done"
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (out / "train.log").write_text("the first run's log\n")
+    refused = client.post("/api/runs/launch", json={"values": tiny_values(out)})
+    assert refused.status_code == 422
+    problem = refused.json()["problems"][-1]
+    assert problem["keys"] == ["output_dir"] and "already holds a run" in problem["message"]
+    assert (out / "train.log").read_text() == "the first run's log\n"  # nothing of the earlier run replaced
+    replace = client.post("/api/config/validate", json={"values": tiny_values(out, overwrite_output_dir="true")})
+    assert replace.json()["ok"], replace.json()

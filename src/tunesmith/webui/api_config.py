@@ -8,7 +8,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from . import configs
+from ..errors import TunesmithError
+from . import configs, runs
 from .form import form_schema
 
 
@@ -63,11 +64,14 @@ def router(state) -> APIRouter:
 
 
 def _checked(state, flat: dict) -> dict:
-    """The CLI's validation, and then the web UI's own rule: the run must train inside the runs root."""
+    """The CLI's validation, then the web UI's rules: the run trains inside the runs root, and not into a
+    folder that holds a run it would neither resume nor replace."""
     result = configs.validate(flat)
     try:
-        state.launcher.output_dir(flat)
-    except Exception as err:
+        refusal = runs.refusal_of(state.launcher.output_dir(flat), flat)
+    except TunesmithError as err:
+        refusal = str(err)
+    if refusal:
         result["ok"] = False
-        result["problems"].append({"keys": ["output_dir"], "message": str(err)})
+        result["problems"].append({"keys": ["output_dir"], "message": refusal})
     return result

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,10 +70,12 @@ class Launcher:
 
     def _start(self, config: Path, log_path: Path, secrets: dict[str, str]) -> subprocess.Popen:
         env = {**os.environ, **secrets, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", "TERM": "dumb"}
-        with open(log_path, "wb") as log:
-            return subprocess.Popen([sys.executable, "-m", "tunesmith", "train", str(config)], cwd=self.cwd,
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+        command = [sys.executable, "-m", "tunesmith", "train", str(config)]
+        with open(log_path, "ab") as log:  # appended: a resumed run keeps the log of its first part
+            log.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} tunesmith train {config}\n".encode())
+            log.flush()
+            return subprocess.Popen(command, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def state(self, output_dir: Path) -> str | None:
         launched = self.runs.get(Path(output_dir).resolve())

@@ -64,6 +64,19 @@ class RunsRoot:
                 self._walk(child, depth + 1, found)
 
 
+def refusal_of(folder: Path, flat: dict) -> str | None:
+    """Why `tunesmith train` would refuse to start into `folder`: it holds a finished or running run that the
+    config neither resumes (it has no checkpoint) nor replaces (overwrite_output_dir). Checked before a launch,
+    so the earlier run's launch file and log are not replaced by a run that would stop at once."""
+    finished = (METRICS_FILE, TRAINER_LOG, "train_summary.json", "model.safetensors", "adapter_model.safetensors")
+    if not any((folder / name).is_file() for name in finished) or flat.get("overwrite_output_dir") is True:
+        return None
+    if any(folder.glob("checkpoint-*")) and flat.get("resume_from_checkpoint") is not False:
+        return None  # it resumes from its newest checkpoint, as on the command line
+    return (f"output_dir {folder} already holds a run; set overwrite_output_dir: true to replace it, or choose "
+            "another output_dir")
+
+
 def _last_change(folder: Path) -> float:
     times = [(folder / m).stat().st_mtime for m in (*_MARKERS, LOG_FILE) if (folder / m).is_file()]
     return max(times, default=folder.stat().st_mtime)
