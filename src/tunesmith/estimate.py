@@ -113,7 +113,7 @@ def shape_config(shape: str):
     """The transformers config of a named shape of `tunesmith bench` (Qwen3 architectures; tiny = tiny:qwen3)."""
     from transformers import AutoConfig, Qwen3Config
 
-    from .bench import SHAPES
+    from .models.shapes import SHAPES
     from .errors import ConfigError
     from .models.tiny import build_tiny
 
@@ -128,7 +128,7 @@ def model_config(cfg: RunConfig):
     """The model's transformers config; offline, a hub id that is not cached gets one error naming the ways out."""
     from pathlib import Path
 
-    from .bench import SHAPES
+    from .models.shapes import SHAPES
     from .errors import ModelError
     from .models.load import load_config
     from .models.tiny import is_tiny
