@@ -169,3 +169,16 @@ def test_a_failure_inside_the_server_is_a_500_and_it_goes_on_serving(tokenizer):
             list(server.client().chat.completions.create(model="scripted", messages=HI, stream=True))
         engine.fail = False
         assert server.client().chat.completions.create(model="scripted", messages=HI).choices[0].message.content == "fine"
+
+
+def test_web_pages_of_other_sites_and_rebound_host_names_are_refused(tokenizer):
+    _, live = _serve(tokenizer, ["ok"])
+    with live as server:
+        url = server.url + "/v1/chat/completions"
+        body = {"model": "scripted", "messages": HI}
+        cross = httpx.post(url, json=body, headers={"Origin": "https://evil.example"})
+        assert cross.status_code == 403 and cross.json()["error"]["code"] == "cross_origin"
+        rebound = httpx.post(url, json=body, headers={"Host": "evil.example:8000"})
+        assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "bad_host"
+        same = httpx.post(url, json=body, headers={"Origin": server.url})
+        assert same.status_code == 200

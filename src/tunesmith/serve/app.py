@@ -33,6 +33,7 @@ class Settings:
     max_queue: int = 100
     allow_local_media: bool = True
     api_key: str | None = None  # from the environment (API_KEY), never from a file
+    loopback: bool = True  # bound to a loopback address: only this machine's names may be in the Host header
     generation: GenerationKeys = field(default_factory=GenerationKeys)  # what a request leaves unset
 
 
@@ -42,7 +43,8 @@ def create_app(engine: Engine, settings: Settings = Settings()) -> FastAPI:
     routes = Routes(engine, settings, Limiter(settings.max_concurrent, settings.max_queue))
     _install_error_handlers(app)
     app.get("/health")(routes.health)
-    api = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(settings.api_key))])
+    api = APIRouter(prefix="/v1", dependencies=[Depends(_browser_check(settings.loopback)),
+                                                Depends(_api_key_check(settings.api_key))])
     api.get("/models")(routes.list_models)
     api.get("/models/{name:path}")(routes.get_model)
     api.post("/chat/completions")(routes.chat_completions)
@@ -62,6 +64,35 @@ def _api_key_check(api_key: str | None):
             raise RequestError("Missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
                                "key the server was started with (its API_KEY).", status=401,
                                code="invalid_api_key")
+
+    return check
+
+
+_LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def _host_name(value: str) -> str:
+    """The host of a Host header or an Origin URL, without scheme and port ('[::1]' keeps its brackets)."""
+    netloc = value.split("://", 1)[-1].split("/", 1)[0].lower()
+    if netloc.startswith("["):
+        return netloc[:netloc.index("]") + 1] if "]" in netloc else netloc
+    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+
+
+def _browser_check(loopback: bool):
+    """Web pages of other sites cannot use the server through a visitor's browser: a request with an Origin
+    of another host is refused (there are no CORS headers either), and on loopback a Host header that is not
+    this machine's name (DNS rebinding) is refused."""
+
+    async def check(request: Request) -> None:
+        origin = request.headers.get("origin")
+        host = _host_name(request.headers.get("host", ""))
+        if origin and _host_name(origin) != host:
+            raise RequestError(f"requests from web pages of other sites ({origin}) are refused", status=403,
+                               code="cross_origin")
+        if loopback and host and host not in _LOCAL_NAMES and not host.startswith("127."):
+            raise RequestError(f"Host '{host}' is not this machine's name; the server listens on loopback only",
+                               status=403, code="bad_host")
 
     return check
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
-from ..infer.load import load_for_inference
+from ..infer.load import load_for_inference, resolve_sources
 from ..infer.options import ChatOptions
 from ..models.load import pick_device
 from .adapters import AdapterGate, NoGate, attach
@@ -70,7 +70,8 @@ class HFEngine(Engine):
             spec.model_name_or_path, device=pick_device(), dtype=DTYPES[spec.infer_dtype],
             adapters=spec.adapter_name_or_path, merge=bool(lora_modules), trust_remote_code=spec.trust_remote_code,
             cache_dir=spec.cache_dir, revision=spec.model_revision)
-        folders = {name: check_adapter(name, path, spec.model_name_or_path) for name, path in lora_modules.items()}
+        base = resolve_sources(spec.model_name_or_path, spec.adapter_name_or_path)[0]
+        folders = {name: check_adapter(name, path, base) for name, path in lora_modules.items()}
         gate, handles = None, {}
         if folders:
             model, handles = attach(model, folders)

@@ -61,7 +61,7 @@ def settings_for(options: ServeOptions, host: str, env: dict | None = None):
                            "<key>'), or bind 127.0.0.1"])
     keys = options.serve
     return Settings(max_request_bytes=int(keys.max_request_mb * 1e6), max_concurrent=keys.max_concurrent,
-                    max_queue=keys.max_queue, api_key=api_key, generation=options.generation,
+                    max_queue=keys.max_queue, api_key=api_key, generation=options.generation, loopback=local,
                     allow_local_media=keys.allow_local_media if keys.allow_local_media is not None else local)
 
 
