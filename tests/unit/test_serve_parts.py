@@ -285,3 +285,13 @@ def test_serve_help_explains_every_option_and_lists_its_yaml_keys():
     for cls in SERVE_GROUPS.values():
         for key, field in cls.model_fields.items():
             assert any(line.split()[:1] == [key] and field.description in line for line in keys), key
+
+
+def test_serve_refuses_an_open_address_without_an_api_key_before_loading(monkeypatch):
+    from tunesmith import cli
+    from tunesmith.serve import server
+
+    monkeypatch.delenv("API_KEY", raising=False)
+    monkeypatch.setattr(server, "load_engine", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ConfigError, match="set the API_KEY environment variable"):
+        cli.cmd_serve(["--model", "tiny:qwen3", "--host", "0.0.0.0"])
