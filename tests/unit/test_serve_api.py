@@ -3,7 +3,6 @@ client: tiny Qwen3 with two LoRA adapters served by name, tiny Qwen2.5-VL for im
 
 import base64
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx

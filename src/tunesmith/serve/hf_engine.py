@@ -88,8 +88,9 @@ class HFEngine(Engine):
     def _generate_kwargs(self, prepared: Prepared, cancel: CancelToken, streamer=None) -> dict:
         sampling = prepared.sampling
         inputs = {k: v.to(self.model.device) if hasattr(v, "to") else v for k, v in prepared.prompt.inputs.items()}
-        kwargs = {**inputs, "eos_token_id": self._stop_ids(prepared.served), "pad_token_id": self.tokenizer.pad_token_id,
-                  "streamer": streamer, **sampling.generation.generate_kwargs(),
+        kwargs = {**inputs, "eos_token_id": self._stop_ids(prepared.served),
+                  "pad_token_id": self.tokenizer.pad_token_id, "streamer": streamer,
+                  **sampling.generation.generate_kwargs(),
                   "max_new_tokens": prepared.max_new_tokens, "stopping_criteria": [_Cancelled(cancel)],
                   **(prepared.media.generate_kwargs() if prepared.media else {})}
         if sampling.presence_penalty or sampling.frequency_penalty:
