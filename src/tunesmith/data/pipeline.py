@@ -44,7 +44,8 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
     return RenderOptions(
         stage=cfg.finetune.stage,
         chat_template=chat_template,
-        render_kwargs={**kwargs, "enable_thinking": cfg.data.enable_thinking},
+        # a template's own variables win: LLaMA-Factory's *_nothink names force enable_thinking=False
+        render_kwargs={"enable_thinking": cfg.data.enable_thinking, **kwargs},
         cutoff_len=cfg.data.cutoff_len,
         train_on_prompt=cfg.data.train_on_prompt,
         mask_history=cfg.data.mask_history,

@@ -8,6 +8,10 @@ below instead (the names follow LLaMA-Factory's). Every template here is plain
 Jinja for `tokenizer.apply_chat_template`, so the same string can be saved into
 the fine-tuned tokenizer and is then what transformers, vLLM and the chat CLI use.
 
+Every other name of LLaMA-Factory's template registry (data/lf_templates.py) resolves too: to the
+tokenizer's own template (with `enable_thinking=False` for the *_nothink variants), or to an error
+naming the model family it is for and what to use instead.
+
 Message content may be a string or a list of `{"type": "text", "text": ...}`
 parts (the OpenAI shape); the parts' texts are concatenated.
 """
@@ -18,6 +22,8 @@ import difflib
 from dataclasses import dataclass, field
 
 from tunesmith.errors import ModelError
+
+from .lf_templates import LF_TEMPLATES, OWN, REFUSED
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,9 @@ class TemplateSpec:
         (history turns for qwen3, every turn for the *_nothink ones), so those
         tokens of the data are never trained on.
     stop_words: tokens that end an assistant turn; empty for `auto` (found from the tokenizer).
+    family_tokens: for an LLaMA-Factory name rendered by the tokenizer's own template, special tokens
+        every tokenizer of that name's family has; a tokenizer lacking one is refused for the name.
+    family: the models such a name is for, in words (for that refusal).
     """
 
     name: str
@@ -38,6 +47,8 @@ class TemplateSpec:
     render_kwargs: dict = field(default_factory=dict)
     strip_think: bool = False
     stop_words: tuple[str, ...] = ()
+    family_tokens: tuple[str, ...] = ()
+    family: str = ""
 
 
 # --- Jinja building blocks --------------------------------------------------
@@ -236,14 +247,34 @@ TEMPLATES: dict[str, TemplateSpec] = {
 _KNOWN_STOP_WORDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|return|>")
 
 
+def _own_spec(name: str) -> TemplateSpec:
+    """An LLaMA-Factory name rendered by the tokenizer's own template."""
+    row = LF_TEMPLATES[name]
+    kwargs = {} if row.enable_thinking is None else {"enable_thinking": row.enable_thinking}
+    thinking = "" if row.enable_thinking is None else " with enable_thinking=false"
+    return TemplateSpec(name, None, f"{row.family}: the tokenizer's own chat template{thinking}.",
+                        render_kwargs=kwargs, strip_think=row.enable_thinking is False,
+                        family_tokens=row.tokens, family=row.family)
+
+
 def get_template(name: str) -> TemplateSpec:
-    """The template called `name`; a ModelError naming the known ones (and the closest) otherwise."""
+    """The template called `name` (tunesmith's or LLaMA-Factory's).
+
+    A ModelError for an LLaMA-Factory name of an unsupported family (naming it and the fix), and for an
+    unknown name (naming the closest and tunesmith's own).
+    """
     if name in TEMPLATES:
         return TEMPLATES[name]
+    row = LF_TEMPLATES.get(name)
+    if row is not None and row.use == OWN:
+        return _own_spec(name)
+    if row is not None and row.use == REFUSED:
+        raise ModelError(row.refusal())
     known = sorted(TEMPLATES)
-    close = difflib.get_close_matches(str(name), known, n=1)
+    close = difflib.get_close_matches(str(name), known + sorted(LF_TEMPLATES), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ModelError(f"Unknown template '{name}'.{hint} Known templates: {', '.join(known)}.")
+    raise ModelError(f"Unknown template '{name}'.{hint} Known templates: {', '.join(known)}, and the names of "
+                     f"LLaMA-Factory's template registry (docs/models.md).")
 
 
 def _own_template(tokenizer) -> str | None:
@@ -254,11 +285,23 @@ def _own_template(tokenizer) -> str | None:
     return template or None
 
 
+def _check_family(tokenizer, spec: TemplateSpec) -> None:
+    """An LLaMA-Factory family name on a tokenizer of another family is an error, not a silent `auto`."""
+    vocab = getattr(tokenizer, "tokenizer", tokenizer).get_vocab() if spec.family_tokens else {}
+    missing = [token for token in spec.family_tokens if token not in vocab]
+    if missing:
+        raise ModelError(
+            f"Template '{spec.name}' is for {spec.family} models, but the tokenizer of this model "
+            f"({getattr(tokenizer, 'name_or_path', '?')}) lacks their tokens {missing}, so it is not one of them. "
+            f"Use template: auto (the model's own chat template), or the template of this model's family.")
+
+
 def resolve(tokenizer, name: str = "auto") -> tuple[str, dict]:
     """The Jinja text to render with and the kwargs for `apply_chat_template`."""
     spec = get_template(name)
     if spec.chat_template is not None:
         return spec.chat_template, dict(spec.render_kwargs)
+    _check_family(tokenizer, spec)
     template = _own_template(tokenizer)
     if template is None:
         names = ", ".join(n for n in TEMPLATES if n != "auto")

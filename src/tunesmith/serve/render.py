@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..data.mm import to_content_parts
-from ..data.templates import resolve, stop_tokens
+from ..data.templates import get_template, resolve, stop_tokens
 from ..errors import DataError
 
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
@@ -76,7 +76,10 @@ class Rendering:
         if template == "auto":
             return cls(own_template, {"enable_thinking": enable_thinking}, template)
         chat_template, kwargs = resolve(tokenizer_of(preprocessor), template)
-        return cls(chat_template, {**kwargs, "enable_thinking": enable_thinking}, template)
+        if get_template(template).chat_template is None:  # an LF name rendered by the model's own template
+            chat_template = own_template
+        # a template's own variables win: LLaMA-Factory's *_nothink names force enable_thinking=False
+        return cls(chat_template, {"enable_thinking": enable_thinking, **kwargs}, template)
 
     def jinja(self, preprocessor) -> str:
         """The template text that renders (for telling which tool-call format it asks for)."""
