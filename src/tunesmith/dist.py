@@ -67,6 +67,15 @@ def sum_float(value: float) -> float:
     return float(t.item())
 
 
+def max_float(value: float) -> float:
+    """The largest value of a float over all ranks."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def max_int(value: int) -> int:
     """The largest value of an integer over all ranks."""
     if not dist.is_initialized():

@@ -41,6 +41,17 @@ class StepResult:
     lr: float
 
 
+def combine_sum(key: str, total, value):
+    """A method's metric sums add up over micro-batches, steps and ranks, except those named `*_max`, whose
+    largest value is kept (and not divided by the units at logging)."""
+    if total is None:
+        return value
+    if key.endswith("_max"):
+        return torch.maximum(torch.as_tensor(total), torch.as_tensor(value)) if torch.is_tensor(value) or \
+            torch.is_tensor(total) else max(total, value)
+    return total + value
+
+
 @dataclass
 class StepOutput:
     """This rank's sums over the micro-batches of one forward_backward call.
@@ -56,7 +67,8 @@ class StepOutput:
         self.loss = self.loss + out.loss.detach()
         self.count += out.count
         for key, value in out.sums.items():
-            self.sums[key] = self.sums.get(key, 0.0) + (value.detach() if torch.is_tensor(value) else value)
+            value = value.detach() if torch.is_tensor(value) else value
+            self.sums[key] = combine_sum(key, self.sums.get(key), value)
 
     def settle(self) -> "StepOutput":
         self.loss = float(self.loss)

@@ -21,7 +21,7 @@ import torch
 
 from .. import dist
 from ..config.load import redacted
-from ..engines.base import NonFiniteError
+from ..engines.base import NonFiniteError, combine_sum
 from ..errors import TunesmithError
 from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss, write_results
@@ -127,7 +127,7 @@ class Runner:
             lr = result.lr
             count += out.count
             for key, value in out.sums.items():
-                sums[key] = sums.get(key, 0.0) + value
+                sums[key] = combine_sum(key, sums.get(key), value)
         seconds = time.perf_counter() - started
         self.state["global_step"] = number
         num_tokens = dist.sum_int(step.num_tokens)
@@ -136,7 +136,7 @@ class Runner:
                    **step.metrics}
         if step.train_tokens is not None:
             metrics.update(time_train=seconds, train_tokens_per_s=dist.sum_int(step.train_tokens) / max(seconds, 1e-9))
-        sums = {k: dist.sum_float(v) for k, v in sorted(sums.items())}
+        sums = {k: dist.max_float(v) if k.endswith("_max") else dist.sum_float(v) for k, v in sorted(sums.items())}
         window.add(metrics, sums, dist.sum_int(count), num_tokens)
         self.result.step_losses.append(metrics["loss"])
         self.result.global_step = number
@@ -249,7 +249,7 @@ class _Window:
     def add(self, metrics: dict, sums: dict, count: int, tokens: int):
         self.steps.append(metrics)
         for key, value in sums.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.sums[key] = combine_sum(key, self.sums.get(key), value)
         self.count += count
         self.tokens += tokens
         self.last = metrics
@@ -260,7 +260,8 @@ class _Window:
         metrics = {k: sum(m[k] for m in self.steps) / len(self.steps) for k in keys}
         metrics.update(lr=self.steps[-1]["lr"], epoch=round(epoch, 4), tokens_per_s=self.tokens / elapsed)
         # Method metrics (rewards/chosen, accuracy, kl, ...) as means over their units; the token NLL is the loss.
-        metrics.update({key: value / max(self.count, 1) for key, value in self.sums.items() if key != "nll"})
+        metrics.update({key: value if key.endswith("_max") else value / max(self.count, 1)
+                        for key, value in self.sums.items() if key != "nll"})
         self.reset()
         return metrics
 
