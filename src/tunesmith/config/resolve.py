@@ -26,6 +26,7 @@ class RunFacts:
     world_size: int = 1
     device_type: str = "cpu"
     resume_backend: str | None = None  # the backend whose state the checkpoint to resume holds
+    has_vllm: bool = False  # the vllm package is importable
 
 
 def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
@@ -40,6 +41,7 @@ def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
         changes["finetune"]["lora_alpha"] = float(2 * cfg.finetune.lora_rank)
     if stage.is_online_rl:
         changes["rl"]["reward_funcs"] = _reward_funcs(cfg)
+        changes["rl"]["rollout_backend"] = resolve_rollout_backend(cfg.rl.rollout_backend, facts)
     resolved = cfg.replace(**{k: v for k, v in changes.items() if v})
     reference = resolve_reference(resolved)
     if reference != resolved.finetune.pref_reference:
@@ -59,6 +61,13 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
         raise ConfigError([f"backend: single runs one process, but {facts.world_size} were launched; use fsdp2 or "
                            "deepspeed (or backend: auto)"])
     return backend
+
+
+def resolve_rollout_backend(choice: str, facts: RunFacts) -> str:
+    """auto: vllm when it is installed and the run is on a CUDA GPU, else hf."""
+    if choice != "auto":
+        return choice
+    return "vllm" if facts.has_vllm and facts.device_type == "cuda" else "hf"
 
 
 def resolve_reference(cfg: RunConfig) -> str:

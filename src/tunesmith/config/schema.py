@@ -313,10 +313,31 @@ class RLConfig(_Group):
     )
     reward_model_path: str | None = Field(None, description="A `stage: rm` output for the reward_model reward.")
     eval_num_prompts: int = Field(64, ge=0, description="Held-out prompts scored greedily at each evaluation.")
+    rollout_backend: Literal["auto", "hf", "hf_paged", "vllm"] = Field(
+        "auto", description="What generates the rollouts: hf (transformers `generate` on the training model), "
+        "hf_paged (transformers continuous batching, text prompts, one process), vllm (vLLM in the training "
+        "process, on its GPU; pip install 'tunesmith[vllm]'); auto: vllm when installed and on CUDA, else hf.")
+    rollout_gpu_memory_utilization: float | None = Field(
+        None, gt=0, lt=1, description="vllm: its share of the GPU (default: what the trainer's states leave, from "
+        "the memory estimate).")
+    rollout_correction: Literal["none", "tis", "seq_mask"] = Field(
+        "none", description="Correct the sampler/trainer log-prob gap: tis weights each token's loss by "
+        "min(p_trainer / p_sampler, rollout_tis_cap); seq_mask drops sequences whose geometric-mean ratio leaves "
+        "[rollout_seq_mask_low, rollout_seq_mask_high].")
+    rollout_tis_cap: float = Field(2.0, gt=0, description="tis: the cap of the token importance weight.")
+    rollout_seq_mask_low: float = Field(0.9, gt=0, description="seq_mask: the lowest kept sequence ratio.")
+    rollout_seq_mask_high: float = Field(1.1, gt=0, description="seq_mask: the highest kept sequence ratio.")
 
     _funcs = field_validator("reward_funcs", mode="before")(
         classmethod(lambda cls, v: _split_names(v) if isinstance(v, str) else v)
     )
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.rollout_seq_mask_low >= self.rollout_seq_mask_high:
+            raise ValueError(f"rollout_seq_mask_low ({self.rollout_seq_mask_low}) must be below "
+                             f"rollout_seq_mask_high ({self.rollout_seq_mask_high})")
+        return self
 
 
 GROUPS: dict[str, type[_Group]] = {

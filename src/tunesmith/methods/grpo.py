@@ -3,9 +3,11 @@
 Log-probs come in fp32 from temperature-scaled logits, the same distribution the
 responses were sampled from. Token losses are aggregated over the whole optimiser
 step: `units` counts valid tokens (token-mean) or sequences (seq-mean-*), and the
-Runner sums it over every micro-batch before any of them runs. The presets of the
-named algorithms (dapo, gspo, ...) live in stages.py and are applied by
-config.resolve(), so `cfg.rl` here is exactly what runs.
+Runner sums it over every micro-batch before any of them runs. The rollout engine's
+own log-probs (`sampler_logps_BT`) are compared with the trainer's old ones, and
+`rollout_correction` may reweight the loss by them (rollout_correction.py). The
+presets of the named algorithms (dapo, gspo, ...) live in stages.py and are applied
+by config.resolve(), so `cfg.rl` here is exactly what runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .base import LossOutput, PrePass
 from .losses import IGNORE_INDEX, token_logps
 from .policy_losses import POLICY_LOSSES, aggregate, kl_penalty
 from .preference import LIVE_REFERENCES
+from .rollout_correction import correction_weights, logp_gap
 
 
 def response_logps(logits_BTV: torch.Tensor, batch, temperature: float) -> torch.Tensor:
@@ -64,6 +67,24 @@ class GRPOMethod:
         kl = kl_penalty(policy, batch.extra["ref_logps_BT"].to(policy.device), self.cfg.kl_estimator) * mask
         return kl.sum(-1).float().cpu()
 
+    def _sampler_gap(self, losses, old, sampler, mask) -> tuple[torch.Tensor, dict]:
+        """The gap between the rollout engine's log-probs and the trainer's `old` ones (the policy that sampled,
+        before this step's updates), logged as sums over tokens; `rollout_correction` reweights the policy
+        term's token losses by it."""
+        if sampler is None:
+            return losses, {}
+        sampler = sampler.to(old.device)
+        gap = logp_gap(old, sampler, mask)
+        sums = {"rollout_logp_diff_mean": gap["abs_sum"], "rollout_logp_diff_max": gap["abs_max"],
+                "rollout_kl": gap["kl_sum"]}
+        weights = correction_weights(self.cfg.rollout_correction, old, sampler, mask,
+                                     tis_cap=self.cfg.rollout_tis_cap, low=self.cfg.rollout_seq_mask_low,
+                                     high=self.cfg.rollout_seq_mask_high)
+        if weights is not None:
+            losses = losses * weights
+            sums["rollout_weight_mean"] = float(weights.sum())
+        return losses, sums
+
     def loss(self, outputs: ModelOutputs, batch, stats: dict) -> LossOutput:
         cfg = self.cfg
         logits = outputs.logits_BTV
@@ -74,7 +95,7 @@ class GRPOMethod:
         adv = batch.extra["advantages_B"].to(logps.device)[:, None].expand_as(logps)
         losses, metrics = self.policy_loss(logps, old, adv, mask.float(), clip_ratio_low=cfg.clip_ratio_low,
                                            clip_ratio_high=cfg.clip_ratio_high, dual_clip=cfg.dual_clip)
-        sums = {}
+        losses, sums = self._sampler_gap(losses, old, batch.extra.get("sampler_logps_BT"), mask)
         if cfg.kl_coef and "ref_logps_BT" in batch.extra:
             kl = kl_penalty(logps, batch.extra["ref_logps_BT"].to(logps.device), cfg.kl_estimator) * mask
             if not cfg.kl_in_reward:

@@ -1,80 +1,88 @@
-"""Rollout engines: generate responses for online RL.
+"""Rollout engines: generate responses for online RL, behind one interface.
 
-`HFRollout` generates with the training model itself through transformers'
-`generate` (left-padded prompts, KV cache, stop at the end-of-turn/EOS tokens).
-An engine with its own copy of the weights (vLLM) would implement `sync` to load
-`engine.full_state_for_rollout()` before each rollout; the HF engine shares the
-live weights, so its sync is a no-op.
+    generate(prompts, sampling, n, media) -> Rollouts(responses, logps)   the sampler's own per-token log-probs
+    update_weights(named tensors)                                          engines with their own copy of the weights
+    sleep() / wake()                                                       free / take back generation memory
+
+`shares_weights` tells the step source whether the engine generates with the training model itself (hf,
+hf_paged: nothing to push) or holds a copy (vllm: `update_weights` with the engine's
+`full_state_for_rollout()` before every rollout). The backends live in hf.py, hf_paged.py and vllm.py;
+`build_rollout` picks one by its config name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from ..data.mm import media_token_types
+from ..errors import TunesmithError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How responses are sampled. The log-probs every backend returns are those of the distribution it sampled
+    from: temperature-scaled logits, after top_k / top_p (with the defaults 0 and 1.0, the full softmax, which is
+    what the trainer recomputes). `suppress_ids` are never generated (a VLM's media placeholders)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    stop_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+    suppress_ids: tuple[int, ...] = ()
+
+    @property
+    def samples(self) -> bool:
+        return not self.greedy and bool(self.temperature)
+
+    def greedy_copy(self) -> "Sampling":
+        return Sampling(self.max_new_tokens, self.temperature, self.top_p, self.top_k, True, self.stop_ids,
+                        self.pad_id, self.suppress_ids)
+
+
+@dataclass
+class Rollouts:
+    """n responses per prompt in prompt-major order, each ending at its stop token (or at max_new_tokens), and the
+    sampler's log-prob of each response token (same lengths)."""
+
+    responses: list[list[int]]
+    logps: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if len(self.logps) != len(self.responses) or any(
+                len(r) != len(lp) for r, lp in zip(self.responses, self.logps)):
+            raise TunesmithError("rollout engine: every response needs one sampler log-prob per token; got "
+                                 f"{[len(r) for r in self.responses]} tokens and {[len(lp) for lp in self.logps]} "
+                                 "log-probs")
 
 
 class RolloutEngine(Protocol):
-    def sync(self, train_engine) -> None:
-        """Bring the rollout weights up to date with the training engine's."""
+    shares_weights: bool  # generates with the training model itself: update_weights is never needed
 
-    def generate(self, model, prompts: list[list[int]], num_generations: int, media: dict | None = None,
-                 greedy: bool = False) -> list[list[int]]:
-        """num_generations responses per prompt (prompt-major order), each ending at its stop token."""
+    def generate(self, prompts: list[list[int]], sampling: Sampling, n: int,
+                 media: dict | None = None) -> Rollouts:
+        """`prompts`: token ids; `media`: the prompts' processed media ({"pixel_values", "image_grid_thw", ...} and
+        "token_types") or None for text prompts."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load these (full, unsharded, Hugging Face-named) weights into the engine's copy of the model."""
+
+    def sleep(self) -> None:
+        """Free the memory generation holds (KV cache, a weight copy) while the trainer runs."""
+
+    def wake(self) -> None:
+        """Take that memory back before the next generate."""
 
 
-class HFRollout:
-    """`suppress_ids`: tokens never generated (a VLM's media placeholders); their probability goes to the
-    other tokens, while the training log-probs keep the full softmax, as with top_p / top_k."""
-
-    def __init__(self, pad_id: int, stop_ids: list[int], *, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, suppress_ids: Sequence[int] = ()):
-        self.pad_id = pad_id
-        self.stop_ids = list(stop_ids)
-        self.suppress_ids = list(suppress_ids)
-        self.max_new_tokens = max_new_tokens
-        self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k or None}
-
-    def sync(self, train_engine) -> None:
-        pass  # generation runs on the training model's own weights
-
-    @torch.no_grad()
-    def generate(self, model, prompts: list[list[int]], num_generations: int, media: dict | None = None,
-                 greedy: bool = False, token_types: dict | None = None) -> list[list[int]]:
-        """`media`: the prompts' processed pixel tensors; `token_types` ({"image": id, "video": id}) lets the
-        model compute its 3-D positions (mm_token_type_ids) for vision-language prompts."""
-        device = next(model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):  # left padding: every prompt ends where generation starts
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        extra = dict(media or {})
-        if self.suppress_ids:
-            extra["suppress_tokens"] = self.suppress_ids
-        if token_types:
-            extra["mm_token_type_ids"] = media_token_types(ids, token_types).to(device)
-        was_training = model.training
-        model.eval()
-        sampling = {"do_sample": False} if greedy or not self.sampling["temperature"] else {"do_sample": True,
-                                                                                             **self.sampling}
-        try:
-            # synced_gpus: with sharded weights every rank must run the same number of forward passes.
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
-                                 synced_gpus=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1,
-                                 max_new_tokens=self.max_new_tokens, num_return_sequences=num_generations,
-                                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **extra, **sampling)
-        finally:
-            model.train(was_training)
-        return [self._cut(row[width:].tolist()) for row in out]
-
-    def _cut(self, tokens: list[int]) -> list[int]:
-        """Up to and including the first stop token; generation pads finished rows after it."""
-        for i, tok in enumerate(tokens):
-            if tok in self.stop_ids:
-                return tokens[: i + 1]
-        return tokens
+def cut_at_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> int:
+    """The length of a response: up to and including its first stop token (generation pads finished rows)."""
+    stops = set(stop_ids)
+    for i, tok in enumerate(tokens):
+        if tok in stops:
+            return i + 1
+    return len(tokens)

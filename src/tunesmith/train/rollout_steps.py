@@ -5,6 +5,9 @@ Per step: take `prompts_per_step` prompts -> generate `num_generations` response
 drops all-equal groups and draws more prompts) -> `ppo_epochs` x `num_mini_batches`
 updates, which the Runner runs. Old and reference log-probs are computed once per
 rollout batch, before any update (strictly on-policy, 1 x 1, needs no old ones).
+Generation goes through the RolloutEngine interface only (rollout/engine.py): an engine with its own copy of
+the weights gets the trainer's full weights before each rollout and sleeps during the updates; the log-probs
+it sampled with travel with each micro-batch as `sampler_logps_BT`, for the gap metrics and its correction.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from ..data.render import IGNORE_INDEX
 from ..errors import TunesmithError
 from ..methods.advantages import ADVANTAGES, clip_advantages, zero_variance_groups
 from ..methods.base import PrePass
-from ..rollout.engine import HFRollout
+from ..rollout.backends import build_rollout
+from ..rollout.engine import Rollouts, Sampling
 from ..rollout.rewards import build_rewards
 from .steps import Step, run_prepasses
 
@@ -50,14 +54,34 @@ class RolloutSteps:
             raise TunesmithError(f"prompts_per_step={self.rl.prompts_per_step} must be a multiple of the "
                                  f"{dist.world()} processes (each takes whole prompt groups)")
         self.steps_per_epoch = math.ceil(len(prompts) / self.rl.prompts_per_step)
-        self.rollout = HFRollout(tokenizer.pad_token_id, stop_ids, max_new_tokens=self.rl.max_new_tokens,
-                                 temperature=self.rl.temperature, top_p=self.rl.top_p, top_k=self.rl.top_k,
-                                 suppress_ids=media_token_ids(tokenizer, media))
+        self.sampling = Sampling(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, self.rl.top_k,
+                                 stop_ids=tuple(stop_ids), pad_id=tokenizer.pad_token_id,
+                                 suppress_ids=tuple(media_token_ids(tokenizer, media)))
+        self.rollout = None  # built by prepare(), once the engine holds the model
         self.rewards = build_rewards([f.model_dump() for f in self.rl.reward_funcs])
         self.position = {"prompt_epoch": 0, "prompt_index": 0}
 
     def prepare(self, engine) -> None:
-        pass
+        if self.rollout is None:
+            self.rollout = build_rollout(self.rl.rollout_backend, engine.model, media=self.media is not None,
+                                         world_size=dist.world(), vllm_args=lambda: self._vllm_args(engine))
+
+    def _vllm_args(self, engine) -> dict:
+        """vLLM's engine settings: the model folder, dtype, and its share of the GPU (what the trainer's states
+        leave, from the memory estimate, unless rollout_gpu_memory_utilization is set)."""
+        from ..estimate import estimate_memory
+        from ..rollout.vllm import memory_fraction
+
+        share = self.rl.rollout_gpu_memory_utilization
+        if share is None:
+            est = estimate_memory(self.cfg, num_gpus=dist.world())
+            states = est["weights"] + est["gradients"] + est["optimizer"] + est["gathered_params"] + est["overhead"]
+            share = memory_fraction(states, est["gpu_gib"])
+        m = self.cfg.model
+        dtype = "bfloat16" if m.bf16 or m.pure_bf16 else "float16" if m.fp16 else "float32"
+        width = max(len(p["ids"]) for p in self.prompts + self.eval_prompts) + self.rl.max_new_tokens
+        return {"model_path": engine.model.config.name_or_path, "dtype": dtype, "gpu_memory_utilization": share,
+                "max_model_len": width, "seed": self.cfg.train.seed}
 
     # ---- prompts --------------------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -85,33 +109,48 @@ class RolloutSteps:
         return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw",
                                                                     "pixel_values_videos", "video_grid_thw")}
 
+    def _generate(self, engine, prompts: list[dict], greedy: bool, n: int) -> Rollouts:
+        self.prepare(engine)
+        rollout = self.rollout
+        if not rollout.shares_weights:  # its own copy: the trainer's weights of now, then generate
+            rollout.wake()
+            rollout.update_weights(rollout_weights(engine))
+        media = self._generation_media(prompts, engine.device)
+        if media:
+            media["token_types"] = self.media.token_ids
+        sampling = self.sampling.greedy_copy() if greedy else self.sampling
+        try:
+            return rollout.generate([p["ids"] for p in prompts], sampling, n, media=media)
+        finally:
+            if not rollout.shares_weights:
+                rollout.sleep()  # the updates get the memory
+
     def _rollout(self, engine, prompts: list[dict], greedy: bool = False, generations: int | None = None):
         g = generations or self.rl.num_generations
-        self.rollout.sync(engine)
-        media = self._generation_media(prompts, engine.device)
-        responses = self.rollout.generate(engine.model, [p["ids"] for p in prompts], g, media=media, greedy=greedy,
-                                          token_types=self.media.token_ids if media else None)
+        out = self._generate(engine, prompts, greedy, g)
+        responses = out.responses
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         expanded = [p for p in prompts for _ in range(g)]
         total, per_fn = self.rewards([p["text"] for p in expanded], texts, [p["sample"] for p in expanded],
                                      lengths=[len(r) for r in responses])
-        return expanded, responses, torch.tensor(total), per_fn
+        return expanded, responses, out.logps, torch.tensor(total), per_fn
 
     def _collect(self, engine, timing: dict):
         """Rollouts for one step; with dynamic sampling, groups whose rewards are all equal are replaced."""
         rl, kept, rounds, zero_share = self.rl, None, 0, 0.0
         while True:
             t0 = time.perf_counter()
-            prompts, responses, rewards, per_fn = self._rollout(engine, self._next_prompts(rl.prompts_per_step))
+            prompts, responses, logps, rewards, per_fn = self._rollout(engine, self._next_prompts(rl.prompts_per_step))
             timing["generate"] += time.perf_counter() - t0
             groups = torch.arange(len(prompts)) // rl.num_generations
             flat = zero_variance_groups(rewards, groups)
             zero_share = zero_share or float(flat.float().mean())
-            part = (prompts, responses, rewards, groups, per_fn)
+            part = (prompts, responses, logps, rewards, groups, per_fn)
             if rl.dynamic_sampling:
                 keep = (~flat).nonzero().squeeze(-1).tolist()
-                part = ([prompts[i] for i in keep], [responses[i] for i in keep], rewards[keep],
-                        groups[keep] + 10**6 * rounds, {k: [v[i] for i in keep] for k, v in per_fn.items()})
+                part = ([prompts[i] for i in keep], [responses[i] for i in keep], [logps[i] for i in keep],
+                        rewards[keep], groups[keep] + 10**6 * rounds,
+                        {k: [v[i] for i in keep] for k, v in per_fn.items()})
             kept = part if kept is None else _concat(kept, part)
             rounds += 1
             short = len(kept[0]) < rl.prompts_per_step * rl.num_generations // dist.world()
@@ -122,12 +161,16 @@ class RolloutSteps:
                                  "raise max_resample_rounds or check the reward functions")
         return (*kept, zero_share)
 
-    def _micro_batches(self, prompts, responses, device) -> list:
+    def _micro_batches(self, prompts, responses, logps, device) -> list:
         rows = [[{"input_ids": p["ids"] + r, "labels": [IGNORE_INDEX] * len(p["ids"]) + r, "mm_plan": p["mm_plan"]}]
                 for p, r in zip(prompts, responses)]
         size = self.cfg.train.per_device_train_batch_size
-        return [collate_rows(rows[i : i + size], self.tokenizer.pad_token_id, media=self.media).to(device)
-                for i in range(0, len(rows), size)]
+        batches = []
+        for i in range(0, len(rows), size):
+            batch = collate_rows(rows[i : i + size], self.tokenizer.pad_token_id, media=self.media).to(device)
+            batch.extra["sampler_logps_BT"] = sampler_logps_like(batch.targets_BT, logps[i : i + size])
+            batches.append(batch)
+        return batches
 
     def _kl_in_reward(self, engine, batches, rewards: torch.Tensor) -> torch.Tensor:
         if not (self.rl.kl_coef and self.rl.kl_in_reward):
@@ -140,9 +183,9 @@ class RolloutSteps:
         timing = {"generate": 0.0}
         epoch_before = self.position["prompt_epoch"]
         t0 = time.perf_counter()
-        prompts, responses, rewards, groups, per_fn, zero_share = self._collect(engine, timing)
+        prompts, responses, logps, rewards, groups, per_fn, zero_share = self._collect(engine, timing)
         t1 = time.perf_counter()
-        batches = self._micro_batches(prompts, responses, engine.device)
+        batches = self._micro_batches(prompts, responses, logps, engine.device)
         run_prepasses(engine, self.method, batches)  # old and reference log-probs, before any update
         rewards = self._kl_in_reward(engine, batches, rewards)
         advantages = clip_advantages(ADVANTAGES[self.rl.advantage](rewards, groups), self.rl.advantage_clip)
@@ -181,7 +224,7 @@ class RolloutSteps:
         prompts = self.eval_prompts[: self.rl.eval_num_prompts][dist.rank() :: dist.world()]
         if not prompts:
             return {}
-        responses, _, rewards, per_fn = self._rollout(engine, prompts, greedy=True, generations=1)
+        responses, _, _, rewards, per_fn = self._rollout(engine, prompts, greedy=True, generations=1)
         _, rewards, _, per_fn = _gathered(responses, rewards, rewards, per_fn)
         out = {"eval_reward_mean": float(rewards.mean())}
         out.update({f"eval_reward_{k}": sum(v) / len(v) for k, v in per_fn.items()})
@@ -234,5 +277,42 @@ def _pad_to_same_count(batches: list) -> list:
 
 
 def _concat(a: tuple, b: tuple) -> tuple:
-    per_fn = {k: a[4][k] + b[4][k] for k in a[4]}
-    return (a[0] + b[0], a[1] + b[1], torch.cat([a[2], b[2]]), torch.cat([a[3], b[3]]), per_fn)
+    per_fn = {k: a[5][k] + b[5][k] for k in a[5]}
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], torch.cat([a[3], b[3]]), torch.cat([a[4], b[4]]), per_fn)
+
+
+def sampler_logps_like(targets_BT: torch.Tensor, logps: list[list[float]]) -> torch.Tensor:
+    """The sampler's log-probs laid out like the targets: response token j of row b at the j-th supervised
+    position of that row (the response tokens are a row's only targets, in order), 0 elsewhere."""
+    out = torch.zeros(targets_BT.shape, dtype=torch.float32)
+    valid = (targets_BT != IGNORE_INDEX).cpu()
+    for b, row in enumerate(logps):
+        positions = valid[b].nonzero().squeeze(-1)
+        if len(positions) != len(row):
+            raise TunesmithError(f"rollout: response {b} has {len(positions)} training targets but {len(row)} "
+                                 "sampler log-probs")
+        out[b, positions] = torch.tensor(row, dtype=torch.float32)
+    return out.to(targets_BT.device)
+
+
+def rollout_weights(engine):
+    """(name, tensor) pairs of the trainer's full weights in Hugging Face names, LoRA merged in, for a rollout
+    engine with its own copy (vLLM loads base-model names; an adapter's A/B matrices it would not know)."""
+    model = engine.model
+    merges = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+    if merges:
+        model.merge_adapter()
+    try:
+        state = engine.full_state_for_rollout()
+        for name, tensor in state.items():
+            if "lora_" not in name and ".original_module." not in name:  # merged in / replaced by the trained copy
+                yield hf_weight_name(name), tensor
+    finally:
+        if merges:
+            model.unmerge_adapter()
+
+
+def hf_weight_name(name: str) -> str:
+    """A PEFT-wrapped parameter's name as in the base model's own checkpoint."""
+    name = name.removeprefix("base_model.model.")
+    return name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")

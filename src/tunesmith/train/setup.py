@@ -8,6 +8,7 @@ builds the model -> the method and the step source -> a Runner.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -46,7 +47,8 @@ def run_facts(cfg) -> RunFacts:
     """What resolution needs from outside the config: processes, device, the state a resume would load."""
     resume = find_resume(cfg)
     return RunFacts(world_size=int(os.environ.get("WORLD_SIZE", "1")), device_type=pick_device().type,
-                    resume_backend=checkpoint_backend(resume) if resume is not None else None)
+                    resume_backend=checkpoint_backend(resume) if resume is not None else None,
+                    has_vllm=importlib.util.find_spec("vllm") is not None)
 
 
 def prepare_output_dir(cfg) -> tuple[Path, Path | None]:

@@ -6,26 +6,27 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor, AutoTo
 from tunesmith.models.families import family_of
 from tunesmith.models.media_processor import MediaBudget, MediaProcessor
 from tunesmith.models.tiny import build_tiny
-from tunesmith.rollout.engine import HFRollout
+from tunesmith.rollout.engine import Sampling
+from tunesmith.rollout.hf import HFRollout
 from tunesmith.train.rollout_steps import media_token_ids
 
 
-def _rollout(tokenizer, suppress_ids=()):
-    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return HFRollout(tokenizer.pad_token_id, stop, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0,
-                     suppress_ids=suppress_ids)
+def _sampling(tokenizer, suppress_ids=(), greedy=False):
+    stop = (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    return Sampling(6, stop_ids=stop, pad_id=tokenizer.pad_token_id, suppress_ids=tuple(suppress_ids), greedy=greedy)
 
 
 def test_suppressed_tokens_are_never_generated(tiny_qwen3):
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen3)
     prompt = [tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]]
-    (free,) = _rollout(tokenizer).generate(model, prompt, 1, greedy=True)
+    rollout = HFRollout(model)
+    (free,) = rollout.generate(prompt, _sampling(tokenizer, greedy=True), 1).responses
     banned = sorted(set(free))  # every token the greedy answer used
-    (held,) = _rollout(tokenizer, banned).generate(model, prompt, 1, greedy=True)
+    (held,) = rollout.generate(prompt, _sampling(tokenizer, banned, greedy=True), 1).responses
     assert held and not set(held) & set(banned)
     torch.manual_seed(0)
-    sampled = _rollout(tokenizer, banned).generate(model, prompt, 8)
+    sampled = rollout.generate(prompt, _sampling(tokenizer, banned), 8).responses
     assert not {t for r in sampled for t in r} & set(banned)
 
 
