@@ -80,15 +80,44 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
         if message["role"] != "assistant":
             continue
         prefix = render_text(tokenizer, messages[:k], opts, tools=tools, add_generation_prompt=True)
-        if not full.startswith(prefix):
-            raise DataError(
-                f"the chat template renders the conversation before assistant turn {k} differently on its own; "
-                "tunesmith cannot find the supervised span. Use a named template (e.g. template: chatml)."
-            )
+        start = len(prefix) if full.startswith(prefix) else _history_turn_start(tokenizer, full, messages, k, opts,
+                                                                                 tools, prefix)
         upto = render_text(tokenizer, messages[: k + 1], opts, tools=tools)
-        end = len(upto) if full.startswith(upto) else _turn_end_in_history(full, len(prefix), upto, message)
-        spans.append((len(prefix), end))
+        end = len(upto) if full.startswith(upto) else _turn_end_in_history(full, start, upto, message)
+        spans.append((start, end))
     return full, spans
+
+
+def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: RenderOptions, tools, prompt: str) -> int:
+    """Where assistant turn k starts when the generation prompt is not what the full text has there.
+
+    Reasoning templates with thinking off (Qwen3's enable_thinking=false) end the generation prompt with an
+    empty think block, which history turns do not carry. The turn then starts after the part of the
+    generation prompt the full text does have (its role header), cut back to a whole token of the prompt,
+    so a first answer character that happens to match the prompt is never taken for header; the answer
+    must follow right there (a turn whose reasoning the template keeps is not this case, and is refused).
+    """
+    history = render_text(tokenizer, messages[:k], opts, tools=tools)
+    answer = _text_of(messages[k]["content"]).split("</think>")[-1].strip()
+    if full.startswith(history) and prompt.startswith(history):
+        header, rest = prompt[len(history):], full[len(history):]
+        common = 0
+        while common < min(len(header), len(rest)) and header[common] == rest[common]:
+            common += 1
+        ends = [end for _, end in tokenizer(header, add_special_tokens=False, return_offsets_mapping=True)
+                ["offset_mapping"] if end <= common]
+        start = len(history) + max(ends, default=0)
+        if start > len(history) and full.startswith(answer, start):
+            return start
+    if opts.render_kwargs.get("enable_thinking") is False and "</think>" in _text_of(messages[k]["content"]):
+        raise DataError(
+            f"assistant turn {k} carries reasoning (<think>...</think>) but thinking is off (enable_thinking: false "
+            "or a *_nothink template), and the chat template keeps that reasoning after a prompt that closed "
+            "thinking; drop the reasoning from the data, or turn thinking on.")
+    raise DataError(
+        f"the chat template renders the conversation before assistant turn {k} differently on its own; "
+        "tunesmith cannot find the supervised span. Use a named template (e.g. template: chatml)."
+    )
 
 
 def _turn_end_in_history(full: str, start: int, upto: str, message: dict) -> int:
