@@ -1,0 +1,150 @@
+"""The RolloutEngine interface through the real loop (a fake engine with its own weights), the backends'
+config resolution and refusals, and the sampler/trainer gap of the transformers backends."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import run_config
+from tunesmith.config.load import build_config
+from tunesmith.config.resolve import RunFacts, resolve
+from tunesmith.errors import ConfigError, TunesmithError
+from tunesmith.rollout.engine import Rollouts, Sampling
+from tunesmith.rollout.hf import HFRollout
+from tunesmith.rollout.hf_paged import HFPagedRollout, check_paged_supported
+from tunesmith.rollout.vllm import check_vllm_rollout, memory_fraction
+from tunesmith.train.setup import train
+
+RL = dict(stage="grpo", dataset="arith_rl", template="qwen3_nothink", max_samples=16, max_steps=2, num_generations=4,
+          prompts_per_step=2, max_new_tokens=6, per_device_train_batch_size=8, learning_rate=1e-4, logging_steps=1)
+SAMPLER_LOGP = -3.0
+
+
+def varied(prompts, responses, samples, **kw):
+    """Rewards that differ inside every group, so the policy loss is not zero."""
+    return [0.1 * i for i in range(len(responses))]
+
+
+class FakeRollout:
+    """An engine with its own copy of the weights: records what the step source calls, answers fixed tokens
+    with a fixed log-prob."""
+
+    shares_weights = False
+
+    def __init__(self):
+        self.calls, self.names = [], set()
+
+    def wake(self):
+        self.calls.append("wake")
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def update_weights(self, named_tensors):
+        self.names = {name for name, _ in named_tensors}
+        self.calls.append("update")
+
+    def generate(self, prompts, sampling, n, media=None):
+        self.calls.append("generate")
+        response = [11, 12, 13, sampling.stop_ids[0]]
+        return Rollouts([list(response) for _ in prompts for _ in range(n)],
+                        [[SAMPLER_LOGP] * len(response) for _ in prompts for _ in range(n)])
+
+
+def _train_with_fake(tmp_path, monkeypatch, **keys):
+    fake = FakeRollout()
+    monkeypatch.setattr("tunesmith.train.rollout_steps.build_rollout", lambda *a, **k: fake)
+    out = tmp_path / "fake"
+    result = train(run_config(out, **{**RL, **keys}, reward_funcs=["test_rollout_backends:varied"]))
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return fake, result, [m for m in metrics if "rollout_kl" in m]
+
+
+def test_the_step_source_pushes_weights_generates_and_sleeps_through_the_interface(tmp_path, monkeypatch):
+    fake, result, metrics = _train_with_fake(tmp_path, monkeypatch)
+    assert fake.calls == ["wake", "update", "generate", "sleep"] * 2
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "fake")
+    assert fake.names == set(model.state_dict())  # full weights under the checkpoint's own names
+    assert len(metrics) == 2
+    for m in metrics:  # the tiny random model's log-probs are near -log(vocab), far from the fake's -3
+        assert 2.0 < m["rollout_logp_diff_mean"] <= m["rollout_logp_diff_max"] and m["rollout_kl"] > 1.0
+    assert all(loss != 0 for loss in result.step_losses)
+
+
+def test_seq_mask_drops_every_sequence_outside_the_band_and_tis_caps_the_weight(tmp_path, monkeypatch):
+    _, masked, metrics = _train_with_fake(tmp_path, monkeypatch, rollout_correction="seq_mask")
+    assert masked.step_losses == [0.0, 0.0] and all(m["rollout_weight_mean"] == 0 for m in metrics)
+    _, _, metrics = _train_with_fake(tmp_path, monkeypatch, rollout_correction="tis", rollout_tis_cap=2.0,
+                                     overwrite_output_dir=True)
+    # the trainer's p is far below the sampler's: the weight is the (small) ratio, below the cap
+    assert all(0 < m["rollout_weight_mean"] < 0.1 for m in metrics)
+
+
+def _resolve(backend, **facts):
+    return resolve(build_config(None, {"dataset": "x", "stage": "grpo", "rollout_backend": backend}),
+                   RunFacts(**facts)).rl.rollout_backend
+
+
+def test_auto_picks_vllm_only_when_installed_on_cuda_in_one_process():
+    assert _resolve("auto", device_type="cuda", has_vllm=True) == "vllm"
+    assert _resolve("auto", device_type="cpu", has_vllm=True) == "hf"
+    assert _resolve("auto", device_type="cuda", has_vllm=False) == "hf"
+    assert _resolve("auto", device_type="cuda", has_vllm=True, world_size=2) == "hf"
+    assert _resolve("hf_paged") == "hf_paged"
+
+
+def test_a_backend_that_cannot_run_here_is_refused_before_anything_loads():
+    with pytest.raises(ConfigError, match=r"pip install 'tunesmith\[vllm\]'.*rollout_backend: hf"):
+        _resolve("vllm", device_type="cuda", has_vllm=False)
+    with pytest.raises(ConfigError, match="CUDA GPU, and this run is on cpu; use rollout_backend: hf"):
+        _resolve("vllm", device_type="cpu", has_vllm=True)
+    with pytest.raises(ConfigError, match="hf_paged generates in one process.*use rollout_backend: hf"):
+        _resolve("hf_paged", world_size=2)
+    with pytest.raises(TunesmithError, match="pip install 'tunesmith\\[vllm\\]'"):
+        check_vllm_rollout(installed=False, device_type="cuda", media=False)
+    with pytest.raises(TunesmithError, match="text only.*use rollout_backend: hf for vision-language prompts"):
+        check_paged_supported(media=True, world_size=1)
+
+
+def test_vllm_gets_what_the_trainer_states_leave_of_the_gpu():
+    assert memory_fraction(28.0, 140.0) == pytest.approx(0.7)
+    assert memory_fraction(139.0, 140.0) == 0.05 and memory_fraction(0.0, 140.0) == 0.9
+
+
+def _model(tiny_qwen3):
+    torch.manual_seed(0)
+    return AutoTokenizer.from_pretrained(tiny_qwen3), AutoModelForCausalLM.from_pretrained(tiny_qwen3)
+
+
+def _trainer_logps(model, prompt, response, temperature):
+    """What the trainer recomputes: the full forward of prompt + response, temperature-scaled, in fp32."""
+    logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("engine", [HFRollout, HFPagedRollout])
+def test_the_sampler_log_probs_equal_the_trainers_within_fp32_noise(tiny_qwen3, engine):
+    tokenizer, model = _model(tiny_qwen3)
+    prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Say hi")["input_ids"]]
+    sampling = Sampling(8, temperature=0.7, stop_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+                        pad_id=tokenizer.pad_token_id)
+    out = engine(model).generate(prompts, sampling, 3)
+    assert len(out.responses) == 6
+    with torch.no_grad():
+        for i, (response, logps) in enumerate(zip(out.responses, out.logps)):
+            trainer = _trainer_logps(model, prompts[i // 3], response, 0.7)
+            assert torch.allclose(torch.tensor(logps), trainer, atol=1e-4), (i, logps, trainer.tolist())
+
+
+def test_hf_and_hf_paged_answer_greedily_alike_and_paged_leaves_training_forwards_alone(tiny_qwen3):
+    tokenizer, model = _model(tiny_qwen3)
+    prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Say hi")["input_ids"]]
+    greedy = Sampling(8, greedy=True, stop_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+                      pad_id=tokenizer.pad_token_id)
+    ids = torch.tensor([prompts[0]])
+    attention, before = model.config._attn_implementation, model(ids).logits
+    paged = HFPagedRollout(model).generate(prompts, greedy, 1)
+    assert model.config._attn_implementation == attention and torch.equal(model(ids).logits, before)
+    assert paged.responses == HFRollout(model).generate(prompts, greedy, 1).responses
