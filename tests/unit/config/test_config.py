@@ -122,3 +122,9 @@ def test_unquoted_no_strategy_means_no(tmp_path):
     path.write_text("dataset: x\nsave_strategy: no\neval_strategy: no\n")
     cfg = build_config(path)
     assert cfg.output.save_strategy == "no" and cfg.train.eval_strategy == "no"
+
+
+def test_torch_compile_with_liger_is_refused_naming_both():
+    with pytest.raises(ConfigError) as info:
+        build_config(None, {"dataset": "x", "enable_liger_kernel": True, "torch_compile": True})
+    assert any(p.startswith("torch_compile: true with enable_liger_kernel: true") for p in info.value.problems)
