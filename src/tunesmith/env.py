@@ -22,8 +22,8 @@ OPTIONAL: dict[str, Extra] = {
                               "pip install 'tunesmith[liger]'"),
     "flash-attn": Extra("flash_attn", "flash_attn: fa2 (auto picks it on a GPU)",
                             "pip install flash-attn --no-build-isolation"),
-    "vllm": Extra("vllm", "infer_backend: vllm for `tunesmith serve` and `chat` (GRPO rollouts generate with "
-                      "transformers)", "pip install 'tunesmith[vllm]'"),
+    "vllm": Extra("vllm", "infer_backend: vllm for `tunesmith serve` and `chat`; rollout_backend: vllm for "
+                      "online RL on a CUDA GPU", "pip install 'tunesmith[vllm]'"),
     "tensorboard": Extra("tensorboard", "report_to: tensorboard", "pip install tensorboard"),
     "wandb": Extra("wandb", "report_to: wandb", "pip install 'tunesmith[wandb]'"),
     "swanlab": Extra("swanlab", "report_to: swanlab", "pip install 'tunesmith[swanlab]'"),
@@ -71,4 +71,17 @@ def collect() -> dict:
     info["bf16 on GPU"] = str(bool(gpus) and torch.cuda.is_bf16_supported())
     for dist, spec in OPTIONAL.items():
         info[dist] = optional_line(spec, _importable(spec.module), _version(dist))
+    info["rollout_backend"] = auto_rollout_line(_importable("vllm"), "cuda" if gpus else "cpu")
     return info
+
+
+def auto_rollout_line(has_vllm: bool, device_type: str) -> str:
+    """What `rollout_backend: auto` picks for online RL on this machine (one process), and why."""
+    from .config.resolve import RunFacts, resolve_rollout_backend
+
+    picked = resolve_rollout_backend("auto", RunFacts(device_type=device_type, has_vllm=has_vllm))
+    if picked == "vllm":
+        return "auto -> vllm (installed, CUDA GPU)"
+    why = "no CUDA GPU" if has_vllm else "vllm not installed" if device_type == "cuda" else \
+        "vllm not installed, no CUDA GPU"
+    return f"auto -> {picked}: transformers generate ({why})"

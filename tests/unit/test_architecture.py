@@ -10,8 +10,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "tunesmith"
 BACKEND_LIBRARIES = ("deepspeed", "megatron", "torch.distributed.fsdp", "torch.distributed.checkpoint",
                      "torch.distributed.tensor", "torch.distributed.pipelining", "vllm")
-# The one module outside engines/ that may import a backend library: serve's vLLM generation backend.
-GENERATION_BACKENDS = {"serve/vllm_engine.py": ("vllm",)}
+# The modules outside engines/ that may import a backend library: the vLLM generation backends of serve and
+# of online RL's rollouts.
+GENERATION_BACKENDS = {"serve/vllm_engine.py": ("vllm",), "rollout/vllm.py": ("vllm",)}
 # Modules that may name a backend value: engine selection itself, config resolution, env and estimate.
 MAY_NAME_BACKENDS = ("engines/", "config/", "env.py", "estimate.py", "cli.py", "launch.py")
 

@@ -42,3 +42,12 @@ def test_the_real_environment_reports_deepspeed_correctly():
         assert "-> backend: deepspeed" in line and "not available" not in line
     else:
         assert line.startswith("not installed (pip install 'tunesmith[deepspeed]')")
+
+
+@pytest.mark.parametrize("has_vllm,device,picked", [(True, "cuda", "auto -> vllm"), (False, "cuda", "auto -> hf"),
+                                                    (True, "cpu", "auto -> hf"), (False, "cpu", "auto -> hf")])
+def test_env_says_which_rollout_backend_auto_picks(has_vllm, device, picked):
+    line = env.auto_rollout_line(has_vllm, device)
+    assert line.startswith(picked)
+    if picked.endswith("hf"):
+        assert ("vllm not installed" in line) == (not has_vllm) and ("no CUDA GPU" in line) == (device == "cpu")

@@ -64,10 +64,23 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
 
 
 def resolve_rollout_backend(choice: str, facts: RunFacts) -> str:
-    """auto: vllm when it is installed and the run is on a CUDA GPU, else hf."""
-    if choice != "auto":
-        return choice
-    return "vllm" if facts.has_vllm and facts.device_type == "cuda" else "hf"
+    """auto: vllm when it is installed and the run is on a CUDA GPU, else hf. A backend that cannot run here is
+    refused before anything loads."""
+    if choice == "auto":
+        return "vllm" if facts.has_vllm and facts.device_type == "cuda" and facts.world_size == 1 else "hf"
+    problems = []
+    if choice == "vllm" and not facts.has_vllm:
+        problems.append("rollout_backend: vllm needs the vllm package: pip install 'tunesmith[vllm]' (on a machine "
+                        "with a CUDA GPU), or use rollout_backend: hf")
+    elif choice == "vllm" and facts.device_type != "cuda":
+        problems.append(f"rollout_backend: vllm runs on a CUDA GPU, and this run is on {facts.device_type}; use "
+                        "rollout_backend: hf")
+    if choice in ("vllm", "hf_paged") and facts.world_size > 1:
+        problems.append(f"rollout_backend: {choice} generates in one process, but {facts.world_size} were "
+                        "launched; use rollout_backend: hf (it steps sharded weights in sync)")
+    if problems:
+        raise ConfigError(problems)
+    return choice
 
 
 def resolve_reference(cfg: RunConfig) -> str:
