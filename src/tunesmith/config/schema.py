@@ -309,7 +309,8 @@ class RLConfig(_Group):
     reward_funcs: list[RewardFunc] = Field(
         default_factory=lambda: [RewardFunc(name="accuracy")],
         description="Reward functions: names (accuracy, format, length, grounding, reward_model), "
-        "`module.path:function`, or {name, weight, ...} mappings; summed with their weights.",
+        "`module.path:function` or `path/to/file.py:function` (tunesmith's, TRL's or verl's signature), or "
+        "{name, weight, ...} mappings; summed with their weights.",
     )
     reward_model_path: str | None = Field(None, description="A `stage: rm` output for the reward_model reward.")
     eval_num_prompts: int = Field(64, ge=0, description="Held-out prompts scored greedily at each evaluation.")

@@ -2,7 +2,7 @@
 generation prompt, tokenized and cached like any dataset (through pipeline.prepare_data).
 
 A record that ends with an assistant turn (an SFT-style record) gives that turn as the reference
-`answer` for the rewards. Media prompts (vision-language models) are planned from their headers,
+`answer` for the rewards, as does `reward_model.ground_truth` (verl's parquet prompt files). Media prompts (vision-language models) are planned from their headers,
 as for SFT: the media tokens are expanded to what the processor would produce, and the plan
 travels with the prompt. Each row keeps its columns (answer, target_box, ...) as JSON in `sample`.
 """
@@ -30,6 +30,9 @@ def render_prompt_batch(batch: dict, tokenizer, opts: RenderOptions, media=None)
         if messages and messages[-1]["role"] == "assistant":
             extra.setdefault("answer", messages[-1]["content"])
             messages = messages[:-1]
+        verl = extra.get("reward_model")  # verl's parquet prompt files keep the reference answer here
+        if isinstance(verl, dict) and verl.get("ground_truth") is not None:
+            extra.setdefault("answer", verl["ground_truth"])
         try:
             prompt = _prompt_ids(sample, messages, tokenizer, opts, media)
         except DataError as err:

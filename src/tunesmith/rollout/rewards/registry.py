@@ -1,4 +1,5 @@
-"""The reward registry, user reward functions, and how a config's entries combine into one callable.
+"""The reward registry, and how a config's entries (built-in names, users' functions: user.py) combine into one
+callable.
 
 Adding a reward: write its module (one function, or a class for a reward with
 state) and list it in REWARDS below under the name configs use.
@@ -6,7 +7,6 @@ state) and list it in REWARDS below under the name configs use.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -16,6 +16,7 @@ from .format import format_reward
 from .grounding import grounding
 from .length import length_penalty
 from .reward_model import RewardModelReward
+from .user import UserReward, resolve_reward  # noqa: F401  (resolve_reward: part of this module's API)
 
 RewardFn = Callable[..., list[float]]
 
@@ -28,27 +29,6 @@ REWARDS: dict[str, RewardFn | type] = {
     "grounding": grounding,
     "reward_model": RewardModelReward,
 }
-
-
-def resolve_reward(spec: str) -> RewardFn:
-    """Import `module.path:function` (the module must be importable, e.g. on PYTHONPATH) and return it."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward '{spec}': a user reward function is given as 'module.path:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward '{spec}': cannot import module '{module_name}' ({e}); make sure it is on "
-                         f"PYTHONPATH (e.g. run from the folder that holds it)") from e
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-            raise ValueError(f"reward '{spec}': module '{module_name}' has no '{attr}'; its callables: {public}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"reward '{spec}': '{attr}' is a {type(obj).__name__}, not a function")
-    return obj
 
 
 @dataclass
@@ -78,8 +58,8 @@ class RewardSpec:
 
     def build(self) -> RewardFn:
         if ":" in self.name:
-            fn = resolve_reward(self.name)
-        elif self.name in REWARDS:
+            return UserReward(self.name, **self.kwargs)
+        if self.name in REWARDS:
             fn = REWARDS[self.name]
         else:
             raise ValueError(f"unknown reward '{self.name}'. Registered rewards: {', '.join(sorted(REWARDS))}; "
