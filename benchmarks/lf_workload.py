@@ -30,9 +30,11 @@ import threading
 import time
 from pathlib import Path
 
+from dpo_bench import build_model as build_random_model
+from vlm_sft import TEXT
+
 PEAK = 989e12
-SHAPE = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-             intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960)
+SHAPE = TEXT  # the Qwen3-1.7B shape
 YAML = """\
 model_name_or_path: {model}
 flash_attn: sdpa
@@ -71,25 +73,14 @@ WORDS = ("the model data train step loss token batch layer value time answer que
 
 
 def build_model(folder: Path, tiny: bool) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+    """The Qwen3-1.7B shape with random bf16 weights (dpo_bench's), or a copy of the tiny model (--tiny)."""
+    if not tiny:
+        build_random_model(folder)
+        return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from tunesmith.models.tiny import build_tiny
 
-    source = build_tiny("qwen3")
-    if tiny:
-        shutil.copytree(source, folder)
-        return
-    config = AutoConfig.from_pretrained(source)
-    for key, value in SHAPE.items():
-        setattr(config, key, value)
-    config.layer_types = ["full_attention"] * config.num_hidden_layers
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    shutil.copytree(build_tiny("qwen3"), folder)
 
 
 def build_data(folder: Path, model: Path, num: int, lengths: tuple[int, int], seed: int = 0) -> dict:
