@@ -41,11 +41,8 @@ TINY_OF = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "llama": "llama", "gemma3
 
 def _lf_source() -> Path | None:
     """LLaMA-Factory's template.py where it is installed (optional; not in CI)."""
-    for root in filter(None, [os.environ.get("TUNESMITH_LF_SITE"), "/tmp/lfsite"]):
-        path = Path(root) / "llamafactory" / "data" / "template.py"
-        if path.exists():
-            return path
-    return None
+    path = Path(os.environ.get("TUNESMITH_LF_SITE") or "/tmp/lfsite") / "llamafactory" / "data" / "template.py"
+    return path if path.exists() else None
 
 
 def _registered_names(path: Path) -> list[str]:
@@ -159,11 +156,11 @@ def test_nothink_forces_enable_thinking_off_in_the_data_path(tokenizers):
     from tunesmith.config.load import build_config
     from tunesmith.data.pipeline import render_options
 
-    cfg = build_config(None, {"model_name_or_path": "tiny:qwen3_5", "dataset": "identity", "template": "qwen3_5_nothink",
-                        "enable_thinking": True, "output_dir": "/tmp/unused"})
+    cfg = build_config(None, {"model_name_or_path": "tiny:qwen3_5", "dataset": "identity",
+                              "template": "qwen3_5_nothink", "enable_thinking": True, "output_dir": "/tmp/unused"})
     opts = render_options(cfg, tokenizers("qwen3_5"))
     assert opts.chat_template == tokenizers("qwen3_5").chat_template
     assert opts.render_kwargs["enable_thinking"] is False
     cfg = build_config(None, {"model_name_or_path": "tiny:qwen3_5", "dataset": "identity", "template": "qwen3_5",
-                        "enable_thinking": False, "output_dir": "/tmp/unused"})
+                              "enable_thinking": False, "output_dir": "/tmp/unused"})
     assert render_options(cfg, tokenizers("qwen3_5")).render_kwargs["enable_thinking"] is False

@@ -170,3 +170,112 @@ def test_builtin_llama3_differs_from_llama_3_2_only_by_the_date_header(conv, tok
     turns = [m for m in messages if m["role"] != "system"]
     assert tok.decode(builtin["input_ids"]).endswith(real[header_end:])
     assert real[header_end:].count("<|start_header_id|>") == len(turns)
+
+
+# --- Against LLaMA-Factory's own rendering (optional) -------------------------------------------------
+# LLaMA-Factory needs its own transformers (5.6), so it runs in a subprocess with its site folder first on
+# PYTHONPATH: TUNESMITH_LF_SITE, or /tmp/lfsite where it is installed. Not in CI. torchaudio, which its
+# multimodal plugin imports but text templates never use, is stubbed when missing.
+_LF_ENCODE = r'''
+import importlib.machinery, importlib.util, json, sys, types
+if importlib.util.find_spec("torchaudio") is None:
+    stub = types.ModuleType("torchaudio")
+    stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+    sys.modules["torchaudio"] = stub
+from transformers import AutoTokenizer
+from llamafactory.data.template import get_template_and_fix_tokenizer
+from llamafactory.hparams import DataArguments
+out = []
+for case in json.load(sys.stdin):
+    tok = AutoTokenizer.from_pretrained(case["tokenizer"])
+    template = get_template_and_fix_tokenizer(tok, DataArguments(template=case["template"],
+                                                                 enable_thinking=case["thinking"]))
+    messages = case["messages"]
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    pairs = template.encode_multiturn(tok, messages[1:] if system is not None else messages, system)
+    out.append([[list(prompt), list(response)] for prompt, response in pairs])
+print(json.dumps(out))
+'''
+
+# tunesmith's built-in templates against LLaMA-Factory's of the same name, on the tokenizer they are for.
+LF_BUILTIN = {"chatml": "qwen3", "qwen": "qwen3", "qwen3": "qwen3", "qwen3_nothink": "qwen3",
+              "qwen3_vl_nothink": "qwen3", "llama3": "llama"}
+LF_CASES = [(name, conv, thinking) for name in LF_BUILTIN for conv in CONVERSATIONS for thinking in (True, False)]
+
+
+def _lf_site() -> Path | None:
+    import os
+
+    root = Path(os.environ.get("TUNESMITH_LF_SITE") or "/tmp/lfsite")
+    return root if (root / "llamafactory" / "data" / "template.py").exists() else None
+
+
+@pytest.fixture(scope="module")
+def lf_rendered(tmp_path_factory):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    site = _lf_site()
+    if site is None:
+        pytest.skip("LLaMA-Factory is not installed here (set TUNESMITH_LF_SITE to a folder holding llamafactory "
+                    "and the transformers it needs)")
+    folder = tmp_path_factory.mktemp("lf_tokenizers")
+    for arch in set(LF_BUILTIN.values()):
+        build_tokenizer(ARCHS[arch]).save_pretrained(folder / arch)
+    request = [{"tokenizer": str(folder / LF_BUILTIN[name]), "template": name, "thinking": thinking,
+                "messages": CONVERSATIONS[conv]} for name, conv, thinking in LF_CASES]
+    env = {**os.environ, "PYTHONPATH": str(site), "DISABLE_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _LF_ENCODE], input=json.dumps(request), capture_output=True,
+                          text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        pytest.skip(f"LLaMA-Factory cannot be imported here: {done.stderr.strip().splitlines()[-1:]}")
+    return dict(zip(LF_CASES, json.loads(done.stdout.strip().splitlines()[-1])))
+
+
+def _known_difference(name: str, conv: str, thinking: bool) -> str | None:
+    """Where tunesmith's built-in template renders differently from LLaMA-Factory's, on purpose."""
+    if name == "qwen3" and conv == "reasoning" and not thinking:
+        return "refused"  # reasoning after a closed-thinking prompt, as for the real template
+    if name == "qwen" and SYSTEM not in CONVERSATIONS[conv]:
+        return "default system"  # LF 0.9.5's is Qwen2.5's "You are Qwen, created by Alibaba Cloud. ..."
+    if name == "qwen3" and sum(m["role"] == "assistant" for m in CONVERSATIONS[conv]) > 1:
+        return "think blocks"  # LF keeps history reasoning and adds empty think blocks; the real Qwen3 drops them
+    if name.endswith("_nothink") and conv == "reasoning":
+        return "think blocks"  # LF trains the <think> text of the data; tunesmith's nothink strips it
+    return None
+
+
+def _normalised(text: str, difference: str) -> str:
+    import re
+
+    if difference == "default system":
+        return text.replace("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+                            "You are a helpful assistant.")
+    return re.sub(r"<think>.*?</think>\n\n", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("name, conv, thinking", LF_CASES)
+def test_builtin_templates_match_llamafactory(name, conv, thinking, lf_rendered):
+    """The same ids and supervised tokens as LLaMA-Factory's template of the same name, except for the
+    differences _known_difference names, which are then the only difference."""
+    arch = LF_BUILTIN[name]
+    tok = build_tokenizer(ARCHS[arch])
+    difference = _known_difference(name, conv, thinking)
+    if difference == "refused":
+        with pytest.raises(DataError, match="thinking is off"):
+            render_sft({"messages": CONVERSATIONS[conv]}, tok, _opts(tok, arch, name, thinking))
+        return
+    row = render_sft({"messages": CONVERSATIONS[conv]}, tok, _opts(tok, arch, name, thinking))
+    pairs = lf_rendered[(name, conv, thinking)]
+    lf_ids = [i for prompt, response in pairs for i in prompt + response]
+    lf_runs = [tok.decode(response) for _, response in pairs]
+    if difference is None:
+        assert row["input_ids"] == lf_ids
+        assert _supervised_runs(tok, row) == lf_runs
+        return
+    assert row["input_ids"] != lf_ids, f"no longer differs ({difference}): drop it from _known_difference"
+    assert _normalised(tok.decode(row["input_ids"]), difference) == _normalised(tok.decode(lf_ids), difference)
+    assert [_normalised(r, difference) for r in _supervised_runs(tok, row)] == \
+        [_normalised(r, difference) for r in lf_runs]
