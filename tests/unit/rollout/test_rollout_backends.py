@@ -148,3 +148,21 @@ def test_hf_and_hf_paged_answer_greedily_alike_and_paged_leaves_training_forward
     paged = HFPagedRollout(model).generate(prompts, greedy, 1)
     assert model.config._attn_implementation == attention and torch.equal(model(ids).logits, before)
     assert paged.responses == HFRollout(model).generate(prompts, greedy, 1).responses
+
+
+def test_a_lora_run_pushes_merged_weights_under_the_base_models_names(tmp_path, monkeypatch, tiny_qwen3):
+    pushed = {}
+
+    class Recording(FakeRollout):
+        def update_weights(self, named_tensors):
+            pushed.update({name: tensor.clone() for name, tensor in named_tensors})
+            self.calls.append("update")
+
+    fake = Recording()
+    monkeypatch.setattr("tunesmith.train.rollout_steps.build_rollout", lambda *a, **k: fake)
+    train(run_config(tmp_path / "lora", **{**RL, "max_steps": 1}, finetuning_type="lora", lora_rank=4,
+                     model_name_or_path=str(tiny_qwen3), reward_funcs=["test_rollout_backends:varied"]))
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
+    assert set(pushed) == set(base)
+    # before the first update LoRA's B is zero: the merged weights are the base weights
+    assert all(torch.equal(pushed[name], base[name]) for name in base)
