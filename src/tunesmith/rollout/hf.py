@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 from ..data.mm import media_token_types
 from .engine import Rollouts, Sampling, cut_at_stop
@@ -90,10 +91,11 @@ class HFRollout:
             "do_sample": False}
         was_training = model.training
         model.eval()
+        # synced_gpus: with sharded weights every rank must run the same number of forward passes.
+        synced = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         try:
-            # synced_gpus: with sharded weights every rank must run the same number of forward passes.
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
-                                 synced_gpus=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1,
+                                 synced_gpus=synced,
                                  max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
                                  eos_token_id=list(sampling.stop_ids), pad_token_id=sampling.pad_id,
                                  logits_processor=LogitsProcessorList([*_warpers(sampling), recorder]),
