@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .runs import RunsRoot
+from .runs import RunsRoot, child_dirs
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 _MAX_DEPTH = 4  # saves/<model>/<type>/<run>/checkpoint-N
@@ -29,11 +29,7 @@ def _walk(folder: Path, depth: int, found: list[Path]) -> None:
         found.append(folder)
     if depth >= _MAX_DEPTH:
         return
-    try:
-        children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError:
-        return
-    for child in children:
+    for child in child_dirs(folder):
         _walk(child, depth + 1, found)
 
 

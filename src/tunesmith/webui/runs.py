@@ -55,13 +55,17 @@ class RunsRoot:
             return  # a run's own sub-folders are its checkpoints, not runs
         if depth >= _MAX_DEPTH:
             return
-        try:
-            children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-        except OSError:
-            return
-        for child in children:
+        for child in child_dirs(folder):
             if not child.name.startswith("checkpoint-"):
                 self._walk(child, depth + 1, found)
+
+
+def child_dirs(folder: Path) -> list[Path]:
+    """The folder's visible sub-folders, sorted; none when it cannot be listed."""
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
 
 
 def refusal_of(folder: Path, flat: dict) -> str | None:
