@@ -57,6 +57,10 @@ class LFTemplate:
     tokens: tuple[str, ...] = ()
     reason: str = ""
 
+    def why(self) -> str:
+        """For a refused name, why, in words (the refusal's middle part)."""
+        return _REASONS[self.reason]
+
     def refusal(self) -> str:
         """The error for a refused name: the family, why, and what to do instead."""
         if self.reason == _FORMAT:
