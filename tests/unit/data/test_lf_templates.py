@@ -164,3 +164,14 @@ def test_nothink_forces_enable_thinking_off_in_the_data_path(tokenizers):
     cfg = build_config(None, {"model_name_or_path": "tiny:qwen3_5", "dataset": "identity", "template": "qwen3_5",
                               "enable_thinking": False, "output_dir": "/tmp/unused"})
     assert render_options(cfg, tokenizers("qwen3_5")).render_kwargs["enable_thinking"] is False
+
+
+def test_serving_an_own_name_uses_the_adapters_template_and_forces_thinking_off(tokenizers):
+    from tunesmith.serve.render import Rendering
+
+    tok = tokenizers("qwen3_5")
+    rendering = Rendering.of(tok, "qwen3_5_nothink", enable_thinking=True, own_template="{{ 'saved' }}")
+    assert rendering.chat_template == "{{ 'saved' }}"  # the template a run saved beside its adapter
+    assert rendering.kwargs == {"enable_thinking": False}
+    assert Rendering.of(tok, "qwen3_5", enable_thinking=False).kwargs == {"enable_thinking": False}
+    assert Rendering.of(tok, "qwen3_5").chat_template is None  # the tokenizer's own
