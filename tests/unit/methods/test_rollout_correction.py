@@ -51,3 +51,23 @@ def test_padding_values_never_leak():
         w = correction_weights(kind, old, sampler, mask, tis_cap=2.0, low=0.9, high=1.1)
         assert torch.equal(w, torch.tensor([[1.0, 0.0]]))
     assert correction_weights("none", old, sampler, mask, tis_cap=2.0, low=0.9, high=1.1) is None
+
+
+def _method(**rl):
+    from tunesmith.config.load import build_config
+    from tunesmith.config.resolve import resolve
+    from tunesmith.methods.grpo import GRPOMethod
+
+    return GRPOMethod(resolve(build_config(None, {"dataset": "x", "stage": "grpo", **rl})))
+
+
+def test_the_grpo_loss_weights_its_policy_tokens_and_logs_the_gap():
+    losses = torch.tensor([[2.0, 2.0, 2.0, 0.0]])
+    mask = MASK.bool()
+    out, sums = _method(rollout_correction="tis", rollout_tis_cap=1.1)._sampler_gap(losses, OLD, SAMPLER, mask)
+    assert torch.allclose(out, 2.0 * torch.tensor([[1.1, math.exp(-0.5), 1.0, 0.0]]))
+    assert sums["rollout_logp_diff_mean"] == pytest.approx(0.7) and sums["rollout_logp_diff_max"] == pytest.approx(0.5)
+    assert sums["rollout_weight_mean"] == pytest.approx(1.1 + math.exp(-0.5) + 1.0)
+    out, sums = _method()._sampler_gap(losses, OLD, SAMPLER, mask)  # none: logged, the loss unchanged
+    assert torch.equal(out, losses) and "rollout_weight_mean" not in sums and sums["rollout_kl"] > 0
+    assert _method()._sampler_gap(losses, OLD, None, mask) == (losses, {})
