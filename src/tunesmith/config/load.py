@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ..data.lf_templates import LF_TEMPLATES, REFUSED
 from ..errors import ConfigError
 from ..stages import STAGES, uses_reference
 from .deepspeed import zero_settings
@@ -165,6 +166,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
         problems.append(f"report_to: unknown sink(s) {bad_sinks}; use none, tensorboard, wandb or swanlab")
     if STAGES[cfg.finetune.stage].scores_whole_sequences and cfg.packing:
         problems.append(f"stage {cfg.finetune.stage} scores whole sequences and is not packed; remove packing")
+    template = LF_TEMPLATES.get(cfg.data.template)
+    if template is not None and template.use == REFUSED:
+        problems.append(f"template: {template.refusal()}")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
         if cfg.train.torch_compile:

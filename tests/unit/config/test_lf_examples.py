@@ -37,7 +37,11 @@ _KT = "KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with
 _V1_KERNELS = "'use_v1_kernels' = True: LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel"
 
 # file -> substrings: every problem of the file contains one of them, and each of them is in some problem.
+_MOSS_VL = "template: Template 'moss_vl' is for MOSS-VL models, whose code is remote (trust_remote_code)"
+
 REFUSED = {
+    "train_full/mossvl_full_sft.yaml": [_MOSS_VL],
+    "train_lora/mossvl_lora_sft.yaml": [_MOSS_VL],
     "ascend/qwen3_5_full_sft_fsdp2.yaml": [_V1_KERNELS],
     "ascend/qwen3_full_sft_fsdp2.yaml": [_V1_KERNELS],
     "ascend/qwen3moe_full_sft_fsdp.yaml": [_V1_KERNELS],
@@ -142,7 +146,9 @@ def test_accepted_examples_keep_their_settings():
     cfg = _validate("train_full/qwen3_full_sft.yaml")
     assert cfg.finetune.finetuning_type == "full" and cfg.train.wants_deepspeed
     assert cfg.data.dataset == ["identity", "alpaca_en_demo"] and cfg.train.gradient_accumulation_steps == 2
-    cfg = _validate("train_full/mossvl_full_sft.yaml")  # use_reentrant_gc: false, gradient_checkpointing_kwargs
+    # mossvl's keys (use_reentrant_gc: false, gradient_checkpointing_kwargs) pass; its template is refused by name
+    cfg = build_config(EXAMPLES / "train_full/mossvl_full_sft.yaml",
+                       {"template": "auto", "deepspeed": str(LF_ROOT / "examples/deepspeed/ds_z3_config.json")})
     assert cfg.model.gradient_checkpointing is True
     # Megatron Bridge's keys at values that need no Megatron feature (sizes 1, its defaults) change nothing
     cfg = _validate("megatron_bridge/llama3_sft.yaml")
