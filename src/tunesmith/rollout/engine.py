@@ -86,3 +86,22 @@ def cut_at_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> int:
         if tok in stops:
             return i + 1
     return len(tokens)
+
+
+class OnTrainingModel:
+    """Base of the engines that generate with the training model's own parameters (hf, hf_paged): no copy of
+    the weights to update, nothing held between rollouts."""
+
+    shares_weights = True
+
+    def __init__(self, model):
+        self.model = model
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Nothing to load: generation runs on the training model's own parameters."""
+
+    def sleep(self) -> None:
+        """Nothing to free: the cache lives only inside one generate call."""
+
+    def wake(self) -> None:
+        """Nothing to take back."""

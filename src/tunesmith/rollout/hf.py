@@ -9,14 +9,12 @@ next step, so memory does not grow with the response length (output_scores would
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 
 from ..data.mm import media_token_types
-from .engine import Rollouts, Sampling, cut_at_stop
+from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
 
 class _SampledLogps(LogitsProcessor):
@@ -52,23 +50,9 @@ def _warpers(sampling: Sampling) -> list:
     return out
 
 
-class HFRollout:
+class HFRollout(OnTrainingModel):
     """`suppress_ids`: tokens never generated (a VLM's media placeholders); their probability goes to the
     other tokens, while the training log-probs keep the full softmax."""
-
-    shares_weights = True
-
-    def __init__(self, model):
-        self.model = model
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Nothing to load: generation runs on the training model's own parameters."""
-
-    def sleep(self) -> None:
-        """Nothing to free: the KV cache lives only inside one generate call."""
-
-    def wake(self) -> None:
-        """Nothing to take back."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling, n: int, media: dict | None = None) -> Rollouts:

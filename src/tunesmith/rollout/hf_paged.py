@@ -9,12 +9,11 @@ are unaffected. CUDA graphs are off: the weights change every step and a capture
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import torch
 
 from ..errors import TunesmithError
-from .engine import Rollouts, Sampling, cut_at_stop
+from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
 PAGE_SIZE = 32  # tokens per KV block
 
@@ -30,20 +29,8 @@ def check_paged_supported(*, media: bool, world_size: int) -> None:
                              "(continuous batching cannot step sharded weights in sync); use rollout_backend: hf")
 
 
-class HFPagedRollout:
-    shares_weights = True
-
-    def __init__(self, model):
-        self.model = model
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Nothing to load: generation runs on the training model's own parameters."""
-
-    def sleep(self) -> None:
-        """Nothing to free: the paged cache is released at the end of each generate call."""
-
-    def wake(self) -> None:
-        """Nothing to take back."""
+class HFPagedRollout(OnTrainingModel):
+    """transformers' continuous batching (generate_batch, paged cache) on the training model."""
 
     def _configs(self, prompts: list[list[int]], sampling: Sampling, n: int):
         from transformers import GenerationConfig
