@@ -171,7 +171,7 @@ _ROWS = (
     _no("llama4", "Llama 4"),
     _no("mllama", "Llama 3.2 Vision (Mllama)"),
     _no("moonlight", "Moonlight", _REMOTE),
-    _no("llava", "LLaVA-1.5"),
+    _own("llava", "LLaVA-1.5", "llava", tokens=("<image>",)),
     _no("llava_next", "LLaVA-NeXT"),
     _no("llava_next_llama3", "LLaVA-NeXT (Llama 3)"),
     _no("llava_next_mistral", "LLaVA-NeXT (Mistral)"),

@@ -42,6 +42,11 @@ class Family:
         height, width), computed by the model's `get_rope_index`.
     markers: (kind, text) the chat template writes around one media item; plain-text
         (pt) samples get the same markers in place of their <image>/<video>/<audio>.
+    image_count: how an image's token count is known. "grid": from its patch grid
+        (Qwen's image_grid_thw, merged merge_size x merge_size); "processor": the
+        processor's own `_get_num_multimodal_tokens` for the image's size (after the
+        pixel budget), the image token repeated that many times, and the image
+        processor's outputs (pixel_values, image_sizes) go to the model as they are.
     """
 
     name: str
@@ -55,6 +60,7 @@ class Family:
     audio_token: str | None
     uses_mrope: bool
     markers: tuple[tuple[str, str], ...] = ()
+    image_count: str = "grid"
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -114,6 +120,19 @@ FAMILIES: dict[str, Family] = {
             markers=(("image", "<|vision_bos|><|IMAGE|><|vision_eos|>"),
                      ("audio", "<|audio_bos|><|AUDIO|><|audio_eos|>"),
                      ("video", "<|vision_bos|><|VIDEO|><|vision_eos|>")),
+        ),
+        # LLaVA-1.5: a CLIP vision tower, a 2-layer MLP projector, and a Llama/Vicuna (or Qwen) language model.
+        # Each image is resized and centre-cropped to one fixed size, so its token count is fixed.
+        Family(
+            "llava", ("llava",),
+            vision_tower=("model.vision_tower",),
+            projector=("model.multi_modal_projector",),
+            language_model=_LM,
+            audio_tower=(),
+            image_token="<image>", video_token=None, audio_token=None,
+            uses_mrope=False,
+            markers=(("image", "<image>"),),
+            image_count="processor",
         ),
     )
 }

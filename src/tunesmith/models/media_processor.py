@@ -85,6 +85,9 @@ class MediaProcessor:
     def _plan_image(self, path: str) -> dict:
         info = media.probe_image(path)
         w, h = media.resize_to_budget(info.width, info.height, self.budget.image_max_pixels, self.budget.image_min_pixels)
+        if self.family.image_count == "processor":  # LLaVA: fixed size or tiles; the processor counts
+            counted = self.processor._get_num_multimodal_tokens(image_sizes=[[h, w]])
+            return {"path": path, "size": [w, h], "tokens": int(counted["num_image_tokens"][0])}
         patches = self.processor.image_processor.get_number_of_image_patches(h, w, {})
         return {"path": path, "size": [w, h], "patches": int(patches)}
 
@@ -121,7 +124,9 @@ class MediaProcessor:
     def _replacements(self, images: list[dict], videos: list[dict], audios: list[dict]) -> dict[str, list[str]]:
         proc = self.processor
         texts = {"image": []}
-        if images:
+        if images and self.family.image_count == "processor":
+            texts["image"] = [proc.image_token * i["tokens"] for i in images]
+        elif images:
             merge = proc.image_processor.merge_size
             image_inputs = {"image_grid_thw": torch.tensor([_grid(i["patches"], 1, merge) for i in images])}
             texts["image"] = [proc.replace_image_token(image_inputs, image_idx=k) for k in range(len(images))]
@@ -169,8 +174,21 @@ class MediaProcessor:
         b = self.budget
         pil = [media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in images]
         out = self.processor.image_processor(images=pil, return_tensors="pt")
+        if self.family.image_count == "processor":
+            return self._counted_image_inputs(out, images)
         _check_counts(out["image_grid_thw"], [i["patches"] for i in images], "image")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def _counted_image_inputs(self, out, images: list[dict]) -> dict:
+        """The image processor's outputs as they are (pixel_values, and image_sizes for tiling processors), once
+        the processor's own count of each image's tokens, from the processed tensors, matches the plan."""
+        proc = self.processor
+        got = [proc.replace_image_token(out, image_idx=k).count(proc.image_token) for k in range(len(images))]
+        planned = [i["tokens"] for i in images]
+        if got != planned:
+            raise DataError(f"image tokens differ from the tokenization plan ({got} vs {planned}): the media files "
+                            "changed after tokenization; clear the cache with `tunesmith data clean`")
+        return dict(out)
 
     def _process_videos(self, videos: list[dict]) -> dict:
         b = self.budget
@@ -255,7 +273,7 @@ def _per_sample(plans: list[dict], inputs: dict) -> list[dict]:
         ni, nv = len(plan["images"]), len(plan["videos"])
         na = len(plan["audios"]) + sum("audio" in v for v in plan["videos"])
         item = {}
-        if ni:
+        if ni and "image_grid_thw" in inputs:
             item["image_grid_thw"] = inputs["image_grid_thw"][i : i + ni]
         if nv:
             item["video_grid_thw"] = inputs["video_grid_thw"][v : v + nv]

@@ -124,7 +124,9 @@ def model_inputs(preprocessor, messages: list[dict], media=None, rendering: Rend
     if not takes_media(preprocessor):
         inputs = preprocessor(text, add_special_tokens=False, return_tensors="pt")
     else:
-        inputs = preprocessor(text=[text], return_tensors="pt", **(media.processor_kwargs() if media else {}))
+        # the template writes every special token (LLaVA's <s> too), as training tokenizes it
+        inputs = preprocessor(text=[text], add_special_tokens=False, return_tensors="pt",
+                              **(media.processor_kwargs() if media else {}))
     return Prompt(dict(inputs), text.rstrip().endswith("<think>"), text)
 
 

@@ -70,7 +70,8 @@ def _process(processor, arch, media):
 
 def test_archs_listed_and_resolvable(built, monkeypatch, tiny_cache):
     monkeypatch.setenv("TUNESMITH_CACHE", str(tiny_cache))
-    assert set(MM) == set(MM_ARCHS) and set(MM) < set(ARCHS)
+    # the Qwen archs here; other families' tiny builds have their own test module (test_tiny_llava.py, ...)
+    assert set(MM) <= set(MM_ARCHS) and set(MM_ARCHS) < set(ARCHS)
     for arch in MM:
         assert is_multimodal(arch) and is_multimodal(f"tiny:{arch}")
         assert resolve_model_path(f"tiny:{arch}") == str(built[arch])

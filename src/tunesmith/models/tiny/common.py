@@ -173,11 +173,12 @@ def build_processor(spec: dict, tokenizer):
         if key in spec:
             kwargs = dict(spec[key])
             component = getattr(transformers, kwargs.pop("class"))
-            if key != "feature_extractor":
+            if hasattr(component, "merge_size"):  # Qwen-VL style processors merge 2x2 patches, 2 frames
                 kwargs.update(merge_size=2, temporal_patch_size=2)
             parts[key] = component(**kwargs)
     processor_class = getattr(transformers, spec["processor_class"])
-    return processor_class(tokenizer=tokenizer, chat_template=chat_template(spec), **parts)
+    return processor_class(tokenizer=tokenizer, chat_template=chat_template(spec), **parts,
+                           **spec.get("processor_kwargs", {}))
 
 
 def generation_config(spec: dict, tokenizer):

@@ -1,0 +1,75 @@
+"""Tiny LLaVA-1.5 (LlavaForConditionalGeneration): a CLIP vision tower, the MLP projector, a tiny Llama.
+
+The real model's CLIP ViT-L/14 sees every image resized (shortest edge) and centre-cropped to 336x336,
+24x24 patches = 576 image tokens once the CLS token is dropped (vision_feature_select_strategy
+"default"), taken from the second-to-last layer. The tiny one crops to 42x42: 3x3 patches of 14
+pixels = 9 image tokens, also from the second-to-last of its 2 layers. An image pixel budget
+(image_max_pixels) only downsizes the image before that resize; the token count never changes.
+
+The tokenizer is Llama-2 style (<s>, </s>, <unk>) with <image> and <pad> added after the vocabulary,
+as in the llava-hf checkpoints; the chat template writes the LLaVA-1.5 (Vicuna v1) turns
+"USER: ... ASSISTANT: ...</s>" with "<image>\\n" where each image part is.
+"""
+
+from __future__ import annotations
+
+from .common import SPLIT_LLAMA, text_config, token_ids
+
+_IMAGE_SIZE, _PATCH = 42, 14
+_IMAGE_TOKENS = (_IMAGE_SIZE // _PATCH) ** 2  # the CLS token is dropped
+
+# Written from the LLaVA-1.5 conversation format: a system message (when given) opens the text, each user
+# turn is "USER: " with its parts in order, each assistant turn "ASSISTANT: " and the answer closed by </s>.
+_LLAVA_TEMPLATE = (
+    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
+    "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'user' %}{{ 'USER: ' }}"
+    "{%- elif message['role'] == 'assistant' %}{{ 'ASSISTANT: ' }}"
+    "{%- else %}{{ raise_exception('LLaVA renders system, user and assistant turns only') }}{%- endif %}"
+    "{%- if message['content'] is string %}{{ message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{%- if message['role'] == 'assistant' %}{{ eos_token }}{%- else %}{{ ' ' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ 'ASSISTANT:' }}{%- endif %}"
+)
+
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+ARCHS: dict[str, dict] = {
+    "llava": {
+        "config_class": "LlavaConfig", "model_class": "LlavaForConditionalGeneration",
+        "processor_class": "LlavaProcessor", "chat_template_text": _LLAVA_TEMPLATE,
+        "split": SPLIT_LLAMA,
+        "special": [("<s>", True), ("</s>", True), ("<unk>", True), ("<image>", True), ("<pad>", True)],
+        "roles": {"bos": "<s>", "eos": "</s>", "pad": "<pad>"}, "extra_eos": [],
+        "token_attrs": {"unk_token": "<unk>"},
+        "tie_word_embeddings": False, "modalities": ["image"],
+        "image_processor": {"class": "CLIPImageProcessor", "size": {"shortest_edge": _IMAGE_SIZE},
+                            "crop_size": {"height": _IMAGE_SIZE, "width": _IMAGE_SIZE}, "do_center_crop": True,
+                            "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
+        # what LlavaProcessor needs to count image tokens: CLIP's CLS token comes on top of the patches and
+        # the "default" strategy drops it again
+        "processor_kwargs": {"patch_size": _PATCH, "vision_feature_select_strategy": "default",
+                             "num_additional_image_tokens": 1},
+        "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                   "image_size": _IMAGE_SIZE, "patch_size": _PATCH, "projection_dim": 32},
+    },
+}
+
+
+def build_config(spec: dict, tokenizer):
+    from transformers import LlavaConfig
+
+    vision = {"model_type": "clip_vision_model", **spec["vision"]}
+    return LlavaConfig(
+        text_config={"model_type": "llama", **text_config(spec, tokenizer)}, vision_config=vision,
+        vision_feature_select_strategy="default", vision_feature_layer=-2, image_seq_length=_IMAGE_TOKENS,
+        projector_hidden_act="gelu", tie_word_embeddings=spec["tie_word_embeddings"],
+        **token_ids(tokenizer, image_token_index="<image>"),
+    )
