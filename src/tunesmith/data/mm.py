@@ -164,7 +164,8 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         ids, labels = expand_media_tokens(ids, labels, expansions, ignore_index)
     except DataError as err:
         raise in_record(sample, err) from None
-    media_ids = {e.token_id for e in expansions}
+    # a cut must not fall inside an expansion: its placeholders and its embedding tokens (Gemma 3's soft tokens)
+    media_ids = {e.token_id for e in expansions} | (set(media.token_ids.values()) if expansions else set())
     return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut)}
 
 

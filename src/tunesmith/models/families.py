@@ -46,7 +46,16 @@ class Family:
         (Qwen's image_grid_thw, merged merge_size x merge_size); "processor": the
         processor's own `_get_num_multimodal_tokens` for the image's size (after the
         pixel budget), the image token repeated that many times, and the image
-        processor's outputs (pixel_values, image_sizes) go to the model as they are.
+        processor's outputs (pixel_values, image_sizes) go to the model as they are;
+        "fixed": as "processor", but the text is the processor's own `replace_image_token`
+        sequence (Gemma 3: the same soft tokens for every image, pan-and-scan crops off).
+    image_embed_token: the token repeated once per image embedding when the chat template
+        writes another one (Gemma 3 writes <start_of_image>, which expands to
+        <start_of_image>, the <image_soft_token>s, <end_of_image>); None when it is image_token.
+    image_token_types: the forward takes `token_type_ids`, 1 at image embeddings, and lets
+        the tokens of one image attend to each other both ways (Gemma 3).
+    packing_leak: why packed samples would not be computed as if alone in this family (packing
+        is then refused), or None; tests/unit/models/test_tiny_gemma3_vl.py checks Gemma 3's.
     """
 
     name: str
@@ -61,6 +70,9 @@ class Family:
     uses_mrope: bool
     markers: tuple[tuple[str, str], ...] = ()
     image_count: str = "grid"
+    image_embed_token: str | None = None
+    image_token_types: bool = False
+    packing_leak: str | None = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -70,6 +82,13 @@ class Family:
 
 
 _LM = ("model.language_model", "lm_head")
+
+# transformers 5.24, Gemma3Model: for a packed row the sliding-window mask maps columns to per-sample
+# positions before it reads the image blocks (token_type_ids), so it reads them at the wrong columns.
+_GEMMA3_PACKED_IMAGES = (
+    "the sliding-window layers' mask (transformers' create_masks_for_vision_model) looks up which tokens form one "
+    "image at the wrong columns for every sample after the first, so those samples' tokens would attend to tokens "
+    "after them and their images lose the two-way attention Gemma 3 trains with")
 
 _QWEN_VL = {
     "vision_tower": ("model.visual",),
@@ -133,6 +152,22 @@ FAMILIES: dict[str, Family] = {
             uses_mrope=False,
             markers=(("image", "<image>"),),
             image_count="processor",
+        ),
+        # Gemma 3 (Gemma3ForConditionalGeneration): a SigLIP tower, a pooling projector (an RMS norm and one
+        # matrix), the Gemma 3 text model with sliding-window and global layers.
+        Family(
+            "gemma3_vl", ("gemma3",),
+            vision_tower=("model.vision_tower",),
+            projector=("model.multi_modal_projector",),
+            language_model=_LM,
+            audio_tower=(),
+            image_token="<start_of_image>", video_token=None, audio_token=None,
+            uses_mrope=False,
+            markers=(("image", "<start_of_image>"),),
+            image_count="fixed",
+            image_embed_token="<image_soft_token>",
+            image_token_types=True,
+            packing_leak=_GEMMA3_PACKED_IMAGES,
         ),
     )
 }
@@ -267,7 +302,7 @@ def packing_leak(config) -> str | None:
     Known families say so themselves; any other model with linear-attention layers in its `layer_types`
     (a recurrent state along the row) is refused the same way.
     """
-    family = text_family_of(config)
+    family = text_family_of(config) or family_of(config)
     if family is not None:
         return family.packing_leak
     layer_types = getattr(getattr(config, "text_config", config), "layer_types", None) or ()

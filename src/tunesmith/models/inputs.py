@@ -68,6 +68,10 @@ def forward_inputs(model, batch) -> dict:
     inputs = {k: v for k, v in batch.media.items() if k in params}
     if "use_audio_in_video" in params:
         inputs["use_audio_in_video"] = any(g.get("use_audio_in_video") for g in batch.media_per_sample)
+    family = family_of(base.config)
+    if family is not None and family.image_token_types and batch.token_types_BT is not None:
+        # Gemma 3: an image's soft tokens see each other both ways, as in its pretraining
+        inputs["token_type_ids"] = (batch.token_types_BT == 1).long()
     return inputs
 
 

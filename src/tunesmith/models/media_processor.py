@@ -55,12 +55,16 @@ class MediaProcessor:
         self.budget = budget
         self.markers = dict(family.markers)
         tok = processor.tokenizer
-        self.token_ids = {
-            kind: tok.convert_tokens_to_ids(token)
-            for kind, token in (("image", family.image_token), ("video", family.video_token),
-                                ("audio", family.audio_token))
-            if token
-        }
+        placeholders = (("image", family.image_token), ("video", family.video_token), ("audio", family.audio_token))
+        # what the chat template writes (and the expansion replaces), and what stands for each media embedding
+        self.placeholder_ids = {kind: tok.convert_tokens_to_ids(token) for kind, token in placeholders if token}
+        self.token_ids = dict(self.placeholder_ids)
+        if family.image_embed_token:
+            self.token_ids["image"] = tok.convert_tokens_to_ids(family.image_embed_token)
+        if family.image_count == "fixed" and getattr(processor.image_processor, "do_pan_and_scan", False):
+            raise DataError(f"{family.name}: the image processor has do_pan_and_scan on (crops whose number depends on "
+                            "each image's shape); tunesmith plans a fixed sequence per image. Set "
+                            "do_pan_and_scan: false in the model's preprocessor_config.json")
 
     # ---- tokenization time: headers only -------------------------------------------------------
     def plan(self, sample: dict) -> tuple[list[Expansion], str]:
@@ -76,7 +80,8 @@ class MediaProcessor:
         texts = self._replacements(images, videos, audios)
         tokenize = self.processor.tokenizer
         expansions = [
-            Expansion(self.token_ids[kind], [tokenize(t, add_special_tokens=False)["input_ids"] for t in texts[kind]])
+            Expansion(self.placeholder_ids[kind],
+                      [tokenize(t, add_special_tokens=False)["input_ids"] for t in texts[kind]])
             for kind in ("image", "video", "audio")
             if texts[kind]
         ]
@@ -85,7 +90,7 @@ class MediaProcessor:
     def _plan_image(self, path: str) -> dict:
         info = media.probe_image(path)
         w, h = media.resize_to_budget(info.width, info.height, self.budget.image_max_pixels, self.budget.image_min_pixels)
-        if self.family.image_count == "processor":  # LLaVA: fixed size or tiles; the processor counts
+        if self.family.image_count in ("processor", "fixed"):  # LLaVA, Gemma 3: the processor counts
             counted = self.processor._get_num_multimodal_tokens(image_sizes=[[h, w]])
             return {"path": path, "size": [w, h], "tokens": int(counted["num_image_tokens"][0])}
         patches = self.processor.image_processor.get_number_of_image_patches(h, w, {})
@@ -126,6 +131,9 @@ class MediaProcessor:
         texts = {"image": []}
         if images and self.family.image_count == "processor":
             texts["image"] = [proc.image_token * i["tokens"] for i in images]
+        elif images and self.family.image_count == "fixed":  # no crops: one sequence, the same for every image
+            texts["image"] = [proc.replace_image_token({"num_crops": [0] * len(images)}, image_idx=k)
+                              for k in range(len(images))]
         elif images:
             merge = proc.image_processor.merge_size
             image_inputs = {"image_grid_thw": torch.tensor([_grid(i["patches"], 1, merge) for i in images])}
@@ -174,7 +182,7 @@ class MediaProcessor:
         b = self.budget
         pil = [media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in images]
         out = self.processor.image_processor(images=pil, return_tensors="pt")
-        if self.family.image_count == "processor":
+        if self.family.image_count in ("processor", "fixed"):
             return self._counted_image_inputs(out, images)
         _check_counts(out["image_grid_thw"], [i["patches"] for i in images], "image")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
@@ -183,7 +191,8 @@ class MediaProcessor:
         """The image processor's outputs as they are (pixel_values, and image_sizes for tiling processors), once
         the processor's own count of each image's tokens, from the processed tensors, matches the plan."""
         proc = self.processor
-        got = [proc.replace_image_token(out, image_idx=k).count(proc.image_token) for k in range(len(images))]
+        token = self.family.image_embed_token or proc.image_token
+        got = [proc.replace_image_token(out, image_idx=k).count(token) for k in range(len(images))]
         planned = [i["tokens"] for i in images]
         if got != planned:
             raise DataError(f"image tokens differ from the tokenization plan ({got} vs {planned}): the media files "

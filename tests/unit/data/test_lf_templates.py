@@ -36,7 +36,7 @@ aeva
 TINY_OF = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "llama": "llama", "gemma3": "gemma3", "mistral": "mistral",
            "phi3": "phi4", "glm4": "glm4", "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss", "qwen3_5": "qwen3_5",
            "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen2_audio": "qwen2_audio",
-           "qwen2_5_omni": "qwen2_5_omni"}
+           "qwen2_5_omni": "qwen2_5_omni", "gemma3_vl": "gemma3_vl"}
 
 
 def _lf_source() -> Path | None:
@@ -146,7 +146,7 @@ def test_own_names_accept_their_familys_tokenizer(name, tokenizers):
 
 
 def test_an_own_name_refuses_a_tokenizer_of_another_family(tokenizers):
-    with pytest.raises(ModelError, match=r"Template 'gemma3' is for Gemma 3 \(text\) models.*<start_of_turn>"):
+    with pytest.raises(ModelError, match=r"Template 'gemma3' is for Gemma 3 \(text and vision\) models.*<start_of_turn>"):
         resolve(tokenizers("qwen3"), "gemma3")
     with pytest.raises(ModelError, match="Template 'deepseek3' is for DeepSeek-V3 models"):
         resolve(tokenizers("llama"), "deepseek3")
