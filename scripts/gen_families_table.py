@@ -42,6 +42,7 @@ STAGES_OF_TEST = {
     "test_reward_model_score_and_eval_commands": ("rm",),
     "test_gemma3_vl_full_sft_chat_and_the_folder_loads_in_transformers": ("sft full",),
     "test_gemma3_vl_lora_sft_on_padded_batches_then_a_dpo_step": ("sft LoRA", "dpo"),
+    "test_gemma3_vl_one_grpo_step_samples_with_the_training_attention": ("grpo",),
     "test_llava_full_sft_chat_and_plain_transformers_answer_alike": ("sft full",),
     "test_llava_lora_sft_with_text_records_chat_then_a_dpo_step": ("sft LoRA", "dpo"),
 }
@@ -52,7 +53,8 @@ ARCH_OF_TEST = {name: "qwen3" for name in ("test_quickstart_learns_identity_and_
                                            "test_reward_model_score_and_eval_commands")}
 ARCH_OF_TEST.update({name: "gemma3_vl" for name in (
     "test_gemma3_vl_full_sft_chat_and_the_folder_loads_in_transformers",
-    "test_gemma3_vl_lora_sft_on_padded_batches_then_a_dpo_step")})
+    "test_gemma3_vl_lora_sft_on_padded_batches_then_a_dpo_step",
+    "test_gemma3_vl_one_grpo_step_samples_with_the_training_attention")})
 STAGE_ORDER = ("pt", "sft full", "sft LoRA", "rm", "dpo", "grpo")
 
 # No engine has family-specific code (engines/ never looks at the family), so every family runs on each.

@@ -2,7 +2,7 @@
 
 Default run: full SFT with the vision tower trained too, chat about an image with the result, the saved folder
 loads in plain transformers, and packing is refused with its reason. Slow: LoRA SFT over padded two-sample
-batches, and a DPO step on the image preference pairs.
+batches, a DPO step on the image preference pairs, and a GRPO step on image prompts.
 """
 
 import math
@@ -64,3 +64,14 @@ def test_gemma3_vl_lora_sft_on_padded_batches_then_a_dpo_step(tmp_path):
         f"output_dir={dpo}")
     [loss] = _losses(dpo)
     assert loss == pytest.approx(math.log(2), abs=1e-3)  # the first step: policy == reference
+
+
+@pytest.mark.slow
+def test_gemma3_vl_one_grpo_step_samples_with_the_training_attention(tmp_path):
+    """Rollouts get the images' token_type_ids too: their log-probs match the training forward's."""
+    out = tmp_path / "grpo"
+    cli("train", *BASE[:2], "cutoff_len=2048", "stage=grpo", "dataset=gui_click_demo", "finetuning_type=lora",
+        "reward_funcs=grounding", "max_samples=8", "max_steps=1", "num_generations=4", "prompts_per_step=2",
+        "max_new_tokens=6", "per_device_train_batch_size=8", f"output_dir={out}")
+    [step] = [m for m in metrics(out) if "rollout_kl" in m]
+    assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01

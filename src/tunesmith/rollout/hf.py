@@ -14,6 +14,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogit
                           TopPLogitsWarper)
 
 from ..data.mm import media_token_types
+from ..models.families import family_of
 from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
 
@@ -68,7 +69,7 @@ class HFRollout(OnTrainingModel):
         if sampling.suppress_ids:
             extra["suppress_tokens"] = list(sampling.suppress_ids)
         if media and media.get("token_types"):
-            extra["mm_token_type_ids"] = media_token_types(ids, media["token_types"]).to(device)
+            extra.update(_token_type_kwargs(model, media_token_types(ids, media["token_types"]).to(device)))
         recorder = _SampledLogps()
         # do_sample with neutral settings: our own warpers (then the recorder) do what these would.
         mode = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if sampling.samples else {
@@ -94,3 +95,14 @@ class HFRollout(OnTrainingModel):
             responses.append(row[:length])
             logps.append(lp[:length])
         return Rollouts(responses, logps)
+
+
+def _token_type_kwargs(model, types) -> dict:
+    """The media token types as the model's generate() takes them: mm_token_type_ids (the mRoPE families'
+    position code), or Gemma 3's token_type_ids (1 at image tokens: its two-way attention inside an image,
+    as the training forward gets it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    family = family_of(base.config)
+    if family is not None and family.image_token_types:
+        return {"token_type_ids": (types == 1).long()}
+    return {"mm_token_type_ids": types}
