@@ -173,7 +173,7 @@ _ROWS = (
     _no("mllama", "Llama 3.2 Vision (Mllama)"),
     _no("moonlight", "Moonlight", _REMOTE),
     _own("llava", "LLaVA-1.5", "llava", tokens=("<image>",)),
-    _no("llava_next", "LLaVA-NeXT"),
+    _own("llava_next", "LLaVA-NeXT", "llava_next", tokens=("<image>",)),
     _no("llava_next_llama3", "LLaVA-NeXT (Llama 3)"),
     _no("llava_next_mistral", "LLaVA-NeXT (Mistral)"),
     _no("llava_next_qwen", "LLaVA-NeXT (Qwen)"),

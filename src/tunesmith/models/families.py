@@ -153,6 +153,20 @@ FAMILIES: dict[str, Family] = {
             markers=(("image", "<image>"),),
             image_count="processor",
         ),
+        # LLaVA-NeXT (anyres): the same parts, plus the learned newline embedding that ends each row of tile
+        # features (model.image_newline), trained with the projector. Its token count depends on the image's
+        # aspect ratio, which the processor computes from the size after the pixel budget.
+        Family(
+            "llava_next", ("llava_next",),
+            vision_tower=("model.vision_tower",),
+            projector=("model.multi_modal_projector", "model.image_newline"),
+            language_model=_LM,
+            audio_tower=(),
+            image_token="<image>", video_token=None, audio_token=None,
+            uses_mrope=False,
+            markers=(("image", "<image>"),),
+            image_count="processor",
+        ),
         # Gemma 3 (Gemma3ForConditionalGeneration): a SigLIP tower, a pooling projector (an RMS norm and one
         # matrix), the Gemma 3 text model with sliding-window and global layers.
         Family(

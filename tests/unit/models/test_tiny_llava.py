@@ -165,3 +165,79 @@ def test_freezing_and_lora_targets():
     assert any(".vision_tower." in n and "lora_" in n for n in names)  # unfrozen tower gets LoRA
     assert any(".language_model." in n and "lora_" in n for n in names)
     assert not any(".multi_modal_projector." in n for n in names)  # projector frozen under LoRA: no adapter
+
+
+# --- LLaVA-NeXT (anyres tiles) -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def next_loaded(tiny_cache):
+    path = build_tiny("llava_next", tiny_cache)
+    return AutoProcessor.from_pretrained(path), AutoModelForMultimodalLM.from_pretrained(path)
+
+
+def test_llava_next_loads_and_its_newline_embedding_trains_with_the_projector(next_loaded):
+    processor, model = next_loaded
+    assert type(processor).__name__ == "LlavaNextProcessor"
+    assert type(model).__name__ == "LlavaNextForConditionalGeneration"
+    assert processor.chat_template == MM_ARCHS["llava"]["chat_template_text"]  # llava-v1.6-vicuna's format
+    family = family_of(model)
+    assert family is FAMILIES["llava_next"]
+    groups = module_groups(model, family)
+    assert set(groups) == set(GROUPS)  # no "other"
+    assert "model.image_newline" in groups["projector"]
+    assert sorted(n for g in groups.values() for n in g) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_llava_next_tokens_follow_the_aspect_ratio_and_the_data_path_matches(next_loaded, tmp_path):
+    """Images of different shapes in one batch: the plan's counts are the processor's, the padded tiles and
+    image_sizes reach the model, and every <image> gets a feature."""
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.data.mm import expand_media_tokens
+    from tunesmith.models.forward import run_forward
+    from tunesmith.models.media_processor import MediaBudget, MediaProcessor
+
+    processor, model = next_loaded
+    media = MediaProcessor(processor, FAMILIES["llava_next"], MediaBudget(16384, 1024, 4096, 256, 2.0, 8, 16000, False))
+    rows, counts = [], []
+    for k, (h, w) in enumerate([(96, 128), (100, 30), (40, 40)]):
+        path = tmp_path / f"{k}.png"
+        _image(h, w, k).save(path)
+        expansions, plan = media.plan({"images": [str(path)]})
+        counts.append(len(expansions[0].replacements[0]))
+        text = processor.apply_chat_template(_messages(), tokenize=False)
+        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids, labels = expand_media_tokens(ids, list(ids), expansions, -100)
+        rows.append([{"input_ids": ids, "labels": labels, "mm_plan": plan}])
+        expected = processor._get_num_multimodal_tokens(image_sizes=[[h, w]])["num_image_tokens"][0]
+        assert counts[-1] == expected
+    assert counts == [24, 16, 24]
+    batch = collate_rows(rows, processor.tokenizer.pad_token_id, media=media)
+    assert batch.media["image_sizes"].tolist() == [[96, 128], [100, 30], [40, 40]]
+    assert batch.media["pixel_values"].shape[:2] == (3, 5)  # padded to the most tiles
+    with torch.no_grad():
+        assert torch.isfinite(run_forward(model, batch, "logits").logits_BTV).all()
+
+
+def test_llava_next_packed_equals_unpacked_per_sample(tiny_cache):
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.data.pipeline import prepare_data
+    from tunesmith.methods.losses import per_segment_mean, token_nll
+    from tunesmith.models.forward import run_forward
+    from tunesmith.models.load import load_preprocessing
+
+    cfg = run_config("/tmp/unused", model_name_or_path="tiny:llava_next", dataset="mllm_demo,identity",
+                     template="auto", image_max_pixels=16384, cutoff_len=1024, max_samples=3)
+    tokenizer, _, media = load_preprocessing(cfg)
+    data = prepare_data(cfg, tokenizer, media).train
+    rows = [dict(zip(["input_ids", "labels", "mm_plan"], v))
+            for v in zip(data["input_ids"], data["labels"], data["mm_plan"])]
+    model = AutoModelForMultimodalLM.from_pretrained(build_tiny("llava_next"), attn_implementation="sdpa").eval()
+
+    def per_sample(batch_rows):
+        batch = collate_rows(batch_rows, tokenizer.pad_token_id, media=media)
+        with torch.no_grad():
+            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
+        return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+
+    torch.testing.assert_close(per_sample([rows[:3], rows[3:]]), per_sample([[r] for r in rows]), rtol=1e-4, atol=1e-4)

@@ -1,4 +1,6 @@
-"""Tiny LLaVA-1.5 (LlavaForConditionalGeneration): a CLIP vision tower, the MLP projector, a tiny Llama.
+"""Tiny LLaVA-1.5 (LlavaForConditionalGeneration) and LLaVA-NeXT (LlavaNextForConditionalGeneration).
+
+Both are a CLIP vision tower, the MLP projector and a tiny Llama.
 
 The real model's CLIP ViT-L/14 sees every image resized (shortest edge) and centre-cropped to 336x336,
 24x24 patches = 576 image tokens once the CLS token is dropped (vision_feature_select_strategy
@@ -8,7 +10,12 @@ pixels = 9 image tokens, also from the second-to-last of its 2 layers. An image 
 
 The tokenizer is Llama-2 style (<s>, </s>, <unk>) with <image> and <pad> added after the vocabulary,
 as in the llava-hf checkpoints; the chat template writes the LLaVA-1.5 (Vicuna v1) turns
-"USER: ... ASSISTANT: ...</s>" with "<image>\\n" where each image part is.
+"USER: ... ASSISTANT: ...</s>" with "<image>\\n" where each image part is (llava-v1.6-vicuna's too).
+
+LLaVA-NeXT (anyres) also sees the image at the best-fitting resolution of its grid pinpoints, cut into
+tiles of the tower's size; the tiny one's tiles are 28x28 (2x2 patches) and its pinpoints 28x56, 56x28
+and 56x56, so the token count depends on the image's aspect ratio (after the pixel budget): the base
+view, the unpadded tiles' features and one newline embedding per feature row.
 """
 
 from __future__ import annotations
@@ -63,13 +70,30 @@ ARCHS: dict[str, dict] = {
 }
 
 
+_TILE = 28
+_PINPOINTS = [[_TILE, 2 * _TILE], [2 * _TILE, _TILE], [2 * _TILE, 2 * _TILE]]
+
+ARCHS["llava_next"] = {
+    **ARCHS["llava"],
+    "config_class": "LlavaNextConfig", "model_class": "LlavaNextForConditionalGeneration",
+    "processor_class": "LlavaNextProcessor",
+    "image_processor": {"class": "LlavaNextImageProcessor", "size": {"shortest_edge": _TILE},
+                        "crop_size": {"height": _TILE, "width": _TILE}, "image_grid_pinpoints": _PINPOINTS,
+                        "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
+    "vision": {**ARCHS["llava"]["vision"], "image_size": _TILE},
+    "pinpoints": _PINPOINTS,
+}
+
+
 def build_config(spec: dict, tokenizer):
-    from transformers import LlavaConfig
+    import transformers
 
     vision = {"model_type": "clip_vision_model", **spec["vision"]}
-    return LlavaConfig(
+    extra = {"image_grid_pinpoints": spec["pinpoints"]} if "pinpoints" in spec else {
+        "image_seq_length": _IMAGE_TOKENS}
+    return getattr(transformers, spec["config_class"])(
         text_config={"model_type": "llama", **text_config(spec, tokenizer)}, vision_config=vision,
-        vision_feature_select_strategy="default", vision_feature_layer=-2, image_seq_length=_IMAGE_TOKENS,
+        vision_feature_select_strategy="default", vision_feature_layer=-2,
         projector_hidden_act="gelu", tie_word_embeddings=spec["tie_word_embeddings"],
-        **token_ids(tokenizer, image_token_index="<image>"),
+        **extra, **token_ids(tokenizer, image_token_index="<image>"),
     )
