@@ -45,6 +45,7 @@ STAGES_OF_TEST = {
     "test_gemma3_vl_one_grpo_step_samples_with_the_training_attention": ("grpo",),
     "test_llava_full_sft_chat_and_plain_transformers_answer_alike": ("sft full",),
     "test_llava_lora_sft_with_text_records_chat_then_a_dpo_step": ("sft LoRA", "dpo"),
+    "test_llava_one_grpo_step_on_image_prompts": ("grpo",),
 }
 # The tiny arch of the tests that take no parameter (test_cli.py's BASE).
 ARCH_OF_TEST = {name: "qwen3" for name in ("test_quickstart_learns_identity_and_answers",

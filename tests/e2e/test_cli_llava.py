@@ -3,7 +3,8 @@ LLaVA-NeXT, anyres tiles).
 
 Default run: full SFT (vision tower and projector trained too, packed rows), chat about an image with the result,
 and the saved folder loads in plain transformers (Llava(Next)ForConditionalGeneration) and answers as the chat did.
-Slow: LoRA SFT mixing image and text-only records, chat with the adapter, and a DPO step on the image pairs.
+Slow: LoRA SFT mixing image and text-only records, chat with the adapter, a DPO step on the image pairs,
+and a GRPO step on image prompts.
 """
 
 import math
@@ -79,3 +80,16 @@ def test_llava_lora_sft_with_text_records_chat_then_a_dpo_step(tmp_path, arch):
         "finetuning_type=lora", "max_steps=1", f"output_dir={dpo}")
     [loss] = _losses(dpo)
     assert loss == pytest.approx(math.log(2), abs=1e-3)  # the first step: policy == reference
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_llava_one_grpo_step_on_image_prompts(tmp_path, arch):
+    """Rollouts see the images (and LLaVA-NeXT's image_sizes): their log-probs match the training forward's."""
+    out = tmp_path / "grpo"
+    cli("train", f"model_name_or_path=tiny:{arch}", *BASE[:1], "cutoff_len=2048", "stage=grpo",
+        "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
+        "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
+        f"output_dir={out}")
+    [step] = [m for m in metrics(out) if "rollout_kl" in m]
+    assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01

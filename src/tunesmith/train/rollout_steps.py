@@ -106,7 +106,7 @@ class RolloutSteps:
         if self.media is None or not any(p["mm_plan"] for p in prompts):
             return None
         inputs, _ = self.media.process(media_plans(prompts))
-        return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw",
+        return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw", "image_sizes",
                                                                     "pixel_values_videos", "video_grid_thw")}
 
     def _generate(self, engine, prompts: list[dict], greedy: bool, n: int) -> Rollouts:
