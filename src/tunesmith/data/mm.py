@@ -118,6 +118,38 @@ def expand_media_tokens(input_ids: list[int], labels: list[int], expansions: lis
     return new_ids, new_labels
 
 
+def expand_in_text(text: str, spans: list[tuple[int, int]], expansions: list[Expansion], tokenizer):
+    """`text` with each media placeholder replaced by its expansion's text, and `spans` moved with it.
+
+    For families whose expansion carries plain text around the media tokens (Gemma 3: "\n\n" before
+    <start_of_image> and after <end_of_image>): tokenized together with its neighbours, that text merges
+    with the template's newlines as in the processor's own call, which expanding token ids cannot do.
+    """
+    by_token = {tokenizer.convert_ids_to_tokens(e.token_id): [tokenizer.decode(r) for r in e.replacements]
+                for e in expansions}
+    used = {token: 0 for token in by_token}
+    shifts: list[tuple[int, int]] = []  # (position in the original text, length change there)
+    pieces, last = [], 0
+    for match in re.finditer("|".join(re.escape(t) for t in by_token), text) if by_token else ():
+        token = match.group(0)
+        if used[token] == len(by_token[token]):
+            raise DataError("more media tokens in the rendered text than media items")
+        replacement = by_token[token][used[token]]
+        used[token] += 1
+        pieces += [text[last:match.start()], replacement]
+        shifts.append((match.start(), len(replacement) - len(token)))
+        last = match.end()
+    for token, replacements in by_token.items():
+        if used[token] != len(replacements):
+            raise DataError(f"the chat template rendered {used[token]} media token(s) for {len(replacements)} "
+                            "media item(s)")
+
+    def moved(at: int) -> int:
+        return at + sum(delta for start, delta in shifts if start < at)
+
+    return "".join(pieces) + text[last:], [(moved(a), moved(b)) for a, b in spans]
+
+
 def with_markers(text: str, markers: dict[str, str]) -> str:
     """Plain text (pt stage): each placeholder becomes the family's media marker, e.g.
     <|vision_start|><|image_pad|><|vision_end|>, which the expansion then fills."""
@@ -156,14 +188,24 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         spans = [(0, len(text))]
     else:
         text, spans = spans_fn(tokenizer, to_content_parts(messages), opts)
+    in_text = getattr(media, "expand_in_text", False)
+    if in_text:
+        try:
+            text, spans = expand_in_text(text, spans, expansions, tokenizer)
+        except DataError as err:
+            raise in_record(sample, err) from None
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     labels = [t if opts.train_on_prompt or any(a <= s < b for a, b in spans) else ignore_index
               for t, (s, _) in zip(ids, enc["offset_mapping"])]
-    try:
-        ids, labels = expand_media_tokens(ids, labels, expansions, ignore_index)
-    except DataError as err:
-        raise in_record(sample, err) from None
+    if in_text:  # media tokens are never labels
+        never = set(media.token_ids.values()) | {e.token_id for e in expansions}
+        labels = [ignore_index if t in never else label for t, label in zip(ids, labels)]
+    else:
+        try:
+            ids, labels = expand_media_tokens(ids, labels, expansions, ignore_index)
+        except DataError as err:
+            raise in_record(sample, err) from None
     # a cut must not fall inside an expansion: its placeholders and its embedding tokens (Gemma 3's soft tokens)
     media_ids = {e.token_id for e in expansions} | (set(media.token_ids.values()) if expansions else set())
     return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut)}

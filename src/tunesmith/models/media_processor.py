@@ -61,6 +61,8 @@ class MediaProcessor:
         self.token_ids = dict(self.placeholder_ids)
         if family.image_embed_token:
             self.token_ids["image"] = tok.convert_tokens_to_ids(family.image_embed_token)
+        # a fixed sequence with text around its tokens is expanded in the text (data.mm.expand_in_text)
+        self.expand_in_text = family.image_count == "fixed"
         if family.image_count == "fixed" and getattr(processor.image_processor, "do_pan_and_scan", False):
             raise DataError(f"{family.name}: the image processor has do_pan_and_scan on (crops whose number depends on "
                             "each image's shape); tunesmith plans a fixed sequence per image. Set "

@@ -137,3 +137,44 @@ def test_a_padded_row_is_computed_as_the_sample_alone(loaded):
                        pixel_values=sample["pixel_values"],
                        position_ids=torch.cat([torch.arange(n), torch.arange(7)])[None]).logits
     torch.testing.assert_close(padded[:, :n], alone, atol=1e-5, rtol=1e-5)
+
+
+def _demo_render(processor, cutoff_len):
+    from conftest import DATA_DIR
+    from tunesmith.data.loader import load_samples
+    from tunesmith.data.render import RenderOptions, render_batch
+
+    media = MediaProcessor(processor, FAMILIES["gemma3_vl"], MediaBudget.from_config(DataConfig()))
+    samples, _ = load_samples(["mllm_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=1)
+    opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=cutoff_len)
+    return samples[0], render_batch({k: [v] for k, v in samples[0].items()}, processor.tokenizer, opts, media=media)
+
+
+def test_rendered_ids_are_the_processors_own(loaded):
+    from tunesmith.data import media as M
+    from tunesmith.data.mm import to_content_parts
+
+    _, processor, _ = loaded
+    sample, out = _demo_render(processor, 8192)
+    text = processor.tokenizer.apply_chat_template(to_content_parts(sample["messages"]), tokenize=False)
+    images = [M.load_image(p, DataConfig().image_max_pixels, DataConfig().image_min_pixels) for p in sample["images"]]
+    reference = processor(text=[text], images=images, add_special_tokens=False)["input_ids"][0]
+    assert out["input_ids"][0] == list(reference)
+
+
+def test_a_cut_inside_the_soft_tokens_drops_the_sample(loaded):
+    _, processor, _ = loaded
+    _, out = _demo_render(processor, 8)  # <bos><start_of_turn>user\n\n\n<start_of_image>: the cut is among the soft tokens
+    assert out["too_long"] == [1] and out["input_ids"] == [[]]
+
+
+def test_the_answer_is_supervised_after_the_expanded_image(loaded):
+    _, processor, _ = loaded
+    sample, out = _demo_render(processor, 8192)
+    ids, labels = out["input_ids"][0], out["labels"][0]
+    soft = processor.tokenizer.convert_tokens_to_ids(SOFT)
+    assert ids.count(soft) == 4 * len(sample["images"])
+    supervised = processor.tokenizer.decode([t for t in labels if t != -100])
+    answers = [m["content"].strip() for m in sample["messages"] if m["role"] == "assistant"]
+    assert all(a in supervised for a in answers) and "<start_of_image>" not in supervised
+    assert "<start_of_turn>user" not in supervised
