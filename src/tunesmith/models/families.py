@@ -90,6 +90,19 @@ _GEMMA3_PACKED_IMAGES = (
     "image at the wrong columns for every sample after the first, so those samples' tokens would attend to tokens "
     "after them and their images lose the two-way attention Gemma 3 trains with")
 
+_LLAVA = {  # LLaVA-1.5 and -NeXT: the processor counts an image's tokens
+    "vision_tower": ("model.vision_tower",),
+    "projector": ("model.multi_modal_projector",),
+    "language_model": _LM,
+    "audio_tower": (),
+    "image_token": "<image>",
+    "video_token": None,
+    "audio_token": None,
+    "uses_mrope": False,
+    "markers": (("image", "<image>"),),
+    "image_count": "processor",
+}
+
 _QWEN_VL = {
     "vision_tower": ("model.visual",),
     "projector": ("model.visual.merger",),
@@ -142,31 +155,12 @@ FAMILIES: dict[str, Family] = {
         ),
         # LLaVA-1.5: a CLIP vision tower, a 2-layer MLP projector, and a Llama/Vicuna (or Qwen) language model.
         # Each image is resized and centre-cropped to one fixed size, so its token count is fixed.
-        Family(
-            "llava", ("llava",),
-            vision_tower=("model.vision_tower",),
-            projector=("model.multi_modal_projector",),
-            language_model=_LM,
-            audio_tower=(),
-            image_token="<image>", video_token=None, audio_token=None,
-            uses_mrope=False,
-            markers=(("image", "<image>"),),
-            image_count="processor",
-        ),
+        Family("llava", ("llava",), **_LLAVA),
         # LLaVA-NeXT (anyres): the same parts, plus the learned newline embedding that ends each row of tile
         # features (model.image_newline), trained with the projector. Its token count depends on the image's
         # aspect ratio, which the processor computes from the size after the pixel budget.
-        Family(
-            "llava_next", ("llava_next",),
-            vision_tower=("model.vision_tower",),
-            projector=("model.multi_modal_projector", "model.image_newline"),
-            language_model=_LM,
-            audio_tower=(),
-            image_token="<image>", video_token=None, audio_token=None,
-            uses_mrope=False,
-            markers=(("image", "<image>"),),
-            image_count="processor",
-        ),
+        Family("llava_next", ("llava_next",), **{**_LLAVA, "projector": ("model.multi_modal_projector",
+                                                                         "model.image_newline")}),
         # Gemma 3 (Gemma3ForConditionalGeneration): a SigLIP tower, a pooling projector (an RMS norm and one
         # matrix), the Gemma 3 text model with sliding-window and global layers.
         Family(
