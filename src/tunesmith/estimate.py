@@ -91,10 +91,10 @@ def num_gpus_default() -> int:
     return max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
 
 
-def gpu_memory_default() -> float | None:
-    """The first GPU's total memory in GiB, None without a GPU."""
+def gpu_memory_default(device: torch.device | int = 0) -> float | None:
+    """A GPU's total memory in GiB (the first GPU's by default), None without a GPU."""
     if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / GIB
+        return torch.cuda.get_device_properties(device).total_memory / GIB
     return None
 
 
@@ -312,6 +312,11 @@ def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int) -> tuple[floa
 AUTO_MARGIN = 0.85  # gradient_checkpointing: auto keeps the estimate under this share of the memory
 
 
+def explicit_checkpointing(setting: bool) -> str:
+    """The log line of gradient_checkpointing: true / false (no estimate needed)."""
+    return f"gradient checkpointing: {'every layer' if setting else 'off'} (gradient_checkpointing: {str(setting).lower()})"
+
+
 def checkpoint_plan(cfg: RunConfig, dims: dict, states_gib: float, memory_gib: float) -> tuple[int, str]:
     """(layers to checkpoint, one line saying why) for gradient_checkpointing true / false / auto.
 
@@ -320,8 +325,7 @@ def checkpoint_plan(cfg: RunConfig, dims: dict, states_gib: float, memory_gib: f
     """
     L, setting = dims["L"], cfg.model.gradient_checkpointing
     if setting != "auto":
-        return (L, "gradient checkpointing: every layer (gradient_checkpointing: true)") if setting else \
-               (0, "gradient checkpointing: off (gradient_checkpointing: false)")
+        return (L if setting else 0), explicit_checkpointing(setting)
     budget = AUTO_MARGIN * memory_gib
 
     def total(c: int) -> float:

@@ -154,15 +154,14 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
 
 def checkpoint_layers(cfg, device: torch.device) -> int:
     """Layers to checkpoint (estimate.checkpoint_plan against this device's memory), logged in one line."""
-    from ..estimate import GIB, estimate_memory
+    from ..estimate import GIB, estimate_memory, explicit_checkpointing, gpu_memory_default
 
     setting = cfg.model.gradient_checkpointing
     if setting != "auto":
-        log.info("gradient checkpointing: %s (gradient_checkpointing: %s)", "every layer" if setting else "off",
-                 str(setting).lower())
+        log.info(explicit_checkpointing(setting))
         return EVERY_LAYER if setting else 0
     if device.type == "cuda":
-        memory = torch.cuda.get_device_properties(device).total_memory / GIB
+        memory = gpu_memory_default(device)
     else:
         import psutil
 
