@@ -59,21 +59,21 @@ def sum_int(value: int) -> int:
     return int(t.item())
 
 
-def sum_float(value: float) -> float:
+def _reduce_float(value: float, op) -> float:
     if not dist.is_initialized():
         return value
     t = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=op)
     return float(t.item())
+
+
+def sum_float(value: float) -> float:
+    return _reduce_float(value, dist.ReduceOp.SUM)
 
 
 def max_float(value: float) -> float:
     """The largest value of a float over all ranks."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return _reduce_float(value, dist.ReduceOp.MAX)
 
 
 def max_int(value: int) -> int:
