@@ -102,6 +102,11 @@ class _Generation(_Body):
             raise ValueError("give at most 16 non-empty stop strings")
         return stops
 
+    @field_validator("logprobs", "top_logprobs", check_fields=False)  # declared by the endpoints' own models
+    @classmethod
+    def _no_logprobs(cls, value):
+        return _unsupported(value, "log probabilities are not returned by this server; leave logprobs out")
+
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, value):
@@ -121,11 +126,6 @@ class ChatCompletionRequest(_Generation):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        return _unsupported(value, "log probabilities are not returned by this server; leave logprobs out")
 
     @field_validator("tool_choice")
     @classmethod
@@ -158,11 +158,6 @@ class CompletionRequest(_Generation):
     @classmethod
     def _no_suffix(cls, value):
         return _unsupported(value, "insertion (suffix) is not supported; send the prompt only")
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        return _unsupported(value, "log probabilities are not returned by this server; leave logprobs out")
 
     @field_validator("best_of")
     @classmethod
