@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,15 +30,23 @@ def warmup_steps(cfg: TrainConfig, total_steps: int) -> int:
     return cfg.warmup_steps if cfg.warmup_steps > 0 else math.ceil(cfg.warmup_ratio * total_steps)
 
 
-def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
-    from transformers import get_scheduler
+def _schedule_factor(step: int, *, kind: str, warmup: int, total: int) -> float:
+    """transformers' schedules (same formulas, so a resumed Hugging Face run continues on the same curve), written
+    here because importing transformers.optimization imports peft (seconds of start-up)."""
+    if step < warmup and kind != "constant":
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    if kind == "linear":
+        return max(0.0, (total - step) / max(1, total - warmup))
+    if kind == "cosine":
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return 1.0  # constant, constant_with_warmup after the warm-up
 
-    return get_scheduler(
-        cfg.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=warmup_steps(cfg, total_steps),
-        num_training_steps=total_steps,
-    )
+
+def build_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
+    factor = functools.partial(_schedule_factor, kind=cfg.lr_scheduler_type, warmup=warmup_steps(cfg, total_steps),
+                               total=total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def realign_schedule(optimizer, scheduler) -> None:

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import set_seed
 
 from .. import dist
 from ..config.load import redacted, save_config
@@ -84,7 +83,7 @@ def set_up(cfg) -> Runner:
     dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
     output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
     dist.barrier()
-    set_seed(cfg.train.seed)
+    seed_everything(cfg.train.seed)
     device = pick_device()
     tokenizer, saver, media = load_preprocessing(cfg)
     _use_chat_template(cfg, tokenizer, saver)
@@ -112,6 +111,18 @@ def set_up(cfg) -> Runner:
     runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
     runner.marks.update(marks)
     return runner
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's generators (every device), as transformers' set_seed does; its import would
+    pull in peft."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too
 
 
 def _process_start() -> float:
