@@ -12,6 +12,8 @@ import os
 import torch
 import torch.distributed as dist
 
+_OWN_GROUP = False  # init() made the default process group
+
 
 def is_distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -28,6 +30,8 @@ def init(timeout_s: int = 1800, force: bool = False) -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    global _OWN_GROUP
+    _OWN_GROUP = True
 
 
 def _free_port() -> int:
@@ -91,8 +95,12 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    if dist.is_initialized():
+    """Destroy the group init() made; one another library made in this process (an in-process vLLM rollout
+    engine makes its own one-process group) is that library's to destroy at its shutdown."""
+    global _OWN_GROUP
+    if _OWN_GROUP and dist.is_initialized():
         dist.destroy_process_group()
+    _OWN_GROUP = False
 
 
 def _device():
