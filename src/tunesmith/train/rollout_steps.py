@@ -80,8 +80,9 @@ class RolloutSteps:
         m = self.cfg.model
         dtype = "bfloat16" if m.bf16 or m.pure_bf16 else "float16" if m.fp16 else "float32"
         width = max(len(p["ids"]) for p in self.prompts + self.eval_prompts) + self.rl.max_new_tokens
+        num_seqs = max(self.rl.prompts_per_step * self.rl.num_generations, self.rl.eval_num_prompts)
         return {"model_path": engine.model.config.name_or_path, "dtype": dtype, "gpu_memory_utilization": share,
-                "max_model_len": width, "seed": self.cfg.train.seed}
+                "max_model_len": width, "seed": self.cfg.train.seed, "num_seqs": num_seqs}
 
     # ---- prompts --------------------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -306,7 +307,9 @@ def rollout_weights(engine):
         state = engine.full_state_for_rollout()
         for name, tensor in state.items():
             if "lora_" not in name and ".original_module." not in name:  # merged in / replaced by the trained copy
-                yield hf_weight_name(name), tensor
+                # A merged layer's tensor is the live parameter, which unmerge_adapter() below changes back in
+                # place: a copy, or the engine (which may load after this generator ends) would get the base.
+                yield hf_weight_name(name), tensor.clone() if merges and ".base_layer." in name else tensor
     finally:
         if merges:
             model.unmerge_adapter()

