@@ -88,6 +88,7 @@ def _no(name, family, reason=_NOT_YET):
 _QWEN_TOKENS = ("<|im_start|>", "<|im_end|>")
 _VISION = ("<|vision_start|>", "<|vision_end|>")
 _DEEPSEEK = ("<｜User｜>", "<｜Assistant｜>")
+_MISTRAL3 = ("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]")
 _HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 
 _ROWS = (
@@ -163,7 +164,8 @@ _ROWS = (
     _no("hunyuan", "Hunyuan"),
     _no("hunyuan_small", "Hunyuan (small)"),
     _no("intern2", "InternLM2", _REMOTE),
-    _no("intern_vl", "InternVL"),
+    _own("intern_vl", "InternVL 3 (the transformers-native -hf checkpoints)", "internvl",
+         tokens=("<img>", "</img>", "<IMG_CONTEXT>")),
     _no("intern_s1", "Intern-S1", _REMOTE),
     _no("keye_vl", "Keye-VL", _REMOTE),
     _no("kimi_vl", "Kimi-VL", _REMOTE),
@@ -190,8 +192,8 @@ _ROWS = (
     _no("minicpm_o", "MiniCPM-o", _REMOTE),
     _no("minimax1", "MiniMax-Text-01", _REMOTE),
     _no("minimax2", "MiniMax-M2"),
-    _no("mistral_small", "Mistral Small 3.1 (vision)"),
-    _no("ministral3", "Ministral 3 (vision)"),
+    _own("mistral_small", "Mistral Small 3.1 / 3.2 (vision)", "mistral3", tokens=_MISTRAL3),
+    _own("ministral3", "Ministral 3 (vision)", "mistral3", tokens=_MISTRAL3),
     _no("pixtral", "Pixtral"),
     _no("moss_vl", "MOSS-VL", _REMOTE),
     _no("olmo", "OLMo"),

@@ -48,7 +48,9 @@ class Family:
         pixel budget), the image token repeated that many times, and the image
         processor's outputs (pixel_values, image_sizes) go to the model as they are;
         "fixed": as "processor", but the text is the processor's own `replace_image_token`
-        sequence (Gemma 3: the same soft tokens for every image, pan-and-scan crops off).
+        sequence (Gemma 3: the same soft tokens for every image, pan-and-scan crops off);
+        "text": the processor's own `replace_image_token` text for the image's size (tiles, their
+        delimiters and row breaks: InternVL, Idefics3 / SmolVLM, Pixtral), expanded in the text.
     image_embed_token: the token repeated once per image embedding when the chat template
         writes another one (Gemma 3 writes <start_of_image>, which expands to
         <start_of_image>, the <image_soft_token>s, <end_of_image>); None when it is image_token.
@@ -90,7 +92,9 @@ _GEMMA3_PACKED_IMAGES = (
     "image at the wrong columns for every sample after the first, so those samples' tokens would attend to tokens "
     "after them and their images lose the two-way attention Gemma 3 trains with")
 
-_LLAVA = {  # LLaVA-1.5 and -NeXT: the processor counts an image's tokens
+# LLaVA-1.5 and -NeXT: the processor counts an image's tokens. InternVL and Mistral 3 have the same parts
+# (transformers builds both on its LLaVA model) with their own image tokens.
+_LLAVA = {
     "vision_tower": ("model.vision_tower",),
     "projector": ("model.multi_modal_projector",),
     "language_model": _LM,
@@ -163,6 +167,30 @@ FAMILIES: dict[str, Family] = {
                                                                          "model.image_newline")}),
         # Gemma 3 (Gemma3ForConditionalGeneration): a SigLIP tower, a pooling projector (an RMS norm and one
         # matrix), the Gemma 3 text model with sliding-window and global layers.
+        # InternVL 3 (InternVLForConditionalGeneration, the "-hf" checkpoints): an InternViT tower, a pixel-shuffle
+        # MLP projector, a Qwen2 language model. Each image is tiles at its aspect ratio (plus a thumbnail), each
+        # tile the same number of <IMG_CONTEXT> tokens, the whole between <img> and </img>.
+        Family("internvl", ("internvl",), **{**_LLAVA, "image_token": "<IMG_CONTEXT>",
+                                            "markers": (("image", "<IMG_CONTEXT>"),), "image_count": "text"}),
+        # Mistral 3 (Mistral3ForConditionalGeneration: Mistral Small 3.1 / 3.2): a Pixtral tower at the image's own
+        # resolution, a patch-merging projector, a Mistral language model. [IMG] per merged patch, [IMG_BREAK]
+        # ending each row, [IMG_END] the last.
+        Family("mistral3", ("mistral3",), **{**_LLAVA, "image_token": "[IMG]", "markers": (("image", "[IMG]"),),
+                                            "image_count": "text"}),
+        # Idefics3 and SmolVLM (Idefics3ForConditionalGeneration): a SigLIP-style tower, a pixel-shuffle connector,
+        # a Llama language model. Each image is tiles in rows and columns plus the whole image, written by the
+        # processor with row/column tags and newlines between the tiles' <image> tokens.
+        Family(
+            "idefics3", ("idefics3",),
+            vision_tower=("model.vision_model",),
+            projector=("model.connector",),
+            language_model=("model.text_model", "lm_head"),
+            audio_tower=(),
+            image_token="<image>", video_token=None, audio_token=None,
+            uses_mrope=False,
+            markers=(("image", "<image>"),),
+            image_count="text",
+        ),
         Family(
             "gemma3_vl", ("gemma3",),
             vision_tower=("model.vision_tower",),
@@ -315,3 +343,4 @@ def packing_leak(config) -> str | None:
         return family.packing_leak
     layer_types = getattr(getattr(config, "text_config", config), "layer_types", None) or ()
     return _LINEAR_ATTENTION_LEAK if "linear_attention" in layer_types else None
+

@@ -61,8 +61,9 @@ class MediaProcessor:
         self.token_ids = dict(self.placeholder_ids)
         if family.image_embed_token:
             self.token_ids["image"] = tok.convert_tokens_to_ids(family.image_embed_token)
-        # a fixed sequence with text around its tokens is expanded in the text (data.mm.expand_in_text)
-        self.expand_in_text = family.image_count == "fixed"
+        # a sequence with text around its tokens is expanded in the text (data.mm.expand_in_text)
+        self.expand_in_text = family.image_count in ("fixed", "text")
+        self._image_texts: dict[tuple[int, int], str] = {}  # "text" families: (height, width) -> expansion
         if family.image_count == "fixed" and getattr(processor.image_processor, "do_pan_and_scan", False):
             raise DataError(f"{family.name}: the image processor has do_pan_and_scan on (crops whose number depends on "
                             "each image's shape); tunesmith plans a fixed sequence per image. Set "
@@ -92,6 +93,9 @@ class MediaProcessor:
     def _plan_image(self, path: str) -> dict:
         info = media.probe_image(path)
         w, h = media.resize_to_budget(info.width, info.height, self.budget.image_max_pixels, self.budget.image_min_pixels)
+        if self.family.image_count == "text":
+            text = self._image_text(h, w)
+            return {"path": path, "size": [w, h], "tokens": text.count(self._embed_token())}
         if self.family.image_count in ("processor", "fixed"):  # LLaVA, Gemma 3: the processor counts
             counted = self.processor._get_num_multimodal_tokens(image_sizes=[[h, w]])
             return {"path": path, "size": [w, h], "tokens": int(counted["num_image_tokens"][0])}
@@ -133,6 +137,8 @@ class MediaProcessor:
         texts = {"image": []}
         if images and self.family.image_count == "processor":
             texts["image"] = [proc.image_token * i["tokens"] for i in images]
+        elif images and self.family.image_count == "text":
+            texts["image"] = [self._image_text(i["size"][1], i["size"][0]) for i in images]
         elif images and self.family.image_count == "fixed":  # no crops: one sequence, the same for every image
             texts["image"] = [proc.replace_image_token({"num_crops": [0] * len(images)}, image_idx=k)
                               for k in range(len(images))]
@@ -183,17 +189,41 @@ class MediaProcessor:
     def _process_images(self, images: list[dict]) -> dict:
         b = self.budget
         pil = [media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in images]
-        out = self.processor.image_processor(images=pil, return_tensors="pt")
-        if self.family.image_count in ("processor", "fixed"):
+        out, _ = self._run_image_processor(pil)
+        if self.family.image_count in ("processor", "fixed", "text"):
             return self._counted_image_inputs(out, images)
         _check_counts(out["image_grid_thw"], [i["patches"] for i in images], "image")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def _run_image_processor(self, pil: list):
+        """The image processor's outputs. "text" families go through their processor's own `_process_images` with
+        its image kwargs (InternVL's processor turns on tiling, Pixtral's sets the merged patch size), which also
+        gives each image's replacement text: (outputs, texts); the others: (outputs, None)."""
+        proc = self.processor
+        if self.family.image_count != "text":
+            return proc.image_processor(images=pil, return_tensors="pt"), None
+        merged = proc._merge_kwargs(tokenizer_init_kwargs=proc.tokenizer.init_kwargs)["images_kwargs"]
+        return proc._process_images(pil, **{**merged, "return_tensors": "pt"})
+
+    def _image_text(self, height: int, width: int) -> str:
+        """What the processor writes for an image of this size (after the budget), from its own processing of a
+        blank image of that size: only the size shapes the tiles, so the file is not decoded here, and the
+        workers check the real image's outputs against the plan's count."""
+        key = (height, width)
+        if key not in self._image_texts:
+            from PIL import Image
+
+            self._image_texts[key] = self._run_image_processor([Image.new("RGB", (width, height))])[1][0]
+        return self._image_texts[key]
+
+    def _embed_token(self) -> str:
+        return self.family.image_embed_token or self.processor.image_token
 
     def _counted_image_inputs(self, out, images: list[dict]) -> dict:
         """The image processor's outputs as they are (pixel_values, and image_sizes for tiling processors), once
         the processor's own count of each image's tokens, from the processed tensors, matches the plan."""
         proc = self.processor
-        token = self.family.image_embed_token or proc.image_token
+        token = self._embed_token()
         got = [proc.replace_image_token(out, image_idx=k).count(token) for k in range(len(images))]
         planned = [i["tokens"] for i in images]
         if got != planned:

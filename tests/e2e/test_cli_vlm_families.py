@@ -1,0 +1,78 @@
+"""The tiled vision-language families end to end through the real CLI, on the shipped image demos:
+InternVL 3 (tiny:internvl), Idefics3 / SmolVLM (tiny:idefics3) and Mistral 3 (tiny:mistral3).
+
+Default run, per family: full SFT with the vision tower and projector trained too, and the saved folder loads in
+plain transformers (AutoModelForImageTextToText + AutoProcessor), whose processor expands the image as the
+training data did, and generates. Slow: LoRA SFT mixing image and text-only records, chat with the adapter about
+an image, and a DPO step on the image preference pairs.
+"""
+
+import math
+
+import pytest
+import torch
+
+from test_cli import DATA, cli, metrics
+
+IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
+BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
+MODEL_CLASS = {"internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration",
+               "mistral3": "Mistral3ForConditionalGeneration"}
+# the 128x96 demo image: 4 tiles of 4 tokens and the thumbnail; 2x2 tiles and the global image, 4 tokens each;
+# 2x2 merged patches
+NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "mistral3": 4}
+ARCHS = sorted(MODEL_CLASS)
+# LLaMA-Factory's template names for these families (LLaMA-Factory has none for Idefics3 / SmolVLM)
+TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "mistral3": "mistral_small"}
+PROMPT = "Describe the image."
+
+
+def _losses(out):
+    return [m["loss"] for m in metrics(out) if "loss" in m]
+
+
+def _plain_transformers_run(out, arch):
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(out).eval()
+    processor = AutoProcessor.from_pretrained(out)
+    assert type(model).__name__ == MODEL_CLASS[arch] and model.config.model_type == arch
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}],
+        tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[text], images=[Image.open(IMAGE).convert("RGB")], add_special_tokens=False,
+                       return_tensors="pt")
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == NUM_IMAGE_TOKENS[arch]
+    with torch.no_grad():
+        ids = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert ids.shape[1] > inputs["input_ids"].shape[1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vlm_family_full_sft_then_the_folder_runs_in_plain_transformers(tmp_path, arch):
+    out = tmp_path / "full"
+    proc = cli("train", f"model_name_or_path=tiny:{arch}", f"template={TEMPLATE[arch]}", *BASE, "dataset=mllm_demo",
+               "max_samples=4", "per_device_train_batch_size=4", "finetuning_type=full", "freeze_vision_tower=false", "freeze_multi_modal_projector=false",
+               "learning_rate=1e-3", "max_steps=3", f"output_dir={out}")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert "vision_tower 0/" not in said and "projector 0/" not in said  # both trained
+    losses = _losses(out)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]  # the same 4 rows
+    _plain_transformers_run(out, arch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vlm_family_lora_sft_with_text_records_chat_then_a_dpo_step(tmp_path, arch):
+    lora, dpo = tmp_path / "lora", tmp_path / "dpo"
+    cli("train", f"model_name_or_path=tiny:{arch}", *BASE, "dataset=mllm_demo,identity", "max_samples=8",
+        "finetuning_type=lora", "freeze_vision_tower=false", "per_device_train_batch_size=2", "max_steps=2",
+        f"output_dir={lora}")
+    assert (lora / "adapter_config.json").is_file() and len(_losses(lora)) == 2
+    answer = cli("chat", "--model", lora, "--image", IMAGE, "--prompt", PROMPT, "--max_new_tokens", "4")
+    assert answer.returncode == 0 and "Traceback" not in answer.stderr
+    cli("train", f"model_name_or_path=tiny:{arch}", *BASE, "stage=dpo", "dataset=mllm_dpo_demo", "max_samples=4",
+        "finetuning_type=lora", "max_steps=1", f"output_dir={dpo}")
+    [loss] = _losses(dpo)
+    assert loss == pytest.approx(math.log(2), abs=1e-3)  # the first step: policy == reference

@@ -1,0 +1,206 @@
+"""Tiny InternVL 3, Idefics3 / SmolVLM and Mistral 3: the image families whose processor writes a structured text per
+image (tiles with delimiters, row tags and newlines, row breaks). Their folders load through the auto classes, their
+templates are the families' formats, the data path writes exactly the ids the processor's own call gives (images
+of other shapes, two images in one record, text-only records), the image reaches the loss, packing keeps samples
+apart, and the builds are byte-identical."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+from conftest import DATA_DIR, run_config
+from tunesmith.config.schema import DataConfig
+from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups, packing_leak
+from tunesmith.models.media_processor import MediaBudget, MediaProcessor
+from tunesmith.models.tiny import MM_ARCHS, build_tiny
+
+# arch: (processor class, model class, the template's rendering of a system prompt, an image turn and an answer)
+EXPECTED = {
+    "internvl": ("InternVLProcessor", "InternVLForConditionalGeneration",
+                 "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<IMG_CONTEXT>\nDescribe it.<|im_end|>\n"
+                 "<|im_start|>assistant\nA cat.<|im_end|>\n"),
+    "idefics3": ("Idefics3Processor", "Idefics3ForConditionalGeneration",
+                 "<|im_start|>System: Be brief.<end_of_utterance>\nUser:<image>Describe it.<end_of_utterance>\n"
+                 "Assistant: A cat.<end_of_utterance>\n"),
+    "mistral3": ("PixtralProcessor", "Mistral3ForConditionalGeneration",
+                 "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
+}
+ARCHS = sorted(EXPECTED)
+# image tokens of a (height, width) image after the default budget, as the processor's own call counts them: tiles
+# at the aspect ratio (plus a thumbnail); Idefics3 first resizes the longest edge to 112 (2 tiles); Pixtral rounds
+# each side up to whole 28-pixel merged patches
+COUNTS = {"internvl": {(56, 84): 12, (100, 30): 16, (40, 40): 4},
+          "idefics3": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
+          "mistral3": {(56, 84): 4, (100, 30): 2, (40, 40): 4}}
+
+
+def _image(h, w, seed=0):
+    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _messages(system=False):
+    head = [{"role": "system", "content": "Be brief."}] if system else []
+    return head + [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."}]},
+                   {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]
+
+
+@pytest.fixture(scope="module")
+def built(tiny_cache):
+    return {arch: build_tiny(arch, tiny_cache) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def loaded(built):
+    return {arch: (AutoProcessor.from_pretrained(path), AutoModelForImageTextToText.from_pretrained(path))
+            for arch, path in built.items()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_folder_loads_and_the_template_is_the_familys_format(arch, built, loaded):
+    processor, model = loaded[arch]
+    processor_class, model_class, rendered = EXPECTED[arch]
+    assert type(processor).__name__ == processor_class and type(model).__name__ == model_class
+    assert AutoTokenizer.from_pretrained(built[arch]).chat_template == MM_ARCHS[arch]["chat_template_text"]
+    assert processor.apply_chat_template(_messages(system=True), tokenize=False) == rendered
+    assert model.config.image_token_id == processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_token)
+    assert processor.image_token == FAMILIES[arch].image_token
+    assert model.config.get_text_config().vocab_size == len(processor.tokenizer)
+    assert processor.tokenizer.eos_token_id in model.generation_config.eos_token_id
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss(arch, loaded):
+    processor, model = loaded[arch]
+    family = family_of(model)
+    assert family is FAMILIES[arch] and not family.uses_mrope and family.modalities == ("image",)
+    assert packing_leak(model.config) is None
+    groups = module_groups(model, family)
+    assert set(groups) == set(GROUPS)  # no "other"
+    names = [n for group in groups.values() for n in group]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters()) and len(names) == len(set(names))
+    assert groups["vision_tower"] and groups["projector"] and "lm_head.weight" in groups["language_model"]
+    text = processor.apply_chat_template(_messages(), tokenize=False)
+    inputs = processor(text=[text], images=[_image(56, 84)], add_special_tokens=False, return_tensors="pt")
+    out = model(**inputs, labels=inputs["input_ids"])
+    out.loss.backward()
+    params = dict(model.named_parameters())
+    for group in ("vision_tower", "projector"):
+        assert any(params[n].grad is not None and params[n].grad.abs().sum() > 0 for n in groups[group]), group
+    model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plan_counts_follow_the_image_shape_and_the_workers_check_them(arch, loaded, tmp_path):
+    processor, _ = loaded[arch]
+    media = MediaProcessor(processor, FAMILIES[arch], MediaBudget.from_config(DataConfig()))
+    assert media.expand_in_text
+    plans = {}
+    for k, ((h, w), count) in enumerate(COUNTS[arch].items()):
+        path = tmp_path / f"{k}.png"
+        _image(h, w, k).save(path)
+        [expansion], plans[h, w] = media.plan({"images": [str(path)]})
+        assert expansion.token_id == processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_token)
+        [image] = json.loads(plans[h, w])["images"]
+        assert image["tokens"] == count == expansion.replacements[0].count(expansion.token_id)
+        inputs, _ = media.process([json.loads(plans[h, w])])
+        assert "pixel_values" in inputs
+    _image(56, 84).save(tmp_path / "1.png")  # the 100x30 image's file changed after tokenization: the workers say so
+    with pytest.raises(Exception, match="differ from the tokenization plan"):
+        media.process([json.loads(plans[100, 30])])
+
+
+def _prepared(arch, max_samples):
+    from tunesmith.data.pipeline import prepare_data
+    from tunesmith.models.load import load_preprocessing
+
+    cfg = run_config("/tmp/unused", model_name_or_path=f"tiny:{arch}", dataset="mllm_demo,identity",
+                     template="auto", cutoff_len=2048, max_samples=max_samples)
+    tokenizer, _, media = load_preprocessing(cfg)
+    data = prepare_data(cfg, tokenizer, media).train
+    rows = [dict(zip(["input_ids", "labels", "mm_plan"], v))
+            for v in zip(data["input_ids"], data["labels"], data["mm_plan"])]
+    return rows, tokenizer, media
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rendered_ids_are_the_processors_own_with_two_images_in_a_record(arch, loaded):
+    """Record 8 of mllm_demo has two images: the whole token sequence equals the processor's own call."""
+    from tunesmith.data import media as M
+    from tunesmith.data.loader import load_samples
+    from tunesmith.data.mm import to_content_parts
+    from tunesmith.data.render import RenderOptions, render_batch
+
+    processor, _ = loaded[arch]
+    media = MediaProcessor(processor, FAMILIES[arch], MediaBudget.from_config(DataConfig()))
+    samples, _ = load_samples(["mllm_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=8)
+    sample = samples[7]
+    assert len(sample["images"]) == 2
+    opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=8192)
+    out = render_batch({k: [v] for k, v in sample.items()}, processor.tokenizer, opts, media=media)
+    text = processor.tokenizer.apply_chat_template(to_content_parts(sample["messages"]), tokenize=False)
+    cfg = DataConfig()
+    images = [M.load_image(p, cfg.image_max_pixels, cfg.image_min_pixels) for p in sample["images"]]
+    reference = processor(text=[text], images=[images], add_special_tokens=False)["input_ids"][0]
+    assert out["input_ids"][0] == list(reference)
+    image_id = processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_token)
+    assert all(label == -100 for t, label in zip(out["input_ids"][0], out["labels"][0]) if t == image_id)
+    supervised = processor.tokenizer.decode([t for t in out["labels"][0] if t != -100])
+    assert all(m["content"].strip() in supervised for m in sample["messages"] if m["role"] == "assistant")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_equals_unpacked_per_sample(arch, built):
+    """1-D positions restart per sample and the packed mask keeps samples apart: the same per-sample losses,
+    with image and text-only records mixed and a two-image record among them."""
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.methods.losses import per_segment_mean, token_nll
+    from tunesmith.models.forward import run_forward
+
+    rows, tokenizer, media = _prepared(arch, max_samples=8)
+    rows = rows[5:10]  # records 6-8 of mllm_demo (the 8th has two images), then two identity records
+    assert sum(bool(r["mm_plan"]) for r in rows) == 3
+    model = AutoModelForImageTextToText.from_pretrained(built[arch], attn_implementation="sdpa").eval()
+
+    def per_sample(batch_rows):
+        batch = collate_rows(batch_rows, tokenizer.pad_token_id, media=media)
+        with torch.no_grad():
+            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
+        return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+
+    torch.testing.assert_close(per_sample([rows[:3], rows[3:]]), per_sample([[r] for r in rows]),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_freezing_and_lora_targets(arch, built):
+    from tunesmith.config.load import build_config
+    from tunesmith.models.adapters import apply_finetuning
+
+    family = FAMILIES[arch]
+    full = apply_finetuning(AutoModelForImageTextToText.from_pretrained(built[arch]),
+                            build_config(None, {"dataset": "x", "finetuning_type": "full"}).finetune)
+    groups = module_groups(full, family)
+    trainable = {n for n, p in full.named_parameters() if p.requires_grad}
+    assert trainable and trainable == set(groups["language_model"])  # tower and projector frozen by default
+    lora_cfg = build_config(None, {"dataset": "x", "finetuning_type": "lora", "freeze_vision_tower": False}).finetune
+    lora = apply_finetuning(AutoModelForImageTextToText.from_pretrained(built[arch]), lora_cfg)
+    names = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    tower, language = f".{family.vision_tower[0]}.", f".{family.language_model[0]}."
+    assert any(tower in n for n in names) and any(language in n for n in names)
+    assert not any(f".{family.projector[0]}." in n for n in names)  # projector frozen under LoRA: no adapter
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_same_recipe_gives_identical_builds(arch, built, tmp_path):
+    again = build_tiny(arch, tmp_path)
+    assert again.name == built[arch].name
+    for name in ("tokenizer.json", "processor_config.json", "config.json"):
+        assert (again / name).read_bytes() == (built[arch] / name).read_bytes(), name
+    wa, wb = load_file(built[arch] / "model.safetensors"), load_file(again / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
