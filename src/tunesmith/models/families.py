@@ -344,3 +344,65 @@ def packing_leak(config) -> str | None:
     layer_types = getattr(getattr(config, "text_config", config), "layer_types", None) or ()
     return _LINEAR_ATTENTION_LEAK if "linear_attention" in layer_types else None
 
+
+# --- Families whose only code is remote ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RemoteCodeFamily:
+    """A family whose checkpoints name code of their own (`auto_map`, trust_remote_code) in their config.json.
+
+    tunesmith cannot build and test that code offline, so it does not load these checkpoints, with or without
+    trust_remote_code; `instead` names the transformers-native alternative.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    instead: str
+
+
+_NO_NATIVE = "there is no transformers-native version; fine-tune a supported family instead (docs/models.md)"
+
+REMOTE_CODE_FAMILIES: dict[str, RemoteCodeFamily] = {
+    family.name: family
+    for family in (
+        RemoteCodeFamily("InternVL (the original OpenGVLab repositories)", ("internvl_chat",),
+                         "use the transformers-native '-hf' checkpoint of the same model (e.g. "
+                         "OpenGVLab/InternVL3-2B-hf, model_type internvl), which tunesmith supports"),
+        RemoteCodeFamily("the first Qwen and Qwen-VL models", ("qwen",),
+                         "use Qwen2.5 / Qwen3 for text or Qwen2.5-VL / Qwen3-VL for images (model_type qwen2, qwen3, "
+                         "qwen2_5_vl, qwen3_vl), which tunesmith supports"),
+        RemoteCodeFamily("Phi-4-multimodal (its remote-code repository)", ("phi4mm",),
+                         "transformers' own Phi4MultimodalForCausalLM (model_type phi4_multimodal) is not "
+                         "supported by tunesmith yet; fine-tune a supported family instead (docs/models.md)"),
+        RemoteCodeFamily("ChatGLM / GLM-4-9B / GLM-4V-9B (the original repositories)", ("chatglm",),
+                         "use a transformers-native GLM-4 checkpoint (e.g. THUDM/glm-4-9b-chat-hf or GLM-4-0414, "
+                         "model_type glm4) for text; GLM-4.1V (glm4v) is not supported yet"),
+        RemoteCodeFamily("MiniCPM-V / MiniCPM-o", ("minicpmv", "minicpmo"), _NO_NATIVE),
+        RemoteCodeFamily("Kimi-VL", ("kimi_vl",), _NO_NATIVE),
+        RemoteCodeFamily("DeepSeek-VL2", ("deepseek_vl_v2",), _NO_NATIVE),
+        RemoteCodeFamily("Ovis", ("ovis",), _NO_NATIVE),
+    )
+}
+
+_REMOTE_BY_MODEL_TYPE = {t: family for family in REMOTE_CODE_FAMILIES.values() for t in family.model_types}
+
+
+def remote_code_refusal(model_path) -> str | None:
+    """Why the local checkpoint folder `model_path` is refused, when its config.json names a remote-code family
+    (read as JSON: nothing from the folder runs); None for anything else (hub names, other models)."""
+    import json
+    from pathlib import Path
+
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # the ordinary loader reports a broken config.json
+    family = _REMOTE_BY_MODEL_TYPE.get(model_type)
+    if family is None:
+        return None
+    return (f"{model_path} holds a checkpoint of {family.name} (model_type {model_type}), whose model code lives "
+            "in the checkpoint (trust_remote_code); tunesmith cannot build and test that code offline, so it does not "
+            f"load it, with or without trust_remote_code: {family.instead}.")
