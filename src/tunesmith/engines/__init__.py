@@ -1,6 +1,6 @@
 """Training engines behind one interface (base.Engine), built by `build_engine`.
 
-The config's backend (resolved: single, fsdp2, deepspeed or megatron) picks the engine; this
+The config's backend (resolved: single, fsdp2 or deepspeed) picks the engine; this
 is the only place outside the engines themselves that names a backend.
 """
 
@@ -39,10 +39,6 @@ def build_engine(cfg, make_model: ModelFactory, device: torch.device, num_optimi
         return _fsdp2(cfg, make_model, device, num_optimizer_steps)
     if backend == "single":
         return _single(cfg, make_model(device, False), device, num_optimizer_steps)
-    if backend == "megatron":
-        from .megatron import build_megatron_engine
-
-        return build_megatron_engine(cfg, make_model, device, num_optimizer_steps)
     raise TunesmithError(f"backend '{backend}' is not resolved; call config.resolve first")
 
 
@@ -61,16 +57,9 @@ def _single(cfg, model, device, num_optimizer_steps: int):
 
         compile_each(transformer_blocks(model))
     optimizer, scheduler = _optimizer_and_schedule(cfg, model, device, num_optimizer_steps)
-    precision = precision_of(cfg, device)
-    return SingleEngine(model, optimizer, scheduler, device, precision=precision,
+    return SingleEngine(model, optimizer, scheduler, device, precision=precision_of(cfg, device),
                         max_grad_norm=cfg.train.max_grad_norm, skip_nonfinite=cfg.train.skip_nonfinite,
-                        reference_mode=cfg.finetune.pref_reference,
-                        bf16_working=uses_bf16_working(precision, device))
-
-
-def uses_bf16_working(precision: str, device: torch.device) -> bool:
-    """bf16 mixed precision on one GPU computes with bf16 copies of the fp32 masters (engines/master_weights.py)."""
-    return precision == "bf16" and device.type == "cuda"
+                        reference_mode=cfg.finetune.pref_reference)
 
 
 def _fsdp2(cfg, make_model: ModelFactory, device, num_optimizer_steps: int):
@@ -112,7 +101,7 @@ def _deepspeed(cfg, model, device, num_optimizer_steps: int):
 
 def needs_process_group(cfg) -> bool:
     """Sharded engines need torch.distributed initialised even on one process."""
-    return cfg.train.backend in ("fsdp2", "deepspeed", "megatron")
+    return cfg.train.backend in ("fsdp2", "deepspeed")
 
 
 def checkpoint_backend(path) -> str | None:

@@ -11,10 +11,9 @@ from .base import LossFn, NonFiniteError, StepOutput, StepResult, eval_mode, for
 
 
 def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, skip_nonfinite: bool,
-                  nonfinite_loss: bool, params: list | None = None) -> StepResult:
-    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients.
-    params: the tensors holding the gradients (default: the model's trainable parameters)."""
-    params = params if params is not None else [p for p in model.parameters() if p.requires_grad]
+                  nonfinite_loss: bool) -> StepResult:
+    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if scaler:
         scaler.unscale_(optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
@@ -72,8 +71,8 @@ def forward_each(engine, micro_batches: list, fn: LossFn) -> list:
     return results
 
 
-def step_of(engine, params: list | None = None) -> StepResult:
+def step_of(engine) -> StepResult:
     bad_loss, engine._nonfinite_loss = bool(engine._nonfinite_loss), False
     return clip_and_step(engine.model, engine.optimizer, engine.scheduler, engine.scaler,
                          max_grad_norm=engine.max_grad_norm, skip_nonfinite=engine.skip_nonfinite,
-                         nonfinite_loss=bad_loss, params=params)
+                         nonfinite_loss=bad_loss)

@@ -1,9 +1,7 @@
-"""One device: plain PyTorch with autocast for mixed precision (on a GPU, bf16 working weights next to the fp32
-masters: engines/master_weights.py)."""
+"""One device: plain PyTorch with autocast for mixed precision."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
@@ -13,13 +11,12 @@ from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, read
                    switched_to_reference, write_torch_file)
 from .optim import realign_schedule
 from .local_step import backward_each, forward_each, step_of
-from .master_weights import Bf16Working
 from .reference import ReferenceView
 
 
 class SingleEngine:
     def __init__(self, model, optimizer, scheduler, device: torch.device, *, precision: str, max_grad_norm: float,
-                 skip_nonfinite: bool, reference_mode: str = "none", bf16_working: bool = False):
+                 skip_nonfinite: bool, reference_mode: str = "none"):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -28,14 +25,9 @@ class SingleEngine:
         self.max_grad_norm = max_grad_norm
         self.skip_nonfinite = skip_nonfinite
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-        self.ref = ReferenceView(model, reference_mode)  # a frozen copy is taken of the fp32 model
-        self.working = Bf16Working(model) if bf16_working else None
+        self.ref = ReferenceView(model, reference_mode)
         self._on_reference = False
         self._nonfinite_loss = False
-
-    def _masters(self):
-        """The fp32 masters as the model's parameters inside the block (no-op without bf16 working weights)."""
-        return self.working.masters_in_place() if self.working else contextlib.nullcontext()
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return backward_each(self, micro_batches, loss_fn)
@@ -47,10 +39,7 @@ class SingleEngine:
         return switched_to_reference(self)
 
     def step(self) -> StepResult:
-        result = step_of(self, self.working.masters() if self.working else None)
-        if self.working and not result.skipped:
-            self.working.refresh()
-        return result
+        return step_of(self)
 
     def save(self, path: Path) -> None:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -61,7 +50,7 @@ class SingleEngine:
     def load(self, path: Path, *, trusted: bool = False) -> None:
         """Weights from the checkpoint's Hugging Face export (safetensors), optimizer and schedule from
         engine_state.pt (weights_only: tensors and numbers, never code, whether trusted or not)."""
-        self._load_weights(path)
+        load_model_weights(self.model, Path(path))
         state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -71,22 +60,14 @@ class SingleEngine:
 
     def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
                         trusted: bool = False) -> None:
-        self._load_weights(path)
+        load_model_weights(self.model, Path(path))
         if optimizer_state is not None:
             load_matching_optimizer(self.optimizer, optimizer_state, Path(path) / "optimizer.pt")
         schedule_at(self.optimizer, self.scheduler, step)
 
-    def _load_weights(self, path: Path) -> None:
-        with self._masters():
-            load_model_weights(self.model, Path(path))
-        if self.working:
-            self.working.refresh()
-
     def export_hf(self, path: Path, saver) -> None:
-        with self._masters():
-            self.model.save_pretrained(str(path), safe_serialization=True)
+        self.model.save_pretrained(str(path), safe_serialization=True)
         saver.save_pretrained(str(path))
 
     def full_state_for_rollout(self) -> dict:
-        with self._masters():
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
