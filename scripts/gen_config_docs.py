@@ -14,7 +14,7 @@ import types
 import typing
 from pathlib import Path
 
-from tunesmith.config.lf_keys import HANDLINGS, LF_ENV, LF_KEYS, SOURCES, counts, refused_values
+from tunesmith.config.lf_keys import HANDLINGS, LF_ENV, LF_ENV_BACKENDS, LF_KEYS, SOURCES, counts, refused_values
 from tunesmith.config.schema import GROUPS, SECRET_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,8 +105,10 @@ def render() -> str:
         "",
         f"`stage` is one of {stages}. {refused_stages}",
         "",
-        "In the environment, " + " and ".join(f"`{name}=1`" for name in LF_ENV)
-        + " (LLaMA-Factory's switches to its Megatron engines) are refused too.",
+        "In the environment, " + ", ".join(f"`{name}=1` selects `backend: {backend}`"
+                                           for name, backend in LF_ENV_BACKENDS.items())
+        + " (as LLaMA-Factory's launcher does; [megatron.md](megatron.md)); "
+        + " and ".join(f"`{name}=1`" for name in LF_ENV) + " is refused.",
         "",
     ]
     return "\n".join(lines)
@@ -190,6 +192,8 @@ def render_lf_keys() -> str:
     summary = ", ".join(f"{by[h]} {_LABELS[h]}" for h in HANDLINGS)
     lines = [LF_INTRO.format(total=total, summary=summary)]
     lines += ["## Environment", "", "| variable | handling |", "|---|---|"]
+    lines += [f"| `{name}=1` | selects `backend: {backend}` ([megatron.md](megatron.md)) |"
+              for name, backend in LF_ENV_BACKENDS.items()]
     lines += [f"| `{name}=1` | refused: {cell(why)} |" for name, why in LF_ENV.items()]
     lines.append("")
     for source, title in SOURCES.items():

@@ -11,6 +11,7 @@ export PYTHON
 export HF_HUB_OFFLINE=1
 
 bash scripts/setup.sh
+bash scripts/megatron-core.sh  # the Megatron engine's tests (2.4 MB; they skip without it)
 
 status=0
 "$PYTHON" -m pytest -q tests "$@" || status=$?

@@ -159,8 +159,10 @@ def _eval_requested(value, given) -> bool:
     return value is False or (value is True and given.get("eval_strategy", "no") not in ("no", False))
 
 
-_MEGATRON_WHY = ("the Megatron-Core engine is not available yet; use backend: fsdp2 or deepspeed (ZeRO) for "
-                 "multi-GPU training")
+_MEGATRON_WHY = ("not available in tunesmith's Megatron-Core engine (backend: megatron, docs/megatron.md); remove "
+                 "it")
+_BRIDGE = ("Megatron Bridge is not used: tunesmith's Megatron-Core engine takes the same keys; use backend: megatron "
+           "(or USE_MCA=1)")
 _QLORA = "quantized (QLoRA) training is not available yet; use finetuning_type: lora on the unquantized model"
 _KT = ("KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload: true, or "
        "DeepSpeed ZeRO-3 with offload")
@@ -368,8 +370,9 @@ _FINETUNING = _section("finetuning", [
               check=_Refuse({"oft": "OFT is not available; use finetuning_type: lora"})),
     _refused("use_llama_pro", "LLaMA Pro block expansion is not available; use finetuning_type: freeze"),
     _refused("use_adam_mini", "Adam-mini is not available; tunesmith trains with AdamW"),
-    _refused("use_mca", _MEGATRON_WHY),
-    _refused("use_megatron_bridge", _MEGATRON_WHY),
+    _mapped("use_mca", "backend", _bool_to("backend", "megatron"),
+            "true -> backend: megatron (the Megatron-Core engine, as USE_MCA=1)"),
+    _refused("use_megatron_bridge", _BRIDGE),
     _refused("use_hyper_parallel", "HyperParallel is not available; use backend: fsdp2"),
     _unless_null("hyper_parallel_args", "HyperParallel is not available; use backend: fsdp2"),
     _refused("hyper_parallel_cp_size", "context parallelism is not available yet; remove it", accept=(1, None)),
@@ -600,12 +603,17 @@ _HF = _section("hf", [
 
 # ---- Megatron (mcore_adapter under USE_MCA=1, Megatron Bridge under USE_MEGATRON_BRIDGE=1) -----------------
 
-_SIZES = ("tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size "
-          "expert_tensor_parallel_size context_parallel_size virtual_pipeline_model_parallel_size").split()
+# Honoured under backend: megatron (config/schema.py MegatronConfig, same names and defaults as mcore_adapter).
+MEGATRON_HONOURED = (
+    "tensor_model_parallel_size pipeline_model_parallel_size virtual_pipeline_model_parallel_size sequence_parallel "
+    "context_parallel_size expert_model_parallel_size use_distributed_optimizer overlap_grad_reduce "
+    "overlap_param_gather recompute_granularity recompute_num_layers bias_activation_fusion apply_rope_fusion "
+    "moe_grouped_gemm moe_token_dispatcher_type").split()
+_SIZES = ["expert_tensor_parallel_size"]
 _SWITCHES = (
-    "sequence_parallel account_for_embedding_in_pipeline_split account_for_loss_in_pipeline_split "
-    "variable_seq_lengths bias_activation_fusion apply_rope_fusion masked_softmax_fusion cross_entropy_loss_fusion "
-    "moe_layer_recompute moe_grouped_gemm moe_pad_expert_input_to_capacity moe_shared_expert_overlap "
+    "account_for_embedding_in_pipeline_split account_for_loss_in_pipeline_split "
+    "variable_seq_lengths masked_softmax_fusion cross_entropy_loss_fusion "
+    "moe_layer_recompute moe_pad_expert_input_to_capacity moe_shared_expert_overlap "
     "moe_enable_routing_replay fp8_param use_flash_attn use_flash_attn_npu_batch_invariant "
     "accumulate_allreduce_grads_in_fp32 distrib_optim_fully_reshardable "
     "distrib_optim_fully_reshardable_mem_efficient ddp_average_in_collective optimizer_cpu_offload save_hf_model "
@@ -613,20 +621,20 @@ _SWITCHES = (
 ).split()
 # name -> the values that need no Megatron feature besides None: off, and the default of either path
 _SETTINGS: dict[str, tuple] = {
-    # mcore_adapter defaults these to false, Megatron Bridge to true: both are accepted
-    "use_distributed_optimizer": (False, True), "overlap_grad_reduce": (False, True),
-    "overlap_param_gather": (False, True), "overlap_p2p_comm": (True, False), "delay_grad_reduce": (True, False),
+    "overlap_p2p_comm": (True, False), "delay_grad_reduce": (True, False),
     "check_for_nan_in_loss_and_grad": (True, False),
-    "moe_token_dispatcher_type": ("allgather",), "mtp_num_layers": (0,), "cuda_graph_scope": ("full",),
+    "mtp_num_layers": (0,), "cuda_graph_scope": ("full",),
     "optimizer": ("adam",), "optimizer_offload_fraction": (0,), "ckpt_format": ("legacy",),
     "mixed_precision": ("bf16_mixed",), "additional_configs": ({}, ""),
-    **{k: () for k in ("recompute_granularity recompute_method recompute_modules recompute_num_layers "
+    **{k: () for k in ("recompute_method recompute_modules "
                        "pipeline_model_parallel_layout moe_aux_loss_coeff moe_expert_capacity_factor "
                        "moe_token_drop_policy moe_router_dtype transformer_impl cuda_graph_impl fp8_recipe fp8_format "
                        "ddp_bucket_size megatron_pretrained_checkpoint extra_config").split()},
 }
 
 _MEGATRON = _section("megatron", [
+    *[_honoured(k, "backend: megatron (or USE_MCA=1); same meaning and default as mcore_adapter")
+      for k in MEGATRON_HONOURED],
     *[_refused(k, _MEGATRON_WHY, accept=(1, None)) for k in _SIZES],
     *[_refused(k, _MEGATRON_WHY) for k in _SWITCHES],
     *[_refused(k, _MEGATRON_WHY, accept=(None, *ok)) for k, ok in _SETTINGS.items()],
@@ -650,11 +658,10 @@ for _part in (_MODEL, _DATA, _FINETUNING, _GENERATING, _TRAINING, _HF, _MEGATRON
 
 # Environment switches of LLaMA-Factory's launcher that pick an engine tunesmith does not have.
 LF_ENV: dict[str, str] = {
-    "USE_MCA": "selects the Megatron-Core engine (mcore_adapter), which is not available yet; unset USE_MCA "
-               "and use backend: fsdp2 or deepspeed",
-    "USE_MEGATRON_BRIDGE": "selects the Megatron Bridge engine, which is not available yet; unset "
-                           "USE_MEGATRON_BRIDGE and use backend: fsdp2 or deepspeed",
+    "USE_MEGATRON_BRIDGE": "selects the Megatron Bridge engine; " + _BRIDGE.split(": ", 1)[1],
 }
+# Environment switches that select one of tunesmith's engines: name -> backend.
+LF_ENV_BACKENDS: dict[str, str] = {"USE_MCA": "megatron"}
 
 
 @dataclass
@@ -716,11 +723,29 @@ def _given_directly(key: str, flat: dict) -> bool:
     return key in flat and (entry is None or entry.handling == "honoured")
 
 
+def _switched_on(environ, name: str) -> bool:
+    return environ.get(name, "").lower() in ("1", "true", "y")
+
+
 def env_problems(environ=None) -> list[str]:
-    """LLaMA-Factory launcher switches (USE_MCA=1, ...) that select an engine tunesmith does not have."""
+    """LLaMA-Factory launcher switches (USE_MEGATRON_BRIDGE=1) that select an engine tunesmith does not have."""
     environ = os.environ if environ is None else environ
-    return [f"{name}={environ[name]} {why}" for name, why in LF_ENV.items()
-            if environ.get(name, "").lower() in ("1", "true", "y")]
+    return [f"{name}={environ[name]} {why}" for name, why in LF_ENV.items() if _switched_on(environ, name)]
+
+
+def env_backend(flat: dict, environ=None) -> tuple[dict, list[str]]:
+    """USE_MCA=1 selects backend: megatron, as LLaMA-Factory's launcher does: (flat with it set, problems).
+    A different backend written in the config is a conflict, reported."""
+    environ = os.environ if environ is None else environ
+    for name, backend in LF_ENV_BACKENDS.items():
+        if not _switched_on(environ, name):
+            continue
+        given = flat.get("backend", "auto")
+        if given not in ("auto", backend):
+            return flat, [f"{name}={environ[name]} selects backend: {backend}, but backend: {given} is set; unset "
+                          f"{name} or remove backend"]
+        return {**flat, "backend": backend}, []
+    return flat, []
 
 
 def refused_values(entry: LFKey) -> dict[str, str]:

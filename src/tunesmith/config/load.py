@@ -21,7 +21,8 @@ from ..data.lf_templates import LF_TEMPLATES, REFUSED
 from ..errors import ConfigError
 from ..stages import STAGES, uses_reference
 from .deepspeed import zero_settings
-from .lf_keys import LF_KEYS, env_problems, translate
+from .lf_keys import LF_KEYS, env_backend, env_problems, translate
+from .megatron import megatron_problems
 from .schema import GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
@@ -101,8 +102,9 @@ def build_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] 
     """Merge YAML and overrides (overrides win), validate everything, report all problems at once."""
     flat = dict(read_yaml(yaml_path)) if yaml_path else {}
     flat.update(overrides or {})
+    flat, switch_problems = env_backend(flat)
     lf = translate(flat)
-    problems = lf.problems + env_problems()
+    problems = lf.problems + env_problems() + switch_problems
     routed = _route_keys(lf.values, problems)
     config = _validate_groups(routed, problems)
     problems.extend(_cross_checks(config, set(lf.values)))
@@ -177,6 +179,7 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
                             "seen with torch 2.11); keep one of the two (enable_liger_kernel is the faster one "
                             "measured)")
     problems.extend(_check_deepspeed(cfg))
+    problems.extend(megatron_problems(cfg))
     return problems
 
 

@@ -184,9 +184,10 @@ class TrainConfig(_Group):
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
-    backend: Literal["auto", "single", "fsdp2", "deepspeed"] = Field(
+    backend: Literal["auto", "single", "fsdp2", "deepspeed", "megatron"] = Field(
         "auto", description="Training engine: auto (deepspeed when `deepspeed` or `zero_stage` is set, fsdp2 with more "
-        "than one process, else single), single, fsdp2, deepspeed."
+        "than one process, else single), single, fsdp2, deepspeed, megatron (Megatron-Core modules; also selected by "
+        "USE_MCA=1; pip install 'tunesmith[megatron]', see docs/megatron.md)."
     )
     deepspeed: str | None = Field(
         None, description="A DeepSpeed JSON config (LLaMA-Factory / HF Trainer format; \"auto\" values are filled from "
@@ -210,6 +211,45 @@ class TrainConfig(_Group):
         """backend: deepspeed, or auto with a DeepSpeed file or zero_stage."""
         return self.backend == "deepspeed" or (self.backend == "auto" and (bool(self.deepspeed)
                                                                           or self.zero_stage is not None))
+
+
+class MegatronConfig(_Group):
+    """backend: megatron. LLaMA-Factory's (mcore_adapter's) key names and defaults; docs/megatron.md."""
+
+    tensor_model_parallel_size: int = Field(1, ge=1, description="megatron: tensor-parallel degree (splits heads "
+                                            "and MLP columns over GPUs).")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="megatron: pipeline stages (splits the layers).")
+    virtual_pipeline_model_parallel_size: int | None = Field(
+        None, ge=1, description="megatron: model chunks per pipeline stage (interleaved schedule).")
+    sequence_parallel: bool = Field(False, description="megatron: shard norms and dropout along the sequence over "
+                                    "the tensor-parallel group (needs tensor_model_parallel_size > 1).")
+    context_parallel_size: int = Field(1, ge=1, description="megatron: context-parallel degree (splits the "
+                                       "sequence; needs Transformer Engine attention).")
+    expert_model_parallel_size: int = Field(1, ge=1, description="megatron: expert-parallel degree (MoE models).")
+    use_distributed_optimizer: bool = Field(False, description="megatron: shard optimizer states over data-parallel "
+                                            "ranks (no effect on one process).")
+    overlap_grad_reduce: bool = Field(False, description="megatron: overlap the gradient reduction with the "
+                                      "backward pass (no effect on one process).")
+    overlap_param_gather: bool = Field(False, description="megatron: overlap the parameter all-gather with the "
+                                       "forward pass (needs use_distributed_optimizer; no effect on one process).")
+    recompute_granularity: Literal["full", "selective"] | None = Field(
+        None, description="megatron: activation recomputation: full (whole layers) or selective (core attention).")
+    recompute_num_layers: int | None = Field(
+        None, ge=1, description="megatron: with recompute_granularity full, recompute this many layers per stage "
+        "(default: every layer).")
+    bias_activation_fusion: bool = Field(False, description="megatron: fused bias + activation kernel (falls back "
+                                         "to the unfused one without Transformer Engine, logged).")
+    apply_rope_fusion: bool = Field(False, description="megatron: fused RoPE kernel (falls back to the unfused one "
+                                    "without Transformer Engine, logged).")
+    moe_grouped_gemm: bool = Field(False, description="megatron: grouped GEMM for the experts (falls back to one "
+                                   "GEMM per expert without Transformer Engine, logged).")
+    moe_token_dispatcher_type: Literal["allgather", "alltoall"] = Field(
+        "allgather", description="megatron: how tokens reach their experts.")
+
+    def non_default(self) -> dict:
+        """The keys set to something other than their default (a Megatron feature was asked for)."""
+        return {name: getattr(self, name) for name, info in type(self).model_fields.items()
+                if getattr(self, name) != info.default}
 
 
 class OutputConfig(_Group):
@@ -348,6 +388,7 @@ GROUPS: dict[str, type[_Group]] = {
     "train": TrainConfig,
     "output": OutputConfig,
     "rl": RLConfig,
+    "megatron": MegatronConfig,
 }
 
 SECRET_KEYS = frozenset({"swanlab_api_key", "hf_hub_token", "ms_hub_token", "wandb_api_key"})
@@ -362,6 +403,7 @@ class RunConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
 
     @property
     def packing(self) -> bool:

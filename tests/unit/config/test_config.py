@@ -33,7 +33,7 @@ def test_all_problems_reported_at_once_with_suggestions():
     text = "\n".join(problems)
     assert "did you mean 'dataset'" in text
     assert "'learning_rate' = 'fast'" in text
-    assert "Megatron-Core engine is not available yet" in text
+    assert "needs the Megatron-Core engine: set backend: megatron" in text
     assert "'stage' = 'ppo': PPO with a value model is not available yet; use stage: grpo" in text
     assert len(problems) >= 4
 
@@ -50,10 +50,11 @@ def test_missing_dataset_and_eval_without_data():
     assert "no training data" in text and "needs val_size or eval_dataset" in text
 
 
-def test_use_mca_env_refused(monkeypatch):
+def test_use_mca_env_selects_megatron(monkeypatch):
     monkeypatch.setenv("USE_MCA", "1")
-    with pytest.raises(ConfigError, match="USE_MCA"):
+    with pytest.raises(ConfigError, match="finetuning_type: lora is not available on backend: megatron"):
         build_config(None, {"dataset": "x"})
+    assert build_config(None, {"dataset": "x", "finetuning_type": "full"}).train.backend == "megatron"
 
 
 def test_saved_config_redacts_secrets(tmp_path):

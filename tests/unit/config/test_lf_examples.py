@@ -29,7 +29,7 @@ NOT_TRAIN = {
     "extras/multi_tokens/tokens_cfg.yaml": "a new_special_tokens_config file (token: description)",
 }
 
-_MEGATRON = "the Megatron-Core engine is not available yet; use backend: fsdp2 or deepspeed"
+_MEGATRON = "needs the Megatron-Core engine: set backend: megatron (or run with USE_MCA=1)"
 _QLORA = "quantized (QLoRA) training is not available yet; use finetuning_type: lora"
 _OFT = "'finetuning_type' = 'oft': OFT is not available; use finetuning_type: lora"
 _SFT_LOSS = "the SFT loss is token cross-entropy"
@@ -89,10 +89,11 @@ REFUSED = {
     "ktransformers/train_lora/qwen3_5moe_lora_sft_kt.yaml": [_KT],
     "ktransformers/train_lora/qwen3moe_lora_sft_kt.yaml": ["'use_kt' = True: " + _KT],
     "ktransformers/train_lora/qwen3vlmoe_lora_sft_kt.yaml": [_KT],
-    "megatron/qwen2_vl_full.yaml": ["'tensor_model_parallel_size' = 4: " + _MEGATRON,
-                                    "'pipeline_model_parallel_size' = 2: " + _MEGATRON, _MEGATRON],
-    "megatron/qwen3_moe_full.yaml": ["'pipeline_model_parallel_size' = 4: " + _MEGATRON,
-                                     "'expert_model_parallel_size' = 2: " + _MEGATRON, _MEGATRON],
+    # run without USE_MCA=1 (test_megatron_examples_with_use_mca checks them with it)
+    "megatron/qwen2_vl_full.yaml": ["'tensor_model_parallel_size' = 4 " + _MEGATRON,
+                                    "'pipeline_model_parallel_size' = 2 " + _MEGATRON, _MEGATRON],
+    "megatron/qwen3_moe_full.yaml": ["'pipeline_model_parallel_size' = 4 " + _MEGATRON,
+                                     "'expert_model_parallel_size' = 2 " + _MEGATRON, _MEGATRON],
     "train_lora/qwen3_lora_sft_ray.yaml": ["'ray_num_workers' = 4: Ray is not used; tunesmith launches torchrun"],
     "train_qlora/qwen3_lora_sft_bnb_npu.yaml": ["'quantization_bit' = 4: " + _QLORA],
     "train_qlora/qwen3_lora_sft_otfq.yaml": ["'quantization_bit' = 4: " + _QLORA],
@@ -153,6 +154,18 @@ def test_accepted_examples_keep_their_settings():
     # Megatron Bridge's keys at values that need no Megatron feature (sizes 1, its defaults) change nothing
     cfg = _validate("megatron_bridge/llama3_sft.yaml")
     assert cfg.train.max_steps == 1000 and cfg.finetune.finetuning_type == "lora"
+
+
+def test_megatron_examples_with_use_mca(monkeypatch):
+    """As LLaMA-Factory's users run them: USE_MCA=1 selects the engine and its keys are honoured; the degrees are
+    checked against the model and world size when the engine is built (engines/megatron/degrees.py)."""
+    monkeypatch.setenv("USE_MCA", "1")
+    cfg = _validate("megatron/qwen3_moe_full.yaml")
+    assert cfg.train.backend == "megatron" and cfg.megatron.pipeline_model_parallel_size == 4
+    assert cfg.megatron.expert_model_parallel_size == 2 and cfg.megatron.moe_token_dispatcher_type == "alltoall"
+    assert cfg.megatron.recompute_granularity == "full" and cfg.megatron.moe_grouped_gemm is True
+    cfg = _validate("megatron/qwen2_vl_full.yaml")
+    assert cfg.megatron.tensor_model_parallel_size == 4 and cfg.megatron.sequence_parallel is True
 
 
 ISSUE_YAML = """\

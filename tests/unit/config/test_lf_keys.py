@@ -54,8 +54,8 @@ def test_every_hugging_face_training_argument_is_in_the_table():
     {"use_galore": False, "use_apollo": False, "use_badam": False, "use_unsloth": False},
     {"quantization_bit": None, "quantization_method": "bnb", "double_quantization": True},
     {"push_to_hub": False, "hub_model_id": "me/model", "save_safetensors": True, "fp16": False},
-    {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "sequence_parallel": False,
-     "use_distributed_optimizer": True, "recompute_granularity": None},
+    {"expert_tensor_parallel_size": 1, "recompute_method": None, "masked_softmax_fusion": False,
+     "mixed_precision": "bf16_mixed"},
     {"fsdp": "", "fsdp_config": None, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
 ])
 def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overrides, caplog):
@@ -72,8 +72,8 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
     ("use_galore", True, "GaLore is not supported; train with AdamW"),
     ("quantization_bit", 4, "quantized (QLoRA) training is not available yet; use finetuning_type: lora"),
     ("use_unsloth", True, "enable_liger_kernel: true"),
-    ("tensor_model_parallel_size", 2, "Megatron-Core engine is not available yet; use backend: fsdp2"),
-    ("use_distributed_optimizer", "yes", "Megatron-Core engine"),
+    ("masked_softmax_fusion", True, "not available in tunesmith's Megatron-Core engine (backend: megatron"),
+    ("expert_tensor_parallel_size", 2, "not available in tunesmith's Megatron-Core engine"),
     ("push_to_hub", True, "upload output_dir yourself"),
     ("stage", "ppo", "PPO with a value model is not available yet; use stage: grpo"),
     ("finetuning_type", "oft", "OFT is not available; use finetuning_type: lora"),
@@ -145,12 +145,32 @@ def test_unknown_keys_still_get_a_did_you_mean():
     assert "did you mean 'disable_gradient_checkpointing'?" in text
 
 
-@pytest.mark.parametrize("var", ["USE_MCA", "USE_MEGATRON_BRIDGE"])
-def test_megatron_switches_in_the_environment_are_refused(monkeypatch, var):
-    monkeypatch.setenv(var, "1")
-    assert any(p.startswith(f"{var}=1 selects the Megatron") for p in problems_of({}))
-    monkeypatch.setenv(var, "0")
+def test_megatron_bridge_switch_in_the_environment_is_refused(monkeypatch):
+    monkeypatch.setenv("USE_MEGATRON_BRIDGE", "1")
+    assert any(p.startswith("USE_MEGATRON_BRIDGE=1 selects the Megatron Bridge engine") and "backend: megatron" in p
+               for p in problems_of({}))
+    monkeypatch.setenv("USE_MEGATRON_BRIDGE", "0")
     build_config(None, {"dataset": "x"})
+
+
+def test_use_mca_selects_the_megatron_engine(monkeypatch):
+    monkeypatch.setenv("USE_MCA", "1")
+    cfg = build_config(None, {"dataset": "x", "finetuning_type": "full", "tensor_model_parallel_size": 2})
+    assert cfg.train.backend == "megatron" and cfg.megatron.tensor_model_parallel_size == 2
+    assert any("USE_MCA=1 selects backend: megatron, but backend: fsdp2 is set" in p
+               for p in problems_of({"backend": "fsdp2", "finetuning_type": "full"}))
+    monkeypatch.setenv("USE_MCA", "0")
+    assert build_config(None, {"dataset": "x"}).train.backend == "auto"
+    assert build_config(None, {"dataset": "x", "use_mca": True, "finetuning_type": "full"}).train.backend == "megatron"
+
+
+def test_megatron_keys_need_the_megatron_backend_and_its_stages():
+    text = "\n".join(problems_of({"pipeline_model_parallel_size": 4, "use_distributed_optimizer": True}))
+    assert "'pipeline_model_parallel_size' = 4 needs the Megatron-Core engine: set backend: megatron" in text
+    assert "use_distributed_optimizer" not in text  # Megatron Bridge's default; no effect elsewhere
+    text = "\n".join(problems_of({"backend": "megatron", "stage": "dpo", "finetuning_type": "lora"}))
+    assert "stage dpo is not available on backend: megatron (it trains pt, sft)" in text
+    assert "finetuning_type: lora is not available on backend: megatron" in text
 
 
 def test_translate_keeps_unknown_keys_for_the_caller():

@@ -1,0 +1,44 @@
+"""What the config alone can tell about a Megatron run (backend: megatron, or USE_MCA=1).
+
+Degrees against the world size and the model (heads, layers, experts) are checked when the
+engine is built (engines/megatron/degrees.py), because they need the model's config; here
+only what needs nothing but the YAML: the stage and fine-tuning type the engine trains, and
+Megatron keys set for another backend.
+"""
+
+from __future__ import annotations
+
+from ..stages import STAGES
+
+# The stages the Megatron engine trains: token-level language-model losses on plain text and conversations
+# (pairs, unpaired examples, reward heads and rollouts are not wired up on it).
+MEGATRON_STAGES = tuple(s.name for s in STAGES.values() if s.data_kind in ("text", "conversations"))
+# Bridge-style defaults (true) that change nothing on one process nor on the other backends.
+_NO_EFFECT_ELSEWHERE = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def megatron_problems(cfg) -> list[str]:
+    if cfg.train.backend != "megatron":
+        return _keys_without_megatron(cfg)
+    problems = []
+    if cfg.finetune.stage not in MEGATRON_STAGES:
+        problems.append(f"stage {cfg.finetune.stage} is not available on backend: megatron (it trains "
+                        f"{', '.join(MEGATRON_STAGES)}); use backend: single, fsdp2 or deepspeed for it")
+    if cfg.finetune.finetuning_type != "full":
+        problems.append(f"finetuning_type: {cfg.finetune.finetuning_type} is not available on backend: megatron (full "
+                        "fine-tuning only, as LLaMA-Factory's Megatron path); use finetuning_type: full, or backend: "
+                        "single / fsdp2 for LoRA and freeze")
+    if cfg.model.fp16:
+        problems.append("fp16: true on backend: megatron: use bf16: true (fp16 loss scaling is not wired up)")
+    if cfg.model.enable_liger_kernel:
+        problems.append("enable_liger_kernel: true on backend: megatron: Liger patches transformers modules, which "
+                        "the Megatron engine does not run; remove it")
+    if cfg.train.torch_compile:
+        problems.append("torch_compile: true is not available on backend: megatron; remove it")
+    return problems
+
+
+def _keys_without_megatron(cfg) -> list[str]:
+    asked = {k: v for k, v in cfg.megatron.non_default().items() if k not in _NO_EFFECT_ELSEWHERE}
+    return [f"'{key}' = {value!r} needs the Megatron-Core engine: set backend: megatron (or run with USE_MCA=1)"
+            for key, value in asked.items()]

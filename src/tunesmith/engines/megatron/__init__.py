@@ -1,0 +1,61 @@
+"""backend: megatron (or USE_MCA=1): the language model as megatron-core modules. docs/megatron.md.
+
+Modules, one concern each:
+  degrees.py   the parallel degrees against the world size and the model (pure)
+  shards.py    tensor-parallel shard maps of the fused weights (pure)
+  weights/     Hugging Face <-> megatron-core weight maps, one module per family (pure)
+  runtime.py   the megatron-core import guard, Transformer Engine detection, parallel groups
+  build.py     Hugging Face config -> TransformerConfig -> GPTModel (local layer spec)
+  rotary.py    rotary angles from per-sample position ids, as the Hugging Face model computes them
+  forward.py   one forward on a collated (packed) batch
+  schedule.py  the micro-batch schedule and the loss scale it needs
+  engine.py    MegatronEngine (the Engine interface)
+build_megatron_engine below puts them together.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ... import dist
+from ...errors import TunesmithError
+
+log = logging.getLogger("tunesmith")
+
+_ONE_PROCESS = ("this release's Megatron engine runs on one process (tensor, pipeline, context and expert degrees 1); "
+                "runs over several processes are not available yet; use backend: fsdp2 or deepspeed for multi-GPU "
+                "training")
+
+
+def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
+    """The engine in the order of engine.py's docstring."""
+    from ..optim import build_optimizer, build_scheduler
+    from .build import build_gpt, log_kernel_fallback, transformer_config
+    from .degrees import ModelFacts, check_degrees
+    from .engine import MegatronEngine, load_hf_state
+    from .rotary import RotaryAngles
+    from .runtime import has_transformer_engine, init_model_parallel, require_megatron
+    from .weights import family_map
+
+    require_megatron()
+    hf_model = make_model(torch.device("cpu"), False)
+    family_map(hf_model.config)
+    has_te = has_transformer_engine()
+    check_degrees(cfg.megatron, dist.world(), ModelFacts.of(hf_model.config), has_te=has_te)
+    if dist.world() > 1:
+        raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
+    log_kernel_fallback(cfg.megatron, has_te)
+    init_model_parallel(cfg.megatron, cfg.train.seed, device)
+    dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
+    model = build_gpt(hf_model.config, transformer_config(hf_model.config, cfg.megatron, params_dtype=dtype))
+    load_hf_state(model, hf_model.state_dict(), hf_model.config)
+    model.to(device)
+    optimizer = build_optimizer(model, cfg.train, device)
+    scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
+    precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
+    log.info("Megatron-Core engine: %s, TP=PP=1, %s", hf_model.config.model_type, precision)
+    return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
+                          precision=precision, max_grad_norm=cfg.train.max_grad_norm,
+                          skip_nonfinite=cfg.train.skip_nonfinite, reference_mode=cfg.finetune.pref_reference)

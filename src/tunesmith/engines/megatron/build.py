@@ -1,0 +1,122 @@
+"""Hugging Face config -> megatron-core TransformerConfig and GPTModel with the local (torch-native) layer spec.
+
+Transformer Engine is never required: without it the fused kernels a config asks for
+(bias_activation_fusion, apply_rope_fusion, moe_grouped_gemm) fall back to their unfused forms,
+said in one log line. With it installed the local spec is still used: the Transformer Engine spec
+is untested here (its weight names differ), and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from ...errors import ModelError
+from .shards import padded_vocab_size
+from .weights import family_map
+
+log = logging.getLogger("tunesmith")
+
+_FUSIONS = ("bias_activation_fusion", "apply_rope_fusion", "moe_grouped_gemm")
+
+
+def log_kernel_fallback(m, has_te: bool) -> None:
+    """One line: the layer spec in use and which requested fusions run unfused."""
+    asked = [name for name in _FUSIONS if getattr(m, name)]
+    where = "Transformer Engine is installed, but its layer spec is untested here" if has_te else \
+        "Transformer Engine is not installed"
+    tail = f"; {', '.join(asked)} run unfused" if asked else ""
+    log.info("Megatron: %s: megatron-core's local (torch-native) layer spec%s", where, tail)
+
+
+def _parallel_kwargs(m) -> dict:
+    return dict(tensor_model_parallel_size=m.tensor_model_parallel_size,
+                pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+                virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
+                context_parallel_size=m.context_parallel_size,
+                expert_model_parallel_size=m.expert_model_parallel_size,
+                sequence_parallel=m.sequence_parallel)
+
+
+def _recompute_kwargs(m, num_layers: int) -> dict:
+    if m.recompute_granularity == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform",
+                    recompute_num_layers=m.recompute_num_layers or num_layers)
+    if m.recompute_granularity == "selective":
+        return dict(recompute_granularity="selective")
+    return {}
+
+
+def _moe_kwargs(hf, m) -> dict:
+    from .weights.qwen3_moe import num_experts
+
+    if getattr(hf, "model_type", "") != "qwen3_moe":
+        return {}
+    return dict(num_moe_experts=num_experts(hf), moe_router_topk=hf.num_experts_per_tok,
+                moe_ffn_hidden_size=hf.moe_intermediate_size,
+                # HF: softmax over all experts, top-k, renormalised when norm_topk_prob; megatron-core's default
+                # (top-k, then softmax over the k) is the renormalised form.
+                moe_router_pre_softmax=not hf.norm_topk_prob, moe_router_load_balancing_type="aux_loss",
+                moe_aux_loss_coeff=float(getattr(hf, "router_aux_loss_coef", 0.0)),
+                moe_token_dispatcher_type=m.moe_token_dispatcher_type, moe_grouped_gemm=False)
+
+
+def transformer_config(hf, m, *, params_dtype: torch.dtype):
+    """The TransformerConfig of Hugging Face config `hf` under the Megatron settings `m`."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ModelError(f"hidden_act '{hf.hidden_act}' is not mapped on backend: megatron (SwiGLU models only); use "
+                         "backend: single or fsdp2")
+    layout = family_map(hf).layout(hf)
+    heads = hf.num_attention_heads
+    return TransformerConfig(
+        num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, num_attention_heads=heads,
+        num_query_groups=getattr(hf, "num_key_value_heads", None) or heads,
+        kv_channels=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+        ffn_hidden_size=hf.intermediate_size, normalization="RMSNorm", layernorm_epsilon=hf.rms_norm_eps,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=layout.qkv_bias,
+        qk_layernorm=layout.qk_norm, hidden_dropout=0.0, attention_dropout=float(getattr(hf, "attention_dropout", 0.0)),
+        attention_softmax_in_fp32=True, bias_activation_fusion=False, bias_dropout_fusion=False,
+        apply_rope_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=False, use_cpu_initialization=True, perform_initialization=False,
+        params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
+        **_parallel_kwargs(m), **_recompute_kwargs(m, hf.num_hidden_layers), **_moe_kwargs(hf, m))
+
+
+def layer_spec(config):
+    """megatron-core's local spec, its core attention replaced by SDPA (attention.py)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from .attention import SDPACoreAttention
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Apex is not installed": the local spec's torch norm is the intended one
+        spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+def build_gpt(hf, config, vp_stage: int | None = None):
+    """The GPTModel of this process's pipeline stage (pre/post-process from the parallel state)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    tp = config.tensor_model_parallel_size
+    return GPTModel(
+        config, layer_spec(config), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),
+        max_sequence_length=getattr(hf, "max_position_embeddings", 4096), position_embedding_type="rope",
+        rotary_base=int(_rope_theta(hf)), share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+        vp_stage=vp_stage)
+
+
+def _rope_theta(hf) -> float:
+    """Only for megatron-core's own rotary module, which the engine does not call (rotary.py)."""
+    params = getattr(hf, "rope_parameters", None) or {}
+    return params.get("rope_theta") or getattr(hf, "rope_theta", None) or 10000.0

@@ -1,0 +1,73 @@
+"""The micro-batch schedule: megatron-core's forward-backward function, and the loss scale it needs.
+
+megatron-core's schedules divide each micro-batch's loss by the number of micro-batches (its
+legacy averaging: the loss function returns (loss, reduced)). tunesmith's losses are already
+divided by the normaliser of the whole optimiser step (the Runner's label tokens, pairs, ...),
+so the loss handed to the schedule is multiplied by the number of micro-batches, and the
+gradients come out as the plain sum over micro-batches that the normaliser expects.
+
+On CUDA the engine runs megatron-core's own schedule (get_forward_backward_func: no pipelining
+at PP=1, 1F1B or interleaved beyond). megatron-core's schedules allocate on CUDA, so on the CPU
+the same forward-step and loss functions run through `local_schedule`, which does what the
+no-pipelining schedule does: forward, divide by the micro-batch count, backward.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..base import LossFn, StepOutput, nonfinite
+from ..local_step import autocast
+from .forward import lm_forward
+from ...models.forward import ModelOutputs
+
+
+def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
+    """The loss to give megatron-core's schedule so that after its division by num_microbatches it is `loss`."""
+    return loss * num_microbatches
+
+
+def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, logits_BTV):
+    # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
+    with autocast(engine.precision, engine.device):
+        out = loss_fn.fn(ModelOutputs(logits_BTV=logits_BTV), batch)
+    engine._nonfinite_loss = nonfinite(engine._nonfinite_loss, out)
+    total.add(out)
+    return scheduled_loss(out.loss, num_microbatches), {}
+
+
+def forward_step_func(engine, loss_fn: LossFn, total: StepOutput, num_microbatches: int):
+    """megatron-core's forward_step_func(data_iterator, model) -> (output, loss_func)."""
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator).to(engine.device)
+        with autocast(engine.precision, engine.device):
+            logits_BTV = lm_forward(model, batch, engine.angles)
+        return logits_BTV, functools.partial(_loss_func, engine, loss_fn, batch, total, num_microbatches)
+    return forward_step
+
+
+def local_schedule(forward_step, data_iterator, model, num_microbatches: int) -> None:
+    """megatron-core's no-pipelining schedule, on any device."""
+    for _ in range(num_microbatches):
+        output, loss_func = forward_step(data_iterator, model)
+        loss, _ = loss_func(output)
+        (loss / num_microbatches).backward()
+
+
+def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOutput:
+    total = StepOutput()
+    count = len(micro_batches)
+    step = forward_step_func(engine, loss_fn, total, count)
+    engine.model.train()
+    if engine.device.type != "cuda":
+        local_schedule(step, iter(micro_batches), engine.model, count)
+        return total.settle()
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    lengths = [b.input_ids_BT.shape for b in micro_batches]
+    get_forward_backward_func()(forward_step_func=step, data_iterator=iter(micro_batches), model=[engine.model],
+                                num_microbatches=count, seq_length=max(s[1] for s in lengths),
+                                micro_batch_size=max(s[0] for s in lengths), forward_only=False)
+    return total.settle()

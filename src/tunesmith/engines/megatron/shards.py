@@ -1,0 +1,80 @@
+"""Tensor-parallel shard maps: which slice of each full megatron-core weight a TP rank holds.
+
+Pure functions of full (unsharded) state dicts, as megatron-core's local layers split them:
+  - column-parallel (output dimension split): linear_qkv, linear_fc1, the word embeddings and
+    the output layer (vocabulary rows);
+  - row-parallel (input dimension split): linear_proj, linear_fc2;
+  - replicated: norms and the router.
+linear_qkv is grouped per KV head, so rank r takes whole query groups: a contiguous block.
+linear_fc1 is [gate; up], so rank r takes its block of the gate rows and of the up rows, and
+its local GLU still chunks [gate_r; up_r] in two.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import ConfigError
+
+_COLUMN = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
+_GATED = ("linear_fc1.weight",)
+_ROW = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
+    """The vocabulary rounded up so that each TP rank holds an equal number of rows (megatron's
+    make_vocab_size_divisible_by x TP)."""
+    step = multiple * tp
+    return -(-vocab_size // step) * step
+
+
+def split_of(name: str) -> str:
+    """How `name` is split over TP ranks: column, gated, row or replicated."""
+    if name.endswith(_GATED):
+        return "gated"
+    if name.endswith(_COLUMN):
+        return "column"
+    if name.endswith(_ROW):
+        return "row"
+    return "replicated"
+
+
+def _blocks(tensor: torch.Tensor, tp: int, dim: int, name: str) -> tuple[torch.Tensor, ...]:
+    if tensor.shape[dim] % tp:
+        raise ConfigError([f"{name} has {tensor.shape[dim]} rows/columns along dimension {dim}, which "
+                           f"tensor_model_parallel_size {tp} does not divide; pick a degree that divides it"])
+    return torch.chunk(tensor, tp, dim=dim)
+
+
+def shard(name: str, tensor: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    """TP rank `rank`'s slice of the full weight `name`."""
+    kind = split_of(name)
+    if kind == "column":
+        return _blocks(tensor, tp, 0, name)[rank]
+    if kind == "row":
+        return _blocks(tensor, tp, 1, name)[rank]
+    if kind == "gated":
+        gate, up = torch.chunk(tensor, 2, dim=0)
+        return torch.cat([_blocks(gate, tp, 0, name)[rank], _blocks(up, tp, 0, name)[rank]], dim=0)
+    return tensor
+
+
+def unshard(name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """The full weight from every TP rank's slice, in rank order (the inverse of shard)."""
+    kind = split_of(name)
+    if kind == "column":
+        return torch.cat(pieces, dim=0)
+    if kind == "row":
+        return torch.cat(pieces, dim=1)
+    if kind == "gated":
+        halves = [torch.chunk(p, 2, dim=0) for p in pieces]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return pieces[0]
+
+
+def shard_state(full: dict, tp: int, rank: int) -> dict:
+    return {name: shard(name, tensor, tp, rank) for name, tensor in full.items()}
+
+
+def unshard_states(per_rank: list[dict]) -> dict:
+    return {name: unshard(name, [state[name] for state in per_rank]) for name in per_rank[0]}

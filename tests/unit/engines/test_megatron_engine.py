@@ -1,0 +1,101 @@
+"""The Megatron-Core engine on the CPU (megatron-core 0.19.2, local layer spec, gloo world of one): the
+GPTModel gives the Hugging Face model's logits on a packed batch, its weights go back to identical HF tensors,
+and the micro-batch schedule's division by the micro-batch count is undone. Skipped without megatron-core."""
+
+import os
+import types
+
+import pytest
+import torch
+import transformers
+
+pytest.importorskip("megatron.core")
+
+from tunesmith.config.schema import MegatronConfig  # noqa: E402
+from tunesmith.engines.megatron.build import build_gpt, transformer_config  # noqa: E402
+from tunesmith.engines.megatron.engine import hf_state_of, load_hf_state  # noqa: E402
+from tunesmith.engines.megatron.forward import lm_forward, packed_causal_mask  # noqa: E402
+from tunesmith.engines.megatron.rotary import RotaryAngles  # noqa: E402
+from tunesmith.engines.megatron.schedule import local_schedule, scheduled_loss  # noqa: E402
+from tunesmith.engines.megatron.runtime import init_model_parallel, require_megatron  # noqa: E402
+
+SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=96, vocab_size=128, max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    require_megatron()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 500))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    init_model_parallel(MegatronConfig(), seed=0, device=torch.device("cpu"))
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def _hf(config_class, **extra):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**SHAPE, **extra), attn_implementation="sdpa")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def _megatron(hf):
+    model = build_gpt(hf.config, transformer_config(hf.config, MegatronConfig(), params_dtype=torch.float32))
+    load_hf_state(model, hf.state_dict(), hf.config)
+    return model.eval()
+
+
+def _packed_batch():
+    # row 0: samples of 5 and 4 tokens, then padding; row 1: one sample of 11 tokens
+    segments = torch.tensor([[0] * 5 + [1] * 4 + [-1] * 3, [2] * 11 + [-1]])
+    positions = torch.tensor([list(range(5)) + list(range(4)) + [0] * 3, list(range(11)) + [0]])
+    ids = torch.randint(0, 128, segments.shape, generator=torch.Generator().manual_seed(1))
+    return types.SimpleNamespace(input_ids_BT=ids, position_ids_BT=positions, segment_ids_BT=segments)
+
+
+@pytest.mark.parametrize("config_class, extra", [(transformers.Qwen3Config, {"tie_word_embeddings": False}),
+                                                 (transformers.LlamaConfig, {"tie_word_embeddings": True}),
+                                                 (transformers.Qwen2Config, {"tie_word_embeddings": False})])
+def test_megatron_logits_equal_the_hf_models_on_a_packed_batch(world_of_one, config_class, extra):
+    hf = _hf(config_class, **extra)
+    model = _megatron(hf)
+    batch = _packed_batch()
+    with torch.no_grad():
+        ours = lm_forward(model, batch, RotaryAngles.of(hf))
+        for row, sample_cols in ((0, slice(0, 5)), (0, slice(5, 9)), (1, slice(0, 11))):
+            alone = hf(input_ids=batch.input_ids_BT[row:row + 1, sample_cols]).logits[0]
+            torch.testing.assert_close(ours[row, sample_cols], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_through_the_megatron_modules_come_back_identical(world_of_one):
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+    back = hf_state_of(_megatron(hf), hf.config)
+    for key, tensor in hf.state_dict().items():
+        assert torch.equal(back[key], tensor), key
+
+
+def test_the_packed_mask_keeps_samples_causal_and_apart():
+    mask = packed_causal_mask(torch.tensor([[0, 0, 1, 1, -1]]))[0, 0]
+    allowed = (~mask).int().tolist()
+    assert allowed == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+
+
+def test_the_schedule_leaves_the_gradient_the_plain_sum_of_the_micro_batch_losses():
+    weight = torch.nn.Parameter(torch.tensor(2.0))
+    inputs = [torch.tensor(1.0), torch.tensor(3.0), torch.tensor(5.0)]
+
+    def forward_step(data_iterator, model):
+        x = next(data_iterator)
+        return weight * x, lambda out: (scheduled_loss(out / 10.0, 3), {})  # each loss already / the step normaliser
+
+    local_schedule(forward_step, iter(inputs), None, 3)
+    assert weight.grad.item() == pytest.approx((1 + 3 + 5) / 10.0)
