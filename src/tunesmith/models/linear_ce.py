@@ -9,7 +9,7 @@ Liger's kernel does the same with chunks sized to the hidden states (128 rows fo
 vocabulary at hidden 2048): every chunk then re-reads and re-writes the whole fp32 weight gradient,
 so the head runs memory-bound (a fifth of a Qwen3-1.7B step on an H200). Here a chunk is as many
 rows as fit in a fixed logits budget (2,048 rows at that shape), a handful of large matmuls per
-micro-batch, no host synchronisation.
+micro-batch, and only for the tokens whose target is counted.
 
 Numerics: the matmuls run in the compute dtype (the autocast dtype under autocast, else the
 inputs'), the log-sum-exp, the NLL and the softmax in fp32, the weight gradient accumulates in fp32.
@@ -76,7 +76,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """sum over counted targets of -log softmax(hidden @ weight.T)[target]; targets == -100 are not counted.
-    hidden [N, H], weight [V, H], targets [N]; an fp32 scalar."""
+    hidden [N, H], weight [V, H], targets [N]; an fp32 scalar. Only the counted rows reach the output layer
+    (prompt tokens of SFT never need their logits); finding them is the one host synchronisation."""
+    counted = (targets != IGNORE_INDEX).nonzero().squeeze(1)
+    hidden, targets = hidden.index_select(0, counted), targets.index_select(0, counted)
     dtype = _compute_dtype(hidden)
     with torch.autocast(hidden.device.type, enabled=False):
         return _LinearCrossEntropy.apply(hidden, weight, targets, chunk_rows(weight.shape[0], dtype), dtype)

@@ -181,6 +181,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
             trust_remote_code=cfg.trust_remote_code,
             cache_dir=cfg.cache_dir,
             revision=cfg.model_revision,
+            device_map=device if device.type == "cuda" else None,  # converted to fp32 on the GPU, not the CPU
             **extra,
         )
     except OSError as err:

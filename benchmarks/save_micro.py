@@ -1,0 +1,52 @@
+"""Where the final save's seconds go: a model on the GPU (fp32 masters) written with save_pretrained as is, and with
+its state dict copied to the CPU first in one pass.
+
+    python benchmarks/save_micro.py MODEL_DIR [--out save.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+def _timed(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return round(time.perf_counter() - start, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, device_map="cuda")
+    result = {}
+    for name in ("as_is", "cpu_first", "as_is_again"):
+        folder = Path(f"/tmp/save-{name}")
+        shutil.rmtree(folder, ignore_errors=True)
+        if name.startswith("as_is"):
+            result[name] = {"total_s": _timed(lambda: model.save_pretrained(folder))}
+            continue
+        state = {}
+        copy_s = _timed(lambda: state.update({k: v.detach().to("cpu") for k, v in model.state_dict().items()}))
+        write_s = _timed(lambda: model.save_pretrained(folder, state_dict=state))
+        result[name] = {"copy_s": copy_s, "write_s": write_s, "total_s": round(copy_s + write_s, 2)}
+    result["bytes"] = sum(f.stat().st_size for f in Path("/tmp/save-as_is").iterdir())
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
