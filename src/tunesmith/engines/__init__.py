@@ -1,6 +1,6 @@
 """Training engines behind one interface (base.Engine), built by `build_engine`.
 
-The config's backend (resolved: single, fsdp2 or deepspeed) picks the engine; this
+The config's backend (resolved: single, fsdp2, deepspeed or megatron) picks the engine; this
 is the only place outside the engines themselves that names a backend.
 """
 
@@ -39,6 +39,10 @@ def build_engine(cfg, make_model: ModelFactory, device: torch.device, num_optimi
         return _fsdp2(cfg, make_model, device, num_optimizer_steps)
     if backend == "single":
         return _single(cfg, make_model(device, False), device, num_optimizer_steps)
+    if backend == "megatron":
+        from .megatron import build_megatron_engine
+
+        return build_megatron_engine(cfg, make_model, device, num_optimizer_steps)
     raise TunesmithError(f"backend '{backend}' is not resolved; call config.resolve first")
 
 
@@ -101,7 +105,7 @@ def _deepspeed(cfg, model, device, num_optimizer_steps: int):
 
 def needs_process_group(cfg) -> bool:
     """Sharded engines need torch.distributed initialised even on one process."""
-    return cfg.train.backend in ("fsdp2", "deepspeed")
+    return cfg.train.backend in ("fsdp2", "deepspeed", "megatron")
 
 
 def checkpoint_backend(path) -> str | None:
