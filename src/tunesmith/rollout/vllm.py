@@ -19,6 +19,7 @@ scripts/vllm_cpu_env.sh); see docs/online-rl.md.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -64,14 +65,15 @@ def check_vllm_rollout(*, installed: str | None, device_type: str, media: bool) 
         raise TunesmithError("; ".join(problems))
 
 
-def check_head_size(config, device_type: str) -> None:
+def check_head_size(config, device_type: str, *, key: str = "rollout_backend: vllm",
+                    alternative: str = "rollout_backend: hf") -> None:
     """vLLM's CPU attention refuses other head sizes only at the first generate, deep inside a kernel."""
     text = getattr(config, "text_config", None) or config
     head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     if device_type == "cpu" and head not in CPU_HEAD_SIZES:
-        raise TunesmithError(f"rollout_backend: vllm on a CPU: the model's head_dim is {head}, and vLLM's CPU "
-                             f"attention takes only {', '.join(map(str, CPU_HEAD_SIZES))}; use a model with one of "
-                             "them, or rollout_backend: hf")
+        raise TunesmithError(f"{key} on a CPU: the model's head_dim is {head}, and vLLM's CPU attention takes "
+                             f"only {', '.join(map(str, CPU_HEAD_SIZES))}; use a model with one of them, or "
+                             f"{alternative}")
 
 
 def kv_cache_bytes(config, *, num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
@@ -98,10 +100,10 @@ class VllmRollout:
     shares_weights = False
 
     def __init__(self, **args):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights as tensors
         from vllm import LLM
 
-        self.llm = LLM(**args)
+        with _in_process():
+            self.llm = LLM(**args)
         self.can_sleep = bool(args.get("enable_sleep_mode"))
         self.asleep = False
         self.kv_asleep = False
@@ -142,6 +144,21 @@ class VllmRollout:
                 responses.append(tokens[:length])
                 logps.append(chosen[:length])
         return Rollouts(responses, logps)
+
+
+@contextlib.contextmanager
+def _in_process():
+    """The engine core in this process, so weights are pushed as tensors. Read when the engine is built, and
+    set only then: vLLM's async engine (serve/vllm_engine.py, in the same process) refuses to run in-process."""
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
 
 
 def sampling_params(sampling: Sampling, n: int):

@@ -23,6 +23,7 @@ from ..infer.options import ChatOptions
 from .engine import CancelToken, Engine, Finished, Prepared
 from .errors import RequestError
 from .models import check_adapter, served_models
+from ..rollout.vllm import check_head_size, kv_cache_bytes, vllm_device
 from .render import stop_ids_of, takes_media, tokenizer_of
 
 log = logging.getLogger("tunesmith")
@@ -46,17 +47,40 @@ class _Loop:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def _engine_args(options: ChatOptions, base: str, lora: dict[str, str], multimodal: bool) -> dict:
+def _engine_args(options: ChatOptions, base: str, lora: dict[str, str], multimodal: bool, config) -> dict:
     spec, keys = options.model, options.vllm
-    args = {"model": base, "tokenizer": base, "dtype": _DTYPES[spec.infer_dtype],
+    args = {"model": base, "tokenizer": base, "dtype": _dtype(spec.infer_dtype, config),
             "trust_remote_code": spec.trust_remote_code, "revision": spec.model_revision,
-            "download_dir": spec.cache_dir, "max_model_len": keys.vllm_maxlen,
-            "gpu_memory_utilization": keys.vllm_gpu_util, "enforce_eager": keys.vllm_enforce_eager}
+            "download_dir": spec.cache_dir, "max_model_len": keys.vllm_maxlen, "enforce_eager": keys.vllm_enforce_eager,
+            **_memory_args(options, config)}
     if lora:
         args.update(enable_lora=True, max_lora_rank=keys.vllm_max_lora_rank, max_loras=len(lora))
     if multimodal:
         args["limit_mm_per_prompt"] = {"image": 4}
     return {**args, **(keys.vllm_config or {})}
+
+
+def _dtype(infer_dtype: str, config) -> str:
+    """auto: the checkpoint's own dtype (vLLM's own auto would run a float32 checkpoint in 16 bits)."""
+    if infer_dtype != "auto":
+        return _DTYPES[infer_dtype]
+    text = getattr(config, "text_config", None) or config
+    dtype = getattr(text, "dtype", None) or getattr(config, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
+
+
+def _memory_args(options: ChatOptions, config) -> dict:
+    """On a GPU, vllm_gpu_util of its memory. vLLM's CPU build reads that share as one of the machine's RAM,
+    reserved at start (0.7 took 14 GiB on a 24 GiB machine for a model of 1 MB), so there the KV cache holds
+    max_concurrent requests of vllm_maxlen tokens instead."""
+    import torch
+
+    if vllm_device() != "cpu":
+        return {"gpu_memory_utilization": options.vllm.vllm_gpu_util}
+    check_head_size(config, "cpu", key="infer_backend: vllm", alternative="infer_backend: huggingface")
+    serve = getattr(options, "serve", None)
+    return {"kv_cache_memory_bytes": kv_cache_bytes(config, num_seqs=serve.max_concurrent if serve else 1,
+                                                    max_model_len=options.vllm.vllm_maxlen, dtype=torch.float32)}
 
 
 def _check_options(options: ChatOptions, stacked: list[str]) -> None:
@@ -81,7 +105,7 @@ class VllmEngine(Engine):
     @classmethod
     def load(cls, options: ChatOptions, lora_modules: dict[str, str], served_model_name: str | None = None):
         check_vllm_installed()
-        from transformers import GenerationConfig
+        from transformers import AutoConfig, GenerationConfig
         from vllm import AsyncEngineArgs, AsyncLLMEngine
         from vllm.lora.request import LoRARequest
 
@@ -97,8 +121,10 @@ class VllmEngine(Engine):
         if stacked:  # the default model is the base with its (one) adapter
             default = next(iter(models))
             models[default] = dataclasses.replace(models[default], adapter=_DEFAULT)
+        config = AutoConfig.from_pretrained(base, revision=spec.model_revision,
+                                            trust_remote_code=spec.trust_remote_code, cache_dir=spec.cache_dir)
+        args = AsyncEngineArgs(**_engine_args(options, base, lora, takes_media(preprocessor), config))
         loop = _Loop()
-        args = AsyncEngineArgs(**_engine_args(options, base, lora, takes_media(preprocessor)))
 
         async def start():
             return AsyncLLMEngine.from_engine_args(args)
