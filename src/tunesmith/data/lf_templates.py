@@ -152,7 +152,7 @@ _ROWS = (
     _no("gemma4", "Gemma 4"),
     _no("gemma4n", "Gemma 4n"),
     _no("glm4_moe", "GLM-4.5 (MoE)"),
-    _no("glm4v", "GLM-4.1V"),
+    _own("glm4v", "GLM-4.1V", "glm4v", tokens=("[gMASK]", "<sop>", "<|begin_of_image|>", "<|image|>")),
     _no("glm4_5v", "GLM-4.5V"),
     _no("glm_ocr", "GLM-OCR"),
     _no("glm4_7", "GLM-4.7"),

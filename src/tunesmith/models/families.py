@@ -177,6 +177,18 @@ FAMILIES: dict[str, Family] = {
         # ending each row, [IMG_END] the last.
         Family("mistral3", ("mistral3",), **{**_LLAVA, "image_token": "[IMG]", "markers": (("image", "[IMG]"),),
                                             "image_count": "text"}),
+        # GLM-4.1V (Glm4vForConditionalGeneration): a ViT whose 2x2 downsampling conv and merger project into a GLM-4
+        # language model with mRoPE; images as Qwen2-VL's (a patch grid, one <|image|> per merged patch).
+        Family(
+            "glm4v", ("glm4v",),
+            vision_tower=("model.visual",),
+            projector=("model.visual.merger", "model.visual.downsample"),
+            language_model=_LM,
+            audio_tower=(),
+            image_token="<|image|>", video_token=None, audio_token=None,
+            uses_mrope=True,
+            markers=(("image", "<|begin_of_image|><|image|><|end_of_image|>"),),
+        ),
         # Idefics3 and SmolVLM (Idefics3ForConditionalGeneration): a SigLIP-style tower, a pixel-shuffle connector,
         # a Llama language model. Each image is tiles in rows and columns plus the whole image, written by the
         # processor with row/column tags and newlines between the tiles' <image> tokens.
@@ -376,7 +388,7 @@ REMOTE_CODE_FAMILIES: dict[str, RemoteCodeFamily] = {
                          "supported by tunesmith yet; fine-tune a supported family instead (docs/models.md)"),
         RemoteCodeFamily("ChatGLM / GLM-4-9B / GLM-4V-9B (the original repositories)", ("chatglm",),
                          "use a transformers-native GLM-4 checkpoint (e.g. THUDM/glm-4-9b-chat-hf or GLM-4-0414, "
-                         "model_type glm4) for text; GLM-4.1V (glm4v) is not supported yet"),
+                         "model_type glm4) for text, GLM-4.1V (model_type glm4v) for images"),
         RemoteCodeFamily("MiniCPM-V / MiniCPM-o", ("minicpmv", "minicpmo"), _NO_NATIVE),
         RemoteCodeFamily("Kimi-VL", ("kimi_vl",), _NO_NATIVE),
         RemoteCodeFamily("DeepSeek-VL2", ("deepseek_vl_v2",), _NO_NATIVE),

@@ -1,8 +1,10 @@
-"""Tiny InternVL 3, Idefics3 / SmolVLM and Mistral 3: the image families whose processor writes a structured text per
-image (tiles with delimiters, row tags and newlines, row breaks). Their folders load through the auto classes, their
-templates are the families' formats, the data path writes exactly the ids the processor's own call gives (images
-of other shapes, two images in one record, text-only records), the image reaches the loss, packing keeps samples
-apart, and the builds are byte-identical."""
+"""Tiny InternVL 3, Idefics3 / SmolVLM, Mistral 3 and GLM-4.1V image families.
+
+The first three are the families whose processor writes a structured text per image (tiles with delimiters, row
+tags and newlines, row breaks); GLM-4.1V counts a patch grid and uses mRoPE. Their folders load through the auto
+classes, their templates are the families' formats, the data path writes exactly the ids the processor's own call
+gives (images of other shapes, two images in one record, text-only records), the image reaches the loss, packing
+keeps samples apart (GLM-4.1V: with each sample's own 3-D positions), and the builds are byte-identical."""
 
 import json
 
@@ -29,8 +31,12 @@ EXPECTED = {
                  "Assistant: A cat.<end_of_utterance>\n"),
     "mistral3": ("PixtralProcessor", "Mistral3ForConditionalGeneration",
                  "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
+    "glm4v": ("Glm4vProcessor", "Glm4vForConditionalGeneration",
+              "[gMASK]<sop><|system|>\nBe brief.<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Describe it."
+              "<|assistant|>\nA cat.<|endoftext|>"),
 }
 ARCHS = sorted(EXPECTED)
+TILED = ["idefics3", "internvl", "mistral3"]  # image_count "text": the processor writes each image's text
 # image tokens of a (height, width) image after the default budget, as the processor's own call counts them: tiles
 # at the aspect ratio (plus a thumbnail); Idefics3 first resizes the longest edge to 112 (2 tiles); Pixtral rounds
 # each side up to whole 28-pixel merged patches
@@ -77,7 +83,7 @@ def test_folder_loads_and_the_template_is_the_familys_format(arch, built, loaded
 def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss(arch, loaded):
     processor, model = loaded[arch]
     family = family_of(model)
-    assert family is FAMILIES[arch] and not family.uses_mrope and family.modalities == ("image",)
+    assert family is FAMILIES[arch] and family.uses_mrope == (arch == "glm4v") and family.modalities == ("image",)
     assert packing_leak(model.config) is None
     groups = module_groups(model, family)
     assert set(groups) == set(GROUPS)  # no "other"
@@ -94,7 +100,7 @@ def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss
     model.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", TILED)
 def test_plan_counts_follow_the_image_shape_and_the_workers_check_them(arch, loaded, tmp_path):
     processor, _ = loaded[arch]
     media = MediaProcessor(processor, FAMILIES[arch], MediaBudget.from_config(DataConfig()))
@@ -155,8 +161,8 @@ def test_rendered_ids_are_the_processors_own_with_two_images_in_a_record(arch, l
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_packed_equals_unpacked_per_sample(arch, built):
-    """1-D positions restart per sample and the packed mask keeps samples apart: the same per-sample losses,
-    with image and text-only records mixed and a two-image record among them."""
+    """Positions restart per sample (GLM-4.1V: its own 3-D positions) and the packed mask keeps samples apart: the
+    same per-sample losses, with image and text-only records mixed and a two-image record among them."""
     from tunesmith.data.collate import collate_rows
     from tunesmith.methods.losses import per_segment_mean, token_nll
     from tunesmith.models.forward import run_forward
@@ -174,6 +180,26 @@ def test_packed_equals_unpacked_per_sample(arch, built):
 
     torch.testing.assert_close(per_sample([rows[:3], rows[3:]]), per_sample([[r] for r in rows]),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_glm4v_packed_rows_carry_each_samples_own_3d_positions(built):
+    """In a packed row each image sample gets the 3-D positions the model's own get_rope_index gives it alone."""
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.models.inputs import mrope_position_ids
+
+    rows, tokenizer, media = _prepared("glm4v", max_samples=8)
+    rows = [r for r in rows if r["mm_plan"]][5:8]  # the third has two images
+    model = AutoModelForImageTextToText.from_pretrained(built["glm4v"]).eval()
+    packed = collate_rows([rows], tokenizer.pad_token_id, media=media)
+    positions = mrope_position_ids(model, packed)[:, 0]  # [4, T]: the text row, then temporal, height, width
+    for seg, row in enumerate(rows):
+        alone = collate_rows([[row]], tokenizer.pad_token_id, media=media)
+        own, _ = model.model.get_rope_index(alone.input_ids_BT, image_grid_thw=alone.media["image_grid_thw"],
+                                            mm_token_type_ids=alone.token_types_BT)
+        cols = packed.segment_ids_BT[0] == seg
+        assert torch.equal(positions[1:, cols], own[:, 0])
+        assert not torch.equal(own[1], own[2])  # an image's height and width positions differ: mRoPE is in effect
+        assert torch.equal(positions[0, cols], torch.arange(len(row["input_ids"])))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
