@@ -167,6 +167,11 @@ FAMILIES: dict[str, Family] = {
                                                                          "model.image_newline")}),
         # Gemma 3 (Gemma3ForConditionalGeneration): a SigLIP tower, a pooling projector (an RMS norm and one
         # matrix), the Gemma 3 text model with sliding-window and global layers.
+        # LLaVA-OneVision: LLaVA-NeXT's parts (a SigLIP tower) with a Qwen2 language model. A lone image is seen whole
+        # and as tiles, a record's several images whole only, so a record's images are counted together.
+        Family("llava_onevision", ("llava_onevision",), **{**_LLAVA, "projector": ("model.multi_modal_projector",
+                                                                                "model.image_newline"),
+                                                           "image_count": "text"}),
         # InternVL 3 (InternVLForConditionalGeneration, the "-hf" checkpoints): an InternViT tower, a pixel-shuffle
         # MLP projector, a Qwen2 language model. Each image is tiles at its aspect ratio (plus a thumbnail), each
         # tile the same number of <IMG_CONTEXT> tokens, the whole between <img> and </img>.

@@ -63,7 +63,7 @@ class MediaProcessor:
             self.token_ids["image"] = tok.convert_tokens_to_ids(family.image_embed_token)
         # a sequence with text around its tokens is expanded in the text (data.mm.expand_in_text)
         self.expand_in_text = family.image_count in ("fixed", "text")
-        self._image_texts: dict[tuple[int, int], str] = {}  # "text" families: (height, width) -> expansion
+        self._image_texts: dict[tuple, list[str]] = {}  # "text" families: a record's image sizes -> expansions
         if family.image_count == "fixed" and getattr(processor.image_processor, "do_pan_and_scan", False):
             raise DataError(f"{family.name}: the image processor has do_pan_and_scan on (crops whose number depends on "
                             "each image's shape); tunesmith plans a fixed sequence per image. Set "
@@ -76,6 +76,10 @@ class MediaProcessor:
         if unsupported:
             raise DataError(f"this model ({self.family.name}) takes no {unsupported[0]} input")
         images = [self._plan_image(p) for p in sample.get("images") or []]
+        if images and self.family.image_count == "text":  # a record's images together: the count may depend on how many
+            embed = self._embed_token()
+            for image, text in zip(images, self._image_texts_of(images)):
+                image["tokens"] = text.count(embed)
         videos = [self._plan_video(p) for p in sample.get("videos") or []]
         if sample.get("audios") and any("audio" in v for v in videos):
             raise DataError("with use_audio_in_video, a record takes its audio from its videos: drop its audios list")
@@ -93,9 +97,8 @@ class MediaProcessor:
     def _plan_image(self, path: str) -> dict:
         info = media.probe_image(path)
         w, h = media.resize_to_budget(info.width, info.height, self.budget.image_max_pixels, self.budget.image_min_pixels)
-        if self.family.image_count == "text":
-            text = self._image_text(h, w)
-            return {"path": path, "size": [w, h], "tokens": text.count(self._embed_token())}
+        if self.family.image_count == "text":  # counted with the record's other images (plan)
+            return {"path": path, "size": [w, h]}
         if self.family.image_count in ("processor", "fixed"):  # LLaVA, Gemma 3: the processor counts
             counted = self.processor._get_num_multimodal_tokens(image_sizes=[[h, w]])
             return {"path": path, "size": [w, h], "tokens": int(counted["num_image_tokens"][0])}
@@ -138,7 +141,7 @@ class MediaProcessor:
         if images and self.family.image_count == "processor":
             texts["image"] = [proc.image_token * i["tokens"] for i in images]
         elif images and self.family.image_count == "text":
-            texts["image"] = [self._image_text(i["size"][1], i["size"][0]) for i in images]
+            texts["image"] = self._image_texts_of(images)
         elif images and self.family.image_count == "fixed":  # no crops: one sequence, the same for every image
             texts["image"] = [proc.replace_image_token({"num_crops": [0] * len(images)}, image_idx=k)
                               for k in range(len(images))]
@@ -179,17 +182,17 @@ class MediaProcessor:
         audios = [a for p in plans for a in p["audios"] + [v["audio"] for v in p["videos"] if "audio" in v]]
         inputs: dict = {}
         if images:
-            inputs.update(self._process_images(images))
+            inputs.update(self._process_images(images, [len(p["images"]) for p in plans if p["images"]]))
         if videos:
             inputs.update(self._process_videos(videos))
         if audios:
             inputs.update(self._process_audio(audios))
         return inputs, _per_sample(plans, inputs)
 
-    def _process_images(self, images: list[dict]) -> dict:
+    def _process_images(self, images: list[dict], per_sample: list[int]) -> dict:
         b = self.budget
         pil = [media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in images]
-        out, _ = self._run_image_processor(pil)
+        out, _ = self._run_image_processor(_nested(pil, per_sample) if self.family.image_count == "text" else pil)
         if self.family.image_count in ("processor", "fixed", "text"):
             return self._counted_image_inputs(out, images)
         _check_counts(out["image_grid_thw"], [i["patches"] for i in images], "image")
@@ -205,15 +208,17 @@ class MediaProcessor:
         merged = proc._merge_kwargs(tokenizer_init_kwargs=proc.tokenizer.init_kwargs)["images_kwargs"]
         return proc._process_images(pil, **{**merged, "return_tensors": "pt"})
 
-    def _image_text(self, height: int, width: int) -> str:
-        """What the processor writes for an image of this size (after the budget), from its own processing of a
-        blank image of that size: only the size shapes the tiles, so the file is not decoded here, and the
-        workers check the real image's outputs against the plan's count."""
-        key = (height, width)
+    def _image_texts_of(self, images: list[dict]) -> list[str]:
+        """What the processor writes for a record's images of these sizes (after the budget), from its own
+        processing of blank images of those sizes, as one record (LLaVA-OneVision counts a record's several images
+        differently from a lone one): only the sizes shape the tiles, so no file is decoded here, and the workers
+        check the real images' outputs against the plan's counts."""
+        key = tuple(tuple(i["size"]) for i in images)
         if key not in self._image_texts:
             from PIL import Image
 
-            self._image_texts[key] = self._run_image_processor([Image.new("RGB", (width, height))])[1][0]
+            blanks = [Image.new("RGB", (w, h)) for w, h in key]
+            self._image_texts[key] = self._run_image_processor([blanks])[1]
         return self._image_texts[key]
 
     def _embed_token(self) -> str:
@@ -292,6 +297,15 @@ def _video_kwarg_names(processor) -> set[str]:
     vp = processor.video_processor
     names = set(getattr(vp, "valid_kwargs", object).__annotations__) if hasattr(vp, "valid_kwargs") else set()
     return names | set(inspect.signature(vp.preprocess).parameters)
+
+
+def _nested(items: list, per_sample: list[int]) -> list[list]:
+    """`items` cut into consecutive per-record lists of the given lengths (the processor's batch of records)."""
+    out, start = [], 0
+    for n in per_sample:
+        out.append(items[start:start + n])
+        start += n
+    return out
 
 
 def _fit(wave: np.ndarray, length: int) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""Tiny InternVL 3, Idefics3 / SmolVLM, Mistral 3 and GLM-4.1V image families.
+"""Tiny InternVL 3, Idefics3 / SmolVLM, Mistral 3, LLaVA-OneVision and GLM-4.1V image families.
 
-The first three are the families whose processor writes a structured text per image (tiles with delimiters, row
-tags and newlines, row breaks); GLM-4.1V counts a patch grid and uses mRoPE. Their folders load through the auto
+The first four are the families whose processor writes a structured text per image (tiles with delimiters, row
+tags and newlines, row breaks; LLaVA-OneVision: a record's several images counted together); GLM-4.1V counts a patch grid and uses mRoPE. Their folders load through the auto
 classes, their templates are the families' formats, the data path writes exactly the ids the processor's own call
 gives (images of other shapes, two images in one record, text-only records), the image reaches the loss, packing
 keeps samples apart (GLM-4.1V: with each sample's own 3-D positions), and the builds are byte-identical."""
@@ -31,18 +31,22 @@ EXPECTED = {
                  "Assistant: A cat.<end_of_utterance>\n"),
     "mistral3": ("PixtralProcessor", "Mistral3ForConditionalGeneration",
                  "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
+    "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionForConditionalGeneration",
+                        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image>\nDescribe it.<|im_end|>\n"
+                        "<|im_start|>assistant\nA cat.<|im_end|>\n"),
     "glm4v": ("Glm4vProcessor", "Glm4vForConditionalGeneration",
               "[gMASK]<sop><|system|>\nBe brief.<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Describe it."
               "<|assistant|>\nA cat.<|endoftext|>"),
 }
 ARCHS = sorted(EXPECTED)
-TILED = ["idefics3", "internvl", "mistral3"]  # image_count "text": the processor writes each image's text
+TILED = ["idefics3", "internvl", "llava_onevision", "mistral3"]  # image_count "text": the processor writes the text
 # image tokens of a (height, width) image after the default budget, as the processor's own call counts them: tiles
 # at the aspect ratio (plus a thumbnail); Idefics3 first resizes the longest edge to 112 (2 tiles); Pixtral rounds
 # each side up to whole 28-pixel merged patches
 COUNTS = {"internvl": {(56, 84): 12, (100, 30): 16, (40, 40): 4},
           "idefics3": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
-          "mistral3": {(56, 84): 4, (100, 30): 2, (40, 40): 4}}
+          "mistral3": {(56, 84): 4, (100, 30): 2, (40, 40): 4},
+          "llava_onevision": {(56, 84): 14, (100, 30): 16, (40, 40): 24}}
 
 
 def _image(h, w, seed=0):
@@ -118,6 +122,21 @@ def test_plan_counts_follow_the_image_shape_and_the_workers_check_them(arch, loa
     _image(56, 84).save(tmp_path / "1.png")  # the 100x30 image's file changed after tokenization: the workers say so
     with pytest.raises(Exception, match="differ from the tokenization plan"):
         media.process([json.loads(plans[100, 30])])
+
+
+def test_llava_onevision_counts_a_records_images_together(loaded, tmp_path):
+    """A lone image is seen whole and as tiles; each of a record's two images whole only: 4 tokens and a newline."""
+    processor, _ = loaded["llava_onevision"]
+    media = MediaProcessor(processor, FAMILIES["llava_onevision"], MediaBudget.from_config(DataConfig()))
+    paths = [str(tmp_path / f"{k}.png") for k in range(2)]
+    for k, path in enumerate(paths):
+        _image(56, 84, k).save(path)
+    _, lone = media.plan({"images": paths[:1]})
+    [expansion], pair = media.plan({"images": paths})
+    assert [i["tokens"] for i in json.loads(lone)["images"]] == [14]
+    assert [i["tokens"] for i in json.loads(pair)["images"]] == [5, 5] == [len(r) for r in expansion.replacements]
+    inputs, _ = media.process([json.loads(lone), json.loads(pair)])  # the workers agree, record by record
+    assert inputs["batch_num_images"].tolist() == [1, 2]
 
 
 def _prepared(arch, max_samples):
