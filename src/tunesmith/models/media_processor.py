@@ -56,6 +56,7 @@ class MediaProcessor:
         self.markers = dict(family.markers)
         tok = processor.tokenizer
         placeholders = (("image", family.image_token), ("video", family.video_token), ("audio", family.audio_token))
+        _check_placeholders(processor, family, placeholders)
         # what the chat template writes (and the expansion replaces), and what stands for each media embedding
         self.placeholder_ids = {kind: tok.convert_tokens_to_ids(token) for kind, token in placeholders if token}
         self.token_ids = dict(self.placeholder_ids)
@@ -259,6 +260,21 @@ class MediaProcessor:
         out = self.processor.feature_extractor(waves, sampling_rate=rate, return_attention_mask=True,
                                                padding="max_length", return_tensors="pt")
         return {"input_features": out["input_features"], "feature_attention_mask": out["attention_mask"]}
+
+
+def _check_placeholders(processor, family: Family, placeholders) -> None:
+    """The checkpoint's processor must write the media tokens the family's facts name, each one known token: a
+    variant with other tokens (Pixtral-12B is a LLaVA checkpoint whose processor writes [IMG], not <image>) would
+    otherwise train on images that never reach the model."""
+    tok = processor.tokenizer
+    for kind, token in placeholders:
+        own = getattr(processor, f"{kind}_token", None)
+        if token and ((own is not None and own != token) or tok.convert_ids_to_tokens(tok.convert_tokens_to_ids(token))
+                      != token):
+            raise DataError(
+                f"{family.name}: this checkpoint's processor writes {own!r} for each {kind} where the {family.name} "
+                f"family takes {token!r} (a variant tunesmith does not support yet, e.g. Pixtral-12B, a LLaVA "
+                "checkpoint with a Pixtral tower); use a checkpoint of a supported family (docs/multimodal.md)")
 
 
 def audio_tokens(processor, num_samples: int) -> int:

@@ -249,3 +249,13 @@ def test_same_recipe_gives_identical_builds(arch, built, tmp_path):
         assert (again / name).read_bytes() == (built[arch] / name).read_bytes(), name
     wa, wb = load_file(built[arch] / "model.safetensors"), load_file(again / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_checkpoint_whose_processor_writes_other_image_tokens_is_refused(tiny_cache):
+    """Pixtral-12B is a LLaVA checkpoint whose processor writes [IMG]: the llava family's <image> would never be
+    found, so the media processor refuses it, naming the family and the tokens."""
+    processor = AutoProcessor.from_pretrained(build_tiny("llava", tiny_cache))
+    processor.image_token = "[IMG]"
+    with pytest.raises(Exception, match=r"llava: this checkpoint's processor writes '\[IMG\]' for each image "
+                                        r"where the llava family takes '<image>'"):
+        MediaProcessor(processor, FAMILIES["llava"], MediaBudget.from_config(DataConfig()))
