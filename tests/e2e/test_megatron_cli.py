@@ -1,6 +1,8 @@
-"""`tunesmith train ... backend=megatron` on the CPU: the same per-step losses as the single engine from the same
-initialisation and data (packing and gradient accumulation on), and a final model plain transformers loads with
-the single engine's weights. Skipped without megatron-core."""
+"""`tunesmith train ... backend=megatron` (USE_MCA=1) on the CPU: the same per-step losses as the single engine
+from the same initialisation and data (packing and gradient accumulation on), checkpoints that resume exactly,
+and a final model plain transformers loads with the single engine's weights. Skipped without megatron-core."""
+
+import re
 
 import pytest
 import torch
@@ -13,17 +15,22 @@ from test_cli import BASE, cli, metrics  # noqa: E402
 
 COMMON = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=48", "logging_steps=1",
           "learning_rate=1e-3", "max_steps=4", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
-          "neat_packing=true", "save_strategy=no"]
+          "neat_packing=true"]
+MCA = {"USE_MCA": "1"}
 
 
-def test_megatron_engine_trains_sft_with_the_single_engines_losses(tmp_path):
+def _losses(out):
+    return [m["loss"] for m in metrics(out) if "loss" in m]
+
+
+@pytest.mark.slow
+def test_megatron_engine_trains_sft_with_the_single_engines_losses_and_resumes_exactly(tmp_path):
     single, mega = tmp_path / "single", tmp_path / "megatron"
-    cli("train", *COMMON, "backend=single", f"output_dir={single}")
-    proc = cli("train", *COMMON, f"output_dir={mega}", env={"USE_MCA": "1"})
-    assert proc.stderr.count("local (torch-native) layer spec") + proc.stdout.count("local (torch-native) layer spec") == 1
-    ours = [m["loss"] for m in metrics(mega) if "loss" in m]
-    theirs = [m["loss"] for m in metrics(single) if "loss" in m]
-    assert len(ours) == 4 and ours == pytest.approx(theirs, rel=1e-4)
+    cli("train", *COMMON, "backend=single", "save_strategy=no", f"output_dir={single}")
+    proc = cli("train", *COMMON, "save_steps=2", f"output_dir={mega}", env=MCA)
+    said = re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert said.count("local (torch-native) layer spec") == 1
+    assert len(_losses(mega)) == 4 and _losses(mega) == pytest.approx(_losses(single), rel=1e-4)
     a, b = load_file(mega / "model.safetensors"), load_file(single / "model.safetensors")
     assert set(a) == set(b)
     for key in a:
@@ -31,3 +38,14 @@ def test_megatron_engine_trains_sft_with_the_single_engines_losses(tmp_path):
     import transformers
 
     transformers.AutoModelForCausalLM.from_pretrained(mega)
+    ckpt = mega / "checkpoint-2"
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "engine_state.pt").exists()
+    resumed = tmp_path / "resumed"
+    cli("train", *COMMON, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(mega)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_engine_refuses_what_it_does_not_run(tmp_path):
+    proc = cli("train", *COMMON, "bf16=true", f"output_dir={tmp_path / 'bf16'}", env=MCA, check=False)
+    assert proc.returncode != 0 and "needs a CUDA GPU" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)

@@ -55,6 +55,11 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
+    if precision == "bf16" and device.type != "cuda":
+        # megatron-core's linear layers restore only CUDA's autocast state in their backward
+        raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
+                             "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
+                             "false) or use pure_bf16: true")
     log.info("Megatron-Core engine: %s, TP=PP=1, %s", hf_model.config.model_type, precision)
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
