@@ -33,7 +33,7 @@ def _vllm(model, media, world_size, vllm_args):
     args = dict(vllm_args())
     kv = kv_cache_bytes(model.config, num_seqs=args.pop("num_seqs"), max_model_len=args["max_model_len"],
                         dtype=param.dtype)
-    return VllmRollout(**engine_args(**args, device_type=param.device.type, kv_bytes=kv))
+    return VllmRollout(engine_args(**args, device_type=param.device.type, kv_bytes=kv), param.device.type)
 
 
 ROLLOUT_BACKENDS: dict[str, Callable] = {"hf": _hf, "hf_paged": _hf_paged, "vllm": _vllm}

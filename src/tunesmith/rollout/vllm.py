@@ -99,10 +99,10 @@ def engine_args(*, model_path: str, dtype: str, device_type: str, gpu_memory_uti
 class VllmRollout:
     shares_weights = False
 
-    def __init__(self, **args):
+    def __init__(self, args: dict, device_type: str):
         from vllm import LLM
 
-        with _in_process():
+        with _engine_env(device_type):
             self.llm = LLM(**args)
         self.can_sleep = bool(args.get("enable_sleep_mode"))
         self.asleep = False
@@ -147,18 +147,24 @@ class VllmRollout:
 
 
 @contextlib.contextmanager
-def _in_process():
-    """The engine core in this process, so weights are pushed as tensors. Read when the engine is built, and
-    set only then: vLLM's async engine (serve/vllm_engine.py, in the same process) refuses to run in-process."""
-    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def _engine_env(device_type: str):
+    """Set while the engine is built (vLLM reads them then), and only then: the engine core in this process,
+    so weights are pushed as tensors (vLLM's async engine, serve/vllm_engine.py, refuses to run in-process);
+    on a CPU, no pinning of OpenMP threads to cores, which would pin the trainer's threads too (a matmul
+    took 3.4 s instead of 2.4 s on the 2-core machine), unless the user set VLLM_CPU_OMP_THREADS_BIND."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if device_type == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def sampling_params(sampling: Sampling, n: int):
