@@ -404,9 +404,9 @@ REMOTE_CODE_FAMILIES: dict[str, RemoteCodeFamily] = {
 _REMOTE_BY_MODEL_TYPE = {t: family for family in REMOTE_CODE_FAMILIES.values() for t in family.model_types}
 
 
-def remote_code_refusal(model_path) -> str | None:
-    """Why the local checkpoint folder `model_path` is refused, when its config.json names a remote-code family
-    (read as JSON: nothing from the folder runs); None for anything else (hub names, other models)."""
+def _model_type_in(model_path) -> str | None:
+    """The model_type of a local checkpoint folder's config.json, read as JSON; None for hub names and broken files
+    (the ordinary loader reports those)."""
     import json
     from pathlib import Path
 
@@ -414,12 +414,44 @@ def remote_code_refusal(model_path) -> str | None:
     if not config_file.is_file():
         return None
     try:
-        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+        return json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
-        return None  # the ordinary loader reports a broken config.json
+        return None
+
+
+def remote_code_refusal(model_path) -> str | None:
+    """Why the local checkpoint folder `model_path` is refused, when its config.json names a remote-code family
+    (read as JSON: nothing from the folder runs); None for anything else (hub names, other models)."""
+    model_type = _model_type_in(model_path)
     family = _REMOTE_BY_MODEL_TYPE.get(model_type)
     if family is None:
         return None
     return (f"{model_path} holds a checkpoint of {family.name} (model_type {model_type}), whose model code lives "
             "in the checkpoint (trust_remote_code); tunesmith cannot build and test that code offline, so it does not "
             f"load it, with or without trust_remote_code: {family.instead}.")
+
+
+# --- Families transformers cannot train yet ----------------------------------------------------------
+
+# model_type -> (the family in words, why it cannot train, what to use instead); tests/unit/models/
+# test_refused_families.py checks each claim and fails once transformers fixes it.
+TRANSFORMERS_BUGS: dict[str, tuple[str, str, str]] = {
+    "llama4": ("Llama 4 (Llama4ForConditionalGeneration)",
+               "in transformers 5.24 its forward always fails (it reads image_outputs from the language model's "
+               "output, which has none), with or without images",
+               "fine-tune another supported vision-language family (docs/models.md), or a transformers release that "
+               "fixes Llama4ForConditionalGeneration.forward"),
+}
+
+
+def load_refusal(model_path) -> str | None:
+    """Why tunesmith refuses to load the local checkpoint folder `model_path` (its config.json read as JSON, so
+    nothing from the folder runs): a remote-code family, or one transformers cannot train; None otherwise."""
+    remote = remote_code_refusal(model_path)
+    if remote:
+        return remote
+    model_type = _model_type_in(model_path)
+    if model_type not in TRANSFORMERS_BUGS:
+        return None
+    family, why, instead = TRANSFORMERS_BUGS[model_type]
+    return f"{model_path} holds a checkpoint of {family} (model_type {model_type}): {why}; {instead}."

@@ -13,7 +13,7 @@ from ..config.schema import ModelConfig
 from ..errors import ModelError
 from .attention import register as register_varlen
 from .attention import varlen_available
-from .families import family_of, packing_leak, remote_code_refusal, text_family_of
+from .families import family_of, load_refusal, packing_leak, text_family_of
 from .kernels import linearize_patch_embeds
 from .tiny import resolve_model_path
 
@@ -100,9 +100,9 @@ def load_config(cfg: ModelConfig):
     from transformers import AutoConfig
 
     path = resolve_model_path(cfg.model_name_or_path)
-    remote = remote_code_refusal(path)
-    if remote:
-        raise ModelError(remote)
+    refused = load_refusal(path)
+    if refused:
+        raise ModelError(refused)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code, cache_dir=cfg.cache_dir,
                                             revision=cfg.model_revision)
