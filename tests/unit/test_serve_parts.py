@@ -295,3 +295,28 @@ def test_serve_refuses_an_open_address_without_an_api_key_before_loading(monkeyp
     monkeypatch.setattr(server, "load_engine", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ConfigError, match="set the API_KEY environment variable"):
         cli.cmd_serve(["--model", "tiny:qwen3", "--host", "0.0.0.0"])
+
+
+def test_vllm_engine_args_keep_the_checkpoints_dtype_and_size_a_cpu_kv_cache_by_requests(monkeypatch, tiny_qwen3):
+    from transformers import AutoConfig
+
+    from tunesmith.errors import TunesmithError
+    from tunesmith.serve import vllm_engine
+
+    config = AutoConfig.from_pretrained(tiny_qwen3)  # a float32 checkpoint
+    import dataclasses
+
+    from tunesmith.infer.options import VllmKeys
+
+    options = serve_options({"model_name_or_path": str(tiny_qwen3), "max_concurrent": 3})
+    options = dataclasses.replace(options, vllm=VllmKeys(vllm_maxlen=256, vllm_gpu_util=0.6))  # vLLM not here
+    assert vllm_engine._dtype("auto", config) == "float32"  # vLLM's own auto would run it in 16 bits
+    assert vllm_engine._dtype("bfloat16", config) == "bfloat16"
+    monkeypatch.setattr(vllm_engine, "vllm_device", lambda: "cuda")
+    assert vllm_engine._memory_args(options, config) == {"gpu_memory_utilization": 0.6}
+    monkeypatch.setattr(vllm_engine, "vllm_device", lambda: "cpu")
+    with pytest.raises(TunesmithError, match="infer_backend: vllm on a CPU: the model's head_dim is 16.*"
+                                             "infer_backend: huggingface"):
+        vllm_engine._memory_args(options, config)
+    config.head_dim = 32
+    assert vllm_engine._memory_args(options, config) == {"kv_cache_memory_bytes": 64 << 20}  # 3 x 256 tokens: floor

@@ -199,3 +199,24 @@ def test_merged_lora_weights_are_still_merged_when_the_engine_reads_them_after_t
     name = "model.layers.0.self_attn.q_proj.weight"
     assert set(pushed) == set(merged) and not torch.allclose(merged[name], base[name])
     assert all(torch.allclose(pushed[k], merged[k], atol=1e-6) for k in merged)
+
+
+def test_vllm_on_a_cpu_sizes_its_kv_cache_from_the_rollout_and_refuses_small_heads(tiny_qwen3):
+    from transformers import AutoConfig
+
+    from tunesmith.rollout.vllm import check_head_size, engine_args, kv_cache_bytes
+
+    config = AutoConfig.from_pretrained(tiny_qwen3)  # head_dim 16
+    with pytest.raises(TunesmithError, match="head_dim is 16, and vLLM's CPU attention takes only 32, 64.*"
+                                             "rollout_backend: hf"):
+        check_head_size(config, "cpu")
+    check_head_size(config, "cuda")  # the GPU kernels take it
+    config.head_dim = 32
+    check_head_size(config, "cpu")
+    # 2 layers x K and V x 2 KV heads x 32 x 4 bytes = 1 KiB a token; 1000 sequences x 128 tokens, 25% margin
+    assert kv_cache_bytes(config, num_seqs=1000, max_model_len=128, dtype=torch.float32) == 1024 * 128_000 * 5 // 4
+    assert kv_cache_bytes(config, num_seqs=1, max_model_len=16, dtype=torch.float32) == 64 << 20  # the floor
+    common = dict(model_path="m", dtype="float32", gpu_memory_utilization=0.4, max_model_len=128, seed=0, kv_bytes=7)
+    cpu, cuda = engine_args(device_type="cpu", **common), engine_args(device_type="cuda", **common)
+    assert cpu["kv_cache_memory_bytes"] == 7 and "gpu_memory_utilization" not in cpu and cpu["enforce_eager"]
+    assert cuda["gpu_memory_utilization"] == 0.4 and cuda["enable_sleep_mode"] and "kv_cache_memory_bytes" not in cuda
