@@ -46,8 +46,9 @@ s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
     checkpointing    L * B*S*H * 2k bytes (each layer's input) + a1 (the layer being recomputed); with c of
                      the L layers checkpointed (gradient_checkpointing: auto's selective choice),
                      c * B*S*H*2k + (L - c) * a1 + a1
-    logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); about 0 with
-                     enable_liger_kernel (the fused linear + cross-entropy never builds them)
+    logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); with enable_liger_kernel
+                     the fused linear + cross-entropy's workspace instead: one 2 GiB chunk of logits plus
+                     the fp32 output-weight gradient, V*H * 4 B
     Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
 
 The model's shape comes from its config.json (a local folder; a hub id only when it can be fetched or is
@@ -305,7 +306,12 @@ def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int) -> tuple[floa
     layer_input = rows * S * H * 2 * k
     act_bytes = checkpointed * layer_input + (L - checkpointed) * per_layer + (per_layer if checkpointed else 0)
     vocab = 1 if STAGES[ft.stage].reward_head else V
-    logits = 0.0 if m.enable_liger_kernel else rows * S * vocab * 4 * 2 / GIB
+    if m.enable_liger_kernel:  # the fused head (models/linear_ce.py): one chunk of logits and the fp32 weight gradient
+        from .models.linear_ce import LOGITS_BUDGET_BYTES
+
+        logits = (LOGITS_BUDGET_BYTES + vocab * H * 4) / GIB
+    else:
+        logits = rows * S * vocab * 4 * 2 / GIB
     return act_bytes / GIB, logits
 
 
