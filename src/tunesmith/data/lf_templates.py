@@ -89,6 +89,7 @@ _QWEN_TOKENS = ("<|im_start|>", "<|im_end|>")
 _VISION = ("<|vision_start|>", "<|vision_end|>")
 _DEEPSEEK = ("<｜User｜>", "<｜Assistant｜>")
 _MISTRAL3 = ("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]")
+_OMNI3 = ("<|audio_start|>", "<|audio_pad|>", "<|vision_start|>")
 _HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 
 _ROWS = (
@@ -202,8 +203,9 @@ _ROWS = (
     _no("paligemma", "PaliGemma"),
     _no("paligemma_chat", "PaliGemma (chat)"),
     _no("phi_small", "Phi-3-small", _REMOTE),
-    _no("qwen3_omni", "Qwen3-Omni"),
-    _no("qwen3_omni_nothink", "Qwen3-Omni without reasoning"),
+    _own("qwen3_omni", "Qwen3-Omni (the thinker)", "qwen3_omni", tokens=_OMNI3),
+    _own("qwen3_omni_nothink", "Qwen3-Omni without reasoning (the thinker)", "qwen3_omni", tokens=_OMNI3,
+         nothink=True),
     _no("qwen3_6", "Qwen3.6"),
     _no("seed_oss", "Seed-OSS"),
     _no("solar", "SOLAR"),

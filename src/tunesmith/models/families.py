@@ -49,8 +49,9 @@ class Family:
         processor's outputs (pixel_values, image_sizes) go to the model as they are;
         "fixed": as "processor", but the text is the processor's own `replace_image_token`
         sequence (Gemma 3: the same soft tokens for every image, pan-and-scan crops off);
-        "text": the processor's own `replace_image_token` text for the image's size (tiles, their
-        delimiters and row breaks: InternVL, Idefics3 / SmolVLM, Pixtral), expanded in the text.
+        "text": the processor's own replacement text for the record's images of these sizes (tiles,
+        their delimiters and row breaks: InternVL, Idefics3 / SmolVLM, Pixtral, LLaVA-OneVision, which
+        counts a record's several images differently from a lone one), expanded in the text.
     image_embed_token: the token repeated once per image embedding when the chat template
         writes another one (Gemma 3 writes <start_of_image>, which expands to
         <start_of_image>, the <image_soft_token>s, <end_of_image>); None when it is image_token.
@@ -156,6 +157,20 @@ FAMILIES: dict[str, Family] = {
             markers=(("image", "<|vision_bos|><|IMAGE|><|vision_eos|>"),
                      ("audio", "<|audio_bos|><|AUDIO|><|audio_eos|>"),
                      ("video", "<|vision_bos|><|VIDEO|><|vision_eos|>")),
+        ),
+        # The Qwen3-Omni thinker alone (Qwen3OmniMoeThinkerForConditionalGeneration): a Qwen3-VL style vision tower
+        # whose merger and deepstack mergers project into a MoE text model with interleaved mRoPE, and an audio
+        # encoder that projects to the language model itself (audio_tower.proj1/proj2). Video is not wired yet.
+        Family(
+            "qwen3_omni", ("qwen3_omni_moe_thinker",),
+            vision_tower=("model.visual",),
+            projector=("model.visual.merger", "model.visual.merger_list"),
+            language_model=_LM,
+            audio_tower=("model.audio_tower",),
+            image_token="<|image_pad|>", video_token=None, audio_token="<|audio_pad|>",
+            uses_mrope=True,
+            markers=(("image", "<|vision_start|><|image_pad|><|vision_end|>"),
+                     ("audio", "<|audio_start|><|audio_pad|><|audio_end|>")),
         ),
         # LLaVA-1.5: a CLIP vision tower, a 2-layer MLP projector, and a Llama/Vicuna (or Qwen) language model.
         # Each image is resized and centre-cropped to one fixed size, so its token count is fixed.

@@ -34,6 +34,9 @@ EXPECTED = {
     "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionForConditionalGeneration",
                         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image>\nDescribe it.<|im_end|>\n"
                         "<|im_start|>assistant\nA cat.<|im_end|>\n"),
+    "qwen3_omni": ("Qwen3OmniMoeProcessor", "Qwen3OmniMoeThinkerForConditionalGeneration",
+                   "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|>"
+                   "<|vision_end|>Describe it.<|im_end|>\n<|im_start|>assistant\nA cat.<|im_end|>\n"),
     "glm4v": ("Glm4vProcessor", "Glm4vForConditionalGeneration",
               "[gMASK]<sop><|system|>\nBe brief.<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Describe it."
               "<|assistant|>\nA cat.<|endoftext|>"),
@@ -87,7 +90,8 @@ def test_folder_loads_and_the_template_is_the_familys_format(arch, built, loaded
 def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss(arch, loaded):
     processor, model = loaded[arch]
     family = family_of(model)
-    assert family is FAMILIES[arch] and family.uses_mrope == (arch == "glm4v") and family.modalities == ("image",)
+    assert family is FAMILIES[arch] and family.uses_mrope == (arch in ("glm4v", "qwen3_omni"))
+    assert family.modalities == (("image", "audio") if arch == "qwen3_omni" else ("image",))
     assert packing_leak(model.config) is None
     groups = module_groups(model, family)
     assert set(groups) == set(GROUPS)  # no "other"
@@ -174,6 +178,7 @@ def test_rendered_ids_are_the_processors_own_with_two_images_in_a_record(arch, l
     assert out["input_ids"][0] == list(reference)
     image_id = processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_token)
     assert all(label == -100 for t, label in zip(out["input_ids"][0], out["labels"][0]) if t == image_id)
+    assert out["input_ids"][0].count(image_id) > 0
     supervised = processor.tokenizer.decode([t for t in out["labels"][0] if t != -100])
     assert all(m["content"].strip() in supervised for m in sample["messages"] if m["role"] == "assistant")
 
@@ -259,3 +264,24 @@ def test_a_checkpoint_whose_processor_writes_other_image_tokens_is_refused(tiny_
     with pytest.raises(Exception, match=r"llava: this checkpoint's processor writes '\[IMG\]' for each image "
                                         r"where the llava family takes '<image>'"):
         MediaProcessor(processor, FAMILIES["llava"], MediaBudget.from_config(DataConfig()))
+
+
+def test_qwen3_omni_audio_record_ids_are_the_processors_own(loaded):
+    """The thinker's audio: the rendered ids of an audio demo record equal the processor's own call."""
+    from tunesmith.data import media as M
+    from tunesmith.data.loader import load_samples
+    from tunesmith.data.mm import to_content_parts
+    from tunesmith.data.render import RenderOptions, render_batch
+
+    processor, model = loaded["qwen3_omni"]
+    cfg = DataConfig()
+    media = MediaProcessor(processor, FAMILIES["qwen3_omni"], MediaBudget.from_config(cfg))
+    [sample], _ = load_samples(["mllm_audio_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=1)
+    opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=8192)
+    out = render_batch({k: [v] for k, v in sample.items()}, processor.tokenizer, opts, media=media)
+    text = processor.tokenizer.apply_chat_template(to_content_parts(sample["messages"]), tokenize=False)
+    audios = [M.load_audio(p, cfg.audio_sampling_rate) for p in sample["audios"]]
+    reference = processor(text=[text], audio=audios, sampling_rate=cfg.audio_sampling_rate,
+                          add_special_tokens=False)["input_ids"][0]
+    assert out["input_ids"][0] == list(reference)
+    assert out["input_ids"][0].count(model.config.audio_token_id) > 0

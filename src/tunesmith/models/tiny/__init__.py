@@ -11,7 +11,7 @@ saved as a normal Hugging Face folder with the family's special tokens and chat 
 The multimodal ones (`is_multimodal`) are the same text model inside a real
 vision-/audio-language architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2-Audio,
 the Qwen2.5-Omni thinker, Gemma 3, LLaVA-1.5 / -NeXT / -OneVision, InternVL 3, Idefics3 / SmolVLM,
-Mistral 3, GLM-4.1V) with a 1-2 layer vision or audio encoder, and their
+Mistral 3, GLM-4.1V, the Qwen3-Omni thinker) with a 1-2 layer vision or audio encoder, and their
 folder also holds the family's processor (image/video processor, Whisper feature
 extractor, the family's media tokens and chat template), so it loads through
 `AutoProcessor` and `AutoModelForMultimodalLM` (`AutoModelForImageTextToText`
@@ -30,7 +30,7 @@ build; `common.py` the shared constants, corpus and building steps; one module
 per family holds its specs (qwen3.py, llama.py, gemma3.py, mistral.py, phi4.py, glm4.py,
 deepseek_v3.py, qwen3_moe.py, gpt_oss.py, qwen3_5.py, qwen4_exp.py; qwen_vl.py for Qwen2-VL /
 Qwen2.5-VL / Qwen3-VL, qwen2_audio.py, qwen2_5_omni.py, gemma3_vl.py, llava.py, internvl.py,
-llava_onevision.py, idefics3.py, mistral3.py, glm4v.py; llama4.py, whose family is refused, for the test
+llava_onevision.py, idefics3.py, mistral3.py, glm4v.py, qwen3_omni.py; llama4.py, whose family is refused, for the test
 of the refusal's claim).
 """
 
