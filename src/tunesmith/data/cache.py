@@ -26,6 +26,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from ..durable import file_digest, fsync_path, write_text
 from ..errors import DataError
 from .pages import release_mapped_pages
 
@@ -168,13 +169,8 @@ def _write_manifest(folder: Path) -> None:
     """fsync every file, then write the manifest of their sizes and hashes, last, and fsync it and the folder."""
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        _fsync(path)
-        files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = folder / MANIFEST
-    with open(manifest, "w") as f:
-        json.dump({"format": CACHE_FORMAT_VERSION, "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+        files[str(path.relative_to(folder))] = file_digest(path, fsync=True)
+    write_text(folder / MANIFEST, json.dumps({"format": CACHE_FORMAT_VERSION, "files": files}, indent=1))
     _fsync_dir(folder)
 
 
@@ -212,25 +208,9 @@ def _discard(path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_dir(path: Path) -> None:
     try:
-        _fsync(path)
+        fsync_path(path)
     except OSError:  # some file systems cannot fsync a folder
         pass
 
@@ -259,7 +239,7 @@ def verify_entry(path: Path, hashes: bool = True) -> str | None:
         size = file.stat().st_size
         if size != entry.get("size"):
             return f"corrupt ({name} has {size} bytes, the manifest says {entry.get('size')})"
-        if hashes and _sha256(file) != entry.get("sha256"):
+        if hashes and file_digest(file)["sha256"] != entry.get("sha256"):
             return f"corrupt ({name} does not match its SHA-256 in the manifest)"
     return None
 

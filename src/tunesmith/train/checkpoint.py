@@ -27,14 +27,12 @@ too: its weights and step always, its pickled state only with `trust_checkpoint`
 from __future__ import annotations
 
 import errno
-import hashlib
 import hmac
 import json
 import logging
 import os
 import random
 import re
-import secrets
 import shutil
 import time
 import zipfile
@@ -45,7 +43,11 @@ import numpy as np
 import torch
 
 from .. import dist
+from ..durable import file_digest as _hash
+from ..durable import fsync_path as _fsync_dir
+from ..durable import write_text as _write_file
 from ..engines.base import CheckpointError, read_torch_file
+from .checkpoint_key import KEY_ENV, ensure_key, key_id, key_path, read_key, signature  # noqa: F401 (KEY_ENV, read_key: the API)
 
 log = logging.getLogger("tunesmith")
 
@@ -54,74 +56,8 @@ MANIFEST = "manifest.json"
 _FORMAT = "tunesmith-checkpoint/1"
 _HASHES = re.compile(r"^\.hashes-\d+\.json$")  # each rank's share of the hashing, merged by rank 0
 _STALE_PREFIXES = (".tmp-checkpoint-", ".old-checkpoint-")
-KEY_ENV = "TUNESMITH_CHECKPOINT_KEY_FILE"
 FAULT_SLOW_SAVE_ENV = "TUNESMITH_FAULT_SLOW_SAVE"  # tests: seconds to pause at each phase of a save
 _HF_PICKLES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
-
-
-# ---- the key ------------------------------------------------------------------------------------
-
-def key_path(configured: str | None = None) -> Path:
-    """checkpoint_key_file, else $TUNESMITH_CHECKPOINT_KEY_FILE, else the user's config dir."""
-    if configured:
-        return Path(configured).expanduser()
-    if os.environ.get(KEY_ENV):
-        return Path(os.environ[KEY_ENV]).expanduser()
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return base / "tunesmith" / "checkpoint.key"
-
-
-def read_key(path: Path) -> bytes:
-    """The key's bytes; a key others may write is refused (they could sign anything with it)."""
-    try:
-        mode = path.stat().st_mode
-        key = path.read_bytes().strip()
-    except FileNotFoundError:
-        raise CheckpointError(f"no checkpoint key at {path} (this installation has not saved a checkpoint with "
-                              f"it); set checkpoint_key_file or {KEY_ENV} to the key the checkpoint was written "
-                              "with") from None
-    except OSError as err:
-        raise CheckpointError(f"cannot read the checkpoint key {path}: {err}") from None
-    if mode & 0o022:
-        raise CheckpointError(f"the checkpoint key {path} is writable by other users (mode {mode & 0o777:o}); "
-                              f"run `chmod 600 {path}`")
-    if len(key) < 32:
-        raise CheckpointError(f"the checkpoint key {path} holds {len(key)} bytes; a key needs at least 32 (delete "
-                              "it and a new one is made at the next save, which makes earlier checkpoints unsigned)")
-    return key
-
-
-def ensure_key(path: Path) -> bytes:
-    """Read the key, creating it first if missing (O_EXCL temp file + link: two processes racing agree on one)."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, (secrets.token_hex(32) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # fails if another process made it first: theirs wins
-            log.info("created the checkpoint signing key %s (keep it; on several nodes share it, see "
-                     "docs/guarantees.md)", path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-        _fsync_dir(path.parent)
-    return read_key(path)
-
-
-def key_id(key: bytes) -> str:
-    """A fingerprint that names a key in messages without revealing it."""
-    return hashlib.sha256(b"tunesmith-checkpoint-key-id:" + key).hexdigest()[:16]
-
-
-def _signature(key: bytes, body: dict) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
 
 
 # ---- files --------------------------------------------------------------------------------------
@@ -135,31 +71,6 @@ def _files(root: Path) -> list[str]:
             continue
         out.append(rel)
     return out
-
-
-def _hash(path: Path, fsync: bool = False) -> dict:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-        if fsync:
-            os.fsync(f.fileno())
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_json(path: Path, what: str):
@@ -313,7 +224,7 @@ def _seal(tmp: Path, final: Path, step: int, key: bytes) -> None:
             raise CheckpointError(f"saving {final.name}: {path} is not a regular file")
     body = {"format": _FORMAT, "step": step, "files": entries, "key_id": key_id(key)}
     _fault_pause()
-    _write_file(tmp / MANIFEST, json.dumps({**body, "signature": _signature(key, body)}, indent=1))
+    _write_file(tmp / MANIFEST, json.dumps({**body, "signature": signature(key, body)}, indent=1))
     for folder in sorted({p for p in tmp.rglob("*") if p.is_dir()} | {tmp}, key=lambda p: -len(p.parts)):
         _fsync_dir(folder)
     old = final.with_name(f".old-{final.name}")
@@ -493,8 +404,8 @@ def verify(path: Path, key_file: str | None = None) -> Verdict:
 
 
 def _signature_problem(manifest: dict, key_file: Path) -> str | None:
-    signature, signed_by = manifest.get("signature"), manifest.get("key_id")
-    if not signature or not isinstance(signature, str):
+    signed, signed_by = manifest.get("signature"), manifest.get("key_id")
+    if not signed or not isinstance(signed, str):
         return "its manifest is not signed"
     try:
         key = read_key(key_file)
@@ -504,7 +415,7 @@ def _signature_problem(manifest: dict, key_file: Path) -> str | None:
         return (f"it was signed with another key (id {signed_by}; this installation's key {key_file} has id "
                 f"{key_id(key)}): written on another machine or with another checkpoint_key_file")
     body = {k: v for k, v in manifest.items() if k != "signature"}
-    if not hmac.compare_digest(signature, _signature(key, body)):
+    if not hmac.compare_digest(signed, signature(key, body)):
         return "its manifest was changed after it was signed"
     return None
 

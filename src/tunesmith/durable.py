@@ -1,0 +1,36 @@
+"""Files that survive a crash, and the digests that prove what was written: fsync'd writes and folders,
+SHA-256 of a file. Shared by checkpoints (train/checkpoint.py) and the tokenized-data cache (data/cache.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def file_digest(path: Path, *, fsync: bool = False) -> dict:
+    """{"size", "sha256"} of a file, read once; fsync: flush it to disk on the way."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+        if fsync:
+            os.fsync(f.fileno())
+    return {"size": Path(path).stat().st_size, "sha256": digest.hexdigest()}
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder: so the names of the files in it survive too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write, flush and fsync a text file."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
