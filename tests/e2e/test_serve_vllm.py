@@ -6,14 +6,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import httpx
 import openai
 import pytest
 
 pytest.importorskip("vllm")
 
 from conftest import REPO  # noqa: E402
-from test_serve_e2e import _adapter, _free_port, _wait_healthy  # noqa: E402
+from test_serve_e2e import _adapter, _free_port  # noqa: E402
 from tunesmith.infer.options import serve_options  # noqa: E402
 from tunesmith.serve.backends import load_engine  # noqa: E402
 from tunesmith.serve.engine import GenerationRequest  # noqa: E402
@@ -22,6 +24,9 @@ from vllm_support import tiny_qwen3_for_vllm  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Who are you?"}]
 KEYS = {"template": "qwen3", "max_new_tokens": 10}
+# Three processes import vLLM (the server, vLLM's engine core, its worker): ~50 s on the 2-core machine, over
+# 2 minutes in a fresh environment whose first imports compile every module.
+START_S = 300
 
 
 def _hf_answers(base, side) -> dict:
@@ -43,6 +48,19 @@ def _start(base, side, tmp_path):
                                  "--adapter", f"side={side}", *keys],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}", log
+
+
+def _wait_healthy(url: str, proc, log) -> None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"server did not come up in {START_S} s:\n" + log.read_text())
 
 
 def test_serve_with_vllm_answers_the_openai_client_as_transformers_does(tmp_path, tiny_cache):
