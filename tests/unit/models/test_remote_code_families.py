@@ -24,18 +24,24 @@ def _remote_folder(tmp_path, model_type):
     return folder
 
 
-@pytest.mark.parametrize("trust_remote_code", [False, True])
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_remote_code_family_is_refused_naming_the_family_and_the_alternative(tmp_path, model_type, trust_remote_code):
-    folder = _remote_folder(tmp_path, model_type)
-    cfg = run_config(tmp_path / "out", model_name_or_path=str(folder), dataset="mllm_demo", template="auto",
-                     trust_remote_code=trust_remote_code)
+def test_remote_code_family_is_refused_naming_the_family_and_the_alternative(tmp_path, model_type):
     family = next(f for f in REMOTE_CODE_FAMILIES.values() if model_type in f.model_types)
-    with pytest.raises(ModelError) as err:
-        load_preprocessing(cfg)
-    said = str(err.value)
+    said = remote_code_refusal(_remote_folder(tmp_path, model_type))
     assert family.name in said and f"model_type {model_type}" in said and family.instead in said
     assert "trust_remote_code" in said
+
+
+@pytest.mark.parametrize("trust_remote_code", [False, True])
+def test_loading_refuses_it_before_anything_runs(tmp_path, trust_remote_code):
+    """What tunesmith train does first: the refusal, whether or not trust_remote_code is set (the folder's code
+    would exit the test if it ran)."""
+    folder = _remote_folder(tmp_path, "internvl_chat")
+    cfg = run_config(tmp_path / "out", model_name_or_path=str(folder), dataset="mllm_demo", template="auto",
+                     trust_remote_code=trust_remote_code)
+    with pytest.raises(ModelError) as err:
+        load_preprocessing(cfg)
+    assert str(err.value) == remote_code_refusal(folder)
 
 
 def test_internvl_remote_checkpoints_point_at_their_hf_twins(tmp_path):
