@@ -89,6 +89,14 @@ def rms_norm(rows: int, width: int) -> dict:
     return out
 
 
+def report(result: dict, out: Path | None) -> None:
+    """Print the result as JSON, and write it to `out` when given (the micro-benchmarks' shared ending)."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        out.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -96,10 +104,7 @@ def main() -> None:
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "linear_ce": linear_ce(), "rms_norm_hidden": rms_norm(8192, 2048),
               "rms_norm_heads": rms_norm(8192 * 16, 128)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ its state dict copied to the CPU first in one pass.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from pathlib import Path
 
 import torch
+from kernel_micro import report  # benchmarks/ is the script's folder
 from transformers import AutoModelForCausalLM
 
 
@@ -42,10 +42,7 @@ def main() -> None:
         write_s = _timed(lambda: model.save_pretrained(folder, state_dict=state))
         result[name] = {"copy_s": copy_s, "write_s": write_s, "total_s": round(copy_s + write_s, 2)}
     result["bytes"] = sum(f.stat().st_size for f in Path("/tmp/save-as_is").iterdir())
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(result, args.out)
 
 
 if __name__ == "__main__":
