@@ -2,17 +2,17 @@
 
 Degrees against the world size and the model (heads, layers, experts) are checked when the
 engine is built (engines/megatron/degrees.py), because they need the model's config; here
-only what needs nothing but the YAML: the stage and fine-tuning type the engine trains, and
-Megatron keys set for another backend.
+only what needs nothing but the YAML: the stages and fine-tuning type the engine trains, the
+precision and kernels it runs, and Megatron keys set for another backend.
 """
 
 from __future__ import annotations
 
 from ..stages import STAGES
 
-# The stages the Megatron engine trains: token-level language-model losses on plain text and conversations
-# (pairs, unpaired examples, reward heads and rollouts are not wired up on it).
-MEGATRON_STAGES = tuple(s.name for s in STAGES.values() if s.data_kind in ("text", "conversations"))
+# The stages the Megatron engine trains: those whose losses need only the language model's logits (pt, sft, and
+# the preference stages); reward-model heads and online RL's rollouts are not wired up on it.
+MEGATRON_STAGES = tuple(s.name for s in STAGES.values() if not s.reward_head and not s.is_online_rl)
 # Bridge-style defaults (true) that change nothing on one process nor on the other backends.
 _NO_EFFECT_ELSEWHERE = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
 

@@ -168,8 +168,8 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     text = "\n".join(problems_of({"pipeline_model_parallel_size": 4, "use_distributed_optimizer": True}))
     assert "'pipeline_model_parallel_size' = 4 needs the Megatron-Core engine: set backend: megatron" in text
     assert "use_distributed_optimizer" not in text  # Megatron Bridge's default; no effect elsewhere
-    text = "\n".join(problems_of({"backend": "megatron", "stage": "dpo", "finetuning_type": "lora"}))
-    assert "stage dpo is not available on backend: megatron (it trains pt, sft)" in text
+    text = "\n".join(problems_of({"backend": "megatron", "stage": "rm", "finetuning_type": "lora"}))
+    assert "stage rm is not available on backend: megatron (it trains pt, sft, dpo, kto)" in text
     assert "finetuning_type: lora is not available on backend: megatron" in text
 
 

@@ -2,7 +2,7 @@
 GPTModel gives the Hugging Face model's logits on a packed batch, its weights go back to identical HF tensors,
 and the micro-batch schedule's division by the micro-batch count is undone. Skipped without megatron-core."""
 
-import os
+import socket
 import types
 
 import pytest
@@ -29,9 +29,11 @@ def world_of_one():
     from megatron.core import parallel_state
 
     require_megatron()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 500))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # a TCP store of its own, no MASTER_* left in the environment (later CLI runs would inherit the port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     init_model_parallel(MegatronConfig(), seed=0, device=torch.device("cpu"))
     yield
     parallel_state.destroy_model_parallel()
@@ -99,3 +101,38 @@ def test_the_schedule_leaves_the_gradient_the_plain_sum_of_the_micro_batch_losse
 
     local_schedule(forward_step, iter(inputs), None, 3)
     assert weight.grad.item() == pytest.approx((1 + 3 + 5) / 10.0)
+
+
+def _engine_config(**keys):
+    from tunesmith.config.load import build_config
+    from tunesmith.config.resolve import resolve
+
+    return resolve(build_config(None, {"dataset": "x", "backend": "megatron", "finetuning_type": "full", **keys}))
+
+
+def test_the_engine_refuses_what_it_does_not_run_by_name(world_of_one):
+    from tunesmith.engines.megatron import build_megatron_engine
+    from tunesmith.errors import ConfigError, TunesmithError
+
+    dense = lambda device, on_meta: _hf(transformers.Qwen3Config, tie_word_embeddings=False)  # noqa: E731
+    with pytest.raises(TunesmithError, match="bf16: true .* needs a CUDA GPU"):
+        build_megatron_engine(_engine_config(bf16=True), dense, torch.device("cpu"), 1)
+    moe = lambda device, on_meta: transformers.AutoModelForCausalLM.from_config(  # noqa: E731
+        transformers.Qwen3MoeConfig(**SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
+    with pytest.raises(TunesmithError, match="mixture-of-experts training on backend: megatron is not available"):
+        build_megatron_engine(_engine_config(), moe, torch.device("cpu"), 1)
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size x pipeline_model_parallel_size"):
+        build_megatron_engine(_engine_config(tensor_model_parallel_size=2), dense, torch.device("cpu"), 1)
+
+
+def test_the_engine_builds_with_a_frozen_reference_for_dpo(world_of_one):
+    from tunesmith.engines.megatron import build_megatron_engine
+
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+    engine = build_megatron_engine(_engine_config(stage="dpo"), lambda device, on_meta: hf, torch.device("cpu"), 4)
+    assert engine.reference_model is not None and engine.reference_model is not engine.model
+    assert not any(p.requires_grad for p in engine.reference_model.parameters())
+    batch = _packed_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(lm_forward(engine.reference_model, batch, engine.angles),
+                                   lm_forward(engine.model, batch, engine.angles))

@@ -29,6 +29,12 @@ _ONE_PROCESS = ("this release's Megatron engine runs on one process (tensor, pip
                 "training")
 
 
+_MOE = ("mixture-of-experts training on backend: megatron is not available yet: the weights map (Qwen3-MoE), but "
+        "megatron-core's router computes its own load-balancing loss (not transformers' formula, so the losses would "
+        "differ from the other engines) and runs only on CUDA; train MoE models with backend: single, fsdp2 or "
+        "deepspeed")
+
+
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
     """The engine in the order of engine.py's docstring."""
     from ..optim import build_optimizer, build_scheduler
@@ -46,12 +52,20 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     check_degrees(cfg.megatron, dist.world(), ModelFacts.of(hf_model.config), has_te=has_te)
     if dist.world() > 1:
         raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
+    if ModelFacts.of(hf_model.config).num_experts:
+        raise TunesmithError(_MOE)
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
-    model = build_gpt(hf_model.config, transformer_config(hf_model.config, cfg.megatron, params_dtype=dtype))
-    load_hf_state(model, hf_model.state_dict(), hf_model.config)
-    model.to(device)
+    config = transformer_config(hf_model.config, cfg.megatron, params_dtype=dtype)
+
+    def built():
+        model = build_gpt(hf_model.config, config)
+        load_hf_state(model, hf_model.state_dict(), hf_model.config)
+        return model.to(device)
+
+    model = built()
+    reference = built().eval().requires_grad_(False) if cfg.finetune.pref_reference == "copy" else None
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
@@ -63,4 +77,4 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     log.info("Megatron-Core engine: %s, TP=PP=1, %s", hf_model.config.model_type, precision)
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
-                          skip_nonfinite=cfg.train.skip_nonfinite, reference_mode=cfg.finetune.pref_reference)
+                          skip_nonfinite=cfg.train.skip_nonfinite, reference=reference)

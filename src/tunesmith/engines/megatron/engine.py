@@ -26,7 +26,6 @@ from ..base import (LossFn, StepOutput, StepResult, eval_mode, load_matching_opt
                     switched_to_reference, write_torch_file)
 from ..local_step import autocast, step_of
 from ..optim import realign_schedule
-from ..reference import ReferenceView
 from .forward import run_megatron_forward
 from .schedule import run_forward_backward
 from .weights import family_map
@@ -64,23 +63,33 @@ def hf_state_of(model, hf_config) -> dict:
 
 class MegatronEngine:
     def __init__(self, model, hf_model, optimizer, scheduler, device: torch.device, *, angles, precision: str,
-                 max_grad_norm: float, skip_nonfinite: bool, reference_mode: str = "none"):
+                 max_grad_norm: float, skip_nonfinite: bool, reference=None):
         self.model = model
         self.hf_model = hf_model  # CPU template for export_hf and load
         self.optimizer, self.scheduler = optimizer, scheduler
         self.device, self.angles, self.precision = device, angles, precision
         self.max_grad_norm, self.skip_nonfinite = max_grad_norm, skip_nonfinite
         self.scaler = None  # fp16 is refused at config time
-        self.ref = ReferenceView(model, reference_mode)
+        # pref_reference copy: a second GPTModel with the starting weights, frozen (megatron-core modules hold
+        # process groups, which copy.deepcopy cannot copy); precomputed / none: no model
+        self.reference_model = reference
         self._on_reference = False
         self._nonfinite_loss = False
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return run_forward_backward(self, micro_batches, loss_fn)
 
+    def _forward_module(self):
+        if not self._on_reference:
+            return self.model
+        if self.reference_model is None:
+            raise TunesmithError("this run has no reference model on backend: megatron (pref_reference: copy builds "
+                                 "one; precomputed and none need none)")
+        return self.reference_model
+
     @torch.no_grad()
     def forward(self, micro_batches: list, fn: LossFn) -> list:
-        module = self.ref.frozen if self._on_reference and self.ref.frozen is not None else self.model
+        module = self._forward_module()
         results = []
         with eval_mode(self.model):
             for batch in micro_batches:
