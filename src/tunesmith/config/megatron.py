@@ -35,6 +35,9 @@ def megatron_problems(cfg) -> list[str]:
                         "the Megatron engine does not run; remove it")
     if cfg.train.torch_compile:
         problems.append("torch_compile: true is not available on backend: megatron; remove it")
+    if cfg.model.gradient_checkpointing is True:
+        problems.append("gradient_checkpointing: true does not apply on backend: megatron (the transformers model "
+                        "is not what runs); use recompute_granularity: full (or selective)")
     return problems
 
 

@@ -171,6 +171,9 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     text = "\n".join(problems_of({"backend": "megatron", "stage": "rm", "finetuning_type": "lora"}))
     assert "stage rm is not available on backend: megatron (it trains pt, sft, dpo, kto)" in text
     assert "finetuning_type: lora is not available on backend: megatron" in text
+    text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "full", "gradient_checkpointing": True,
+                                  "fp16": True, "torch_compile": True}))
+    assert "use recompute_granularity: full" in text and "use bf16: true" in text and "torch_compile" in text
 
 
 def test_translate_keeps_unknown_keys_for_the_caller():

@@ -121,6 +121,8 @@ def test_the_engine_refuses_what_it_does_not_run_by_name(world_of_one):
         transformers.Qwen3MoeConfig(**SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
     with pytest.raises(TunesmithError, match="mixture-of-experts training on backend: megatron is not available"):
         build_megatron_engine(_engine_config(), moe, torch.device("cpu"), 1)
+    with pytest.raises(TunesmithError, match="recompute_granularity: full needs a CUDA GPU"):
+        build_megatron_engine(_engine_config(recompute_granularity="full"), dense, torch.device("cpu"), 1)
     with pytest.raises(ConfigError, match="tensor_model_parallel_size x pipeline_model_parallel_size"):
         build_megatron_engine(_engine_config(tensor_model_parallel_size=2), dense, torch.device("cpu"), 1)
 

@@ -54,6 +54,9 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
     if ModelFacts.of(hf_model.config).num_experts:
         raise TunesmithError(_MOE)
+    if cfg.megatron.recompute_granularity and device.type != "cuda":
+        raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
+                             "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
