@@ -36,8 +36,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc, log) -> None:
-    deadline = time.monotonic() + 120
+def _wait_healthy(url: str, proc, log, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()
         try:
@@ -46,7 +46,7 @@ def _wait_healthy(url: str, proc, log) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise AssertionError("server did not come up:\n" + log.read_text())
+    raise AssertionError(f"server did not come up in {seconds} s:\n" + log.read_text())
 
 
 @pytest.mark.slow

@@ -6,16 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-import httpx
 import openai
 import pytest
 
 pytest.importorskip("vllm")
 
 from conftest import REPO  # noqa: E402
-from test_serve_e2e import _adapter, _free_port  # noqa: E402
+from test_serve_e2e import _adapter, _free_port, _wait_healthy  # noqa: E402
 from tunesmith.infer.options import serve_options  # noqa: E402
 from tunesmith.serve.backends import load_engine  # noqa: E402
 from tunesmith.serve.engine import GenerationRequest  # noqa: E402
@@ -50,26 +48,13 @@ def _start(base, side, tmp_path):
     return proc, f"http://127.0.0.1:{port}", log
 
 
-def _wait_healthy(url: str, proc, log) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"server did not come up in {START_S} s:\n" + log.read_text())
-
-
 def test_serve_with_vllm_answers_the_openai_client_as_transformers_does(tmp_path, tiny_cache):
     base = tiny_qwen3_for_vllm(tmp_path / "base", tiny_cache)
     side = _adapter(base, tmp_path / "side", 2)
     proc, url, log = _start(base, side, tmp_path)
     try:
         expected = _hf_answers(base, side)
-        _wait_healthy(url, proc, log)
+        _wait_healthy(url, proc, log, START_S)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == [str(base), "side"]
         answers = {}
