@@ -8,6 +8,7 @@ that module and listing it in `_TEXT_FAMILIES` or `_MM_FAMILIES` below.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -33,6 +34,20 @@ ARCHS: dict[str, dict] = {
     **{arch: spec for family in _TEXT_FAMILIES for arch, spec in family.ARCHS.items()}, **MM_ARCHS}
 # Kept apart from the specs: a spec is hashed into the recipe, so it holds data, not code.
 _MM_CONFIG_BUILDERS = {arch: family.build_config for family in _MM_FAMILIES for arch in family.ARCHS}
+_FAMILY_OF = {arch: family for family in (*_TEXT_FAMILIES, *_MM_FAMILIES) for arch in family.ARCHS}
+
+
+def _code_hash(arch: str) -> str:
+    """The source of the family's module and of the shared builders: a changed builder is a new cache entry."""
+    from . import common
+
+    digest = hashlib.sha256()
+    for module in (_FAMILY_OF[arch], common):
+        try:
+            digest.update(inspect.getsource(module).encode())
+        except (OSError, TypeError):  # no source shipped: the recipe version alone names the build
+            pass
+    return digest.hexdigest()[:16]
 
 
 def _recipe(arch: str) -> dict:
@@ -46,6 +61,7 @@ def _recipe(arch: str) -> dict:
         "corpus": CORPUS,
         "chat_template": chat_template(spec),
         "shape": MODEL_SHAPE,
+        "code": _code_hash(arch),
         **spec,
     }
 
