@@ -16,6 +16,7 @@ from tunesmith.data import cache, media
 from tunesmith.data.pipeline import SKIPPED_RECORDS, prepare_data, write_skipped_records
 from tunesmith.data.render import RenderOptions, render_batch
 from tunesmith.data.sample import make_sample
+from tunesmith.durable import file_digest
 from tunesmith.data.templates import resolve
 from tunesmith.errors import DataError
 
@@ -258,7 +259,7 @@ def test_an_arrow_error_while_loading_never_reaches_the_user(tmp_path, entry, ca
     arrow = path / cache.DATA_FILE
     arrow.write_bytes(b"not an arrow stream" * 100)
     manifest = json.loads((path / cache.MANIFEST).read_text())
-    manifest["files"][cache.DATA_FILE] = {"size": arrow.stat().st_size, "sha256": cache._sha256(arrow)}
+    manifest["files"][cache.DATA_FILE] = file_digest(arrow)
     (path / cache.MANIFEST).write_text(json.dumps(manifest))
     _rebuilt(tmp_path, tok, first, caplog, "unreadable")
 
