@@ -55,3 +55,25 @@ def test_megatron_engine_trains_dpo_with_a_frozen_reference_as_the_single_engine
     ours, theirs = metrics(tmp_path / "megatron"), metrics(tmp_path / "single")
     assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
     assert ours[-1]["loss"] < ours[0]["loss"]  # the reference is frozen: the policy moved away from it
+
+
+@pytest.mark.slow
+def test_megatron_engine_trains_lora_saves_a_peft_adapter_and_resumes_exactly(tmp_path):
+    lora = [c for c in COMMON if c != "finetuning_type=full"] + ["finetuning_type=lora", "lora_target=all",
+                                                                 "learning_rate=1e-2"]
+    mega = tmp_path / "megatron"
+    proc = cli("train", *lora, "save_steps=2", f"output_dir={mega}", env=MCA)
+    assert "LoRA on self_attention.linear_qkv, self_attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2" in \
+        re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    losses = _losses(mega)
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert (mega / "adapter_model.safetensors").exists() and not (mega / "model.safetensors").exists()
+    import peft
+    import transformers
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(peft.PeftConfig.from_pretrained(mega).base_model_name_or_path)
+    peft.PeftModel.from_pretrained(base, mega)  # plain PEFT loads it
+    resumed = tmp_path / "resumed"
+    cli("train", *lora, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={mega / 'checkpoint-2'}",
+        env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(losses[2:], rel=1e-6)

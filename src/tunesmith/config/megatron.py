@@ -24,10 +24,11 @@ def megatron_problems(cfg) -> list[str]:
     if cfg.finetune.stage not in MEGATRON_STAGES:
         problems.append(f"stage {cfg.finetune.stage} is not available on backend: megatron (it trains "
                         f"{', '.join(MEGATRON_STAGES)}); use backend: single, fsdp2 or deepspeed for it")
-    if cfg.finetune.finetuning_type != "full":
-        problems.append(f"finetuning_type: {cfg.finetune.finetuning_type} is not available on backend: megatron (full "
-                        "fine-tuning only, as LLaMA-Factory's Megatron path); use finetuning_type: full, or backend: "
-                        "single / fsdp2 for LoRA and freeze")
+    if cfg.finetune.finetuning_type == "freeze":
+        problems.append("finetuning_type: freeze is not available on backend: megatron (it trains full and lora); "
+                        "use finetuning_type: full or lora, or backend: single / fsdp2 for freeze")
+    if cfg.finetune.finetuning_type == "lora":
+        problems += _lora_problems(cfg.finetune)
     if cfg.model.fp16:
         problems.append("fp16: true on backend: megatron: use bf16: true (fp16 loss scaling is not wired up)")
     if cfg.model.enable_liger_kernel:
@@ -39,6 +40,12 @@ def megatron_problems(cfg) -> list[str]:
         problems.append("gradient_checkpointing: true does not apply on backend: megatron (the transformers model "
                         "is not what runs); use recompute_granularity: full (or selective)")
     return problems
+
+
+def _lora_problems(finetune) -> list[str]:
+    unsupported = {"use_dora": finetune.use_dora, "additional_target": finetune.additional_target}
+    return [f"'{key}' = {value!r} is not available with LoRA on backend: megatron (it adapts the attention and MLP "
+            "linears only); remove it, or use backend: single / fsdp2" for key, value in unsupported.items() if value]
 
 
 def _keys_without_megatron(cfg) -> list[str]:

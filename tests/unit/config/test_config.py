@@ -52,9 +52,9 @@ def test_missing_dataset_and_eval_without_data():
 
 def test_use_mca_env_selects_megatron(monkeypatch):
     monkeypatch.setenv("USE_MCA", "1")
-    with pytest.raises(ConfigError, match="finetuning_type: lora is not available on backend: megatron"):
-        build_config(None, {"dataset": "x"})
-    assert build_config(None, {"dataset": "x", "finetuning_type": "full"}).train.backend == "megatron"
+    assert build_config(None, {"dataset": "x"}).train.backend == "megatron"  # LoRA, the default, runs there too
+    with pytest.raises(ConfigError, match="finetuning_type: freeze is not available on backend: megatron"):
+        build_config(None, {"dataset": "x", "finetuning_type": "freeze"})
 
 
 def test_saved_config_redacts_secrets(tmp_path):

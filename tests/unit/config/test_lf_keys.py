@@ -170,7 +170,13 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     assert "use_distributed_optimizer" not in text  # Megatron Bridge's default; no effect elsewhere
     text = "\n".join(problems_of({"backend": "megatron", "stage": "rm", "finetuning_type": "lora"}))
     assert "stage rm is not available on backend: megatron (it trains pt, sft, dpo, kto)" in text
-    assert "finetuning_type: lora is not available on backend: megatron" in text
+    assert "finetuning_type" not in text  # LoRA trains on the megatron linears
+    text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "freeze"}))
+    assert "finetuning_type: freeze is not available on backend: megatron" in text
+    text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "lora", "use_dora": True,
+                                  "additional_target": "embed_tokens"}))
+    assert "'use_dora' = True is not available with LoRA on backend: megatron" in text
+    assert "'additional_target' = ['embed_tokens'] is not available with LoRA" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "full", "gradient_checkpointing": True,
                                   "fp16": True, "torch_compile": True}))
     assert "use recompute_granularity: full" in text and "use bf16: true" in text and "torch_compile" in text

@@ -2,7 +2,6 @@
 GPTModel gives the Hugging Face model's logits on a packed batch, its weights go back to identical HF tensors,
 and the micro-batch schedule's division by the micro-batch count is undone. Skipped without megatron-core."""
 
-import socket
 import types
 
 import pytest
@@ -17,27 +16,9 @@ from tunesmith.engines.megatron.engine import hf_state_of, load_hf_state  # noqa
 from tunesmith.engines.megatron.forward import lm_forward, packed_causal_mask  # noqa: E402
 from tunesmith.engines.megatron.rotary import RotaryAngles  # noqa: E402
 from tunesmith.engines.megatron.schedule import local_schedule, scheduled_loss  # noqa: E402
-from tunesmith.engines.megatron.runtime import init_model_parallel, require_megatron  # noqa: E402
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              intermediate_size=96, vocab_size=128, max_position_embeddings=128)
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    require_megatron()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    # a TCP store of its own, no MASTER_* left in the environment (later CLI runs would inherit the port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    init_model_parallel(MegatronConfig(), seed=0, device=torch.device("cpu"))
-    yield
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def _hf(config_class, **extra):

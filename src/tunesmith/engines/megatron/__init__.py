@@ -40,19 +40,22 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from ..optim import build_optimizer, build_scheduler
     from .build import build_gpt, log_kernel_fallback, transformer_config
     from .degrees import ModelFacts, check_degrees
-    from .engine import MegatronEngine, load_hf_state
+    from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
+    from .lora import adapted_parts, add_lora, megatron_targets
     from .rotary import RotaryAngles
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .weights import family_map
 
     require_megatron()
-    hf_model = make_model(torch.device("cpu"), False)
-    family_map(hf_model.config)
+    hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
+    hf_config = hf_model.get_base_model().config if hasattr(hf_model, "peft_config") else hf_model.config
+    family_map(hf_config)
+    lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
-    check_degrees(cfg.megatron, dist.world(), ModelFacts.of(hf_model.config), has_te=has_te)
+    check_degrees(cfg.megatron, dist.world(), ModelFacts.of(hf_config), has_te=has_te)
     if dist.world() > 1:
         raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
-    if ModelFacts.of(hf_model.config).num_experts:
+    if ModelFacts.of(hf_config).num_experts:
         raise TunesmithError(_MOE)
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
@@ -60,15 +63,19 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
-    config = transformer_config(hf_model.config, cfg.megatron, params_dtype=dtype)
+    config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
     def built():
-        model = build_gpt(hf_model.config, config)
-        load_hf_state(model, hf_model.state_dict(), hf_model.config)
-        return model.to(device)
+        model = build_gpt(hf_config, config)
+        load_hf_state(model, hf_base_state(hf_model), hf_config)
+        return model
 
     model = built()
-    reference = built().eval().requires_grad_(False) if cfg.finetune.pref_reference == "copy" else None
+    if lora_linears:
+        add_lora(model, lora_linears, hf_model.peft_config["default"])
+        start_lora_from_hf(model, hf_model, lora_linears)
+    model = model.to(device)
+    reference = built().to(device).eval().requires_grad_(False) if cfg.finetune.pref_reference == "copy" else None
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
@@ -77,7 +84,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
                              "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
                              "false) or use pure_bf16: true")
-    log.info("Megatron-Core engine: %s, TP=PP=1, %s", hf_model.config.model_type, precision)
+    log.info("Megatron-Core engine: %s, TP=PP=1, %s%s", hf_config.model_type, precision,
+             f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
-                          skip_nonfinite=cfg.train.skip_nonfinite, reference=reference)
+                          skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)

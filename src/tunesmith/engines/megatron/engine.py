@@ -14,6 +14,7 @@ as the template every save writes through (export_hf): checkpoints are plain tra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -27,15 +28,27 @@ from ..base import (LossFn, StepOutput, StepResult, eval_mode, load_matching_opt
 from ..local_step import autocast, step_of
 from ..optim import realign_schedule
 from .forward import run_megatron_forward
+from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
 from .schedule import run_forward_backward
 from .weights import family_map
+from .weights.layers import Shape
 
 log = logging.getLogger("tunesmith")
 
 
 def megatron_state(model) -> dict:
-    """The model's weights by megatron-core name (no Transformer Engine extra state)."""
-    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    """The model's weights by megatron-core name (no Transformer Engine extra state, no LoRA adapters: a wrapped
+    linear's weight under its own name)."""
+    return {base_name(k): v for k, v in model.state_dict().items()
+            if not k.endswith("_extra_state") and ".lora_" not in k}
+
+
+def hf_base_state(hf_model) -> dict:
+    """The Hugging Face model's own weights by HF name (a PeftModel: its base model's, adapters left out)."""
+    if not hasattr(hf_model, "peft_config"):
+        return hf_model.state_dict()
+    state = hf_model.get_base_model().state_dict()
+    return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
 
 
 def load_hf_state(model, hf_state: dict, hf_config) -> None:
@@ -63,9 +76,11 @@ def hf_state_of(model, hf_config) -> dict:
 
 class MegatronEngine:
     def __init__(self, model, hf_model, optimizer, scheduler, device: torch.device, *, angles, precision: str,
-                 max_grad_norm: float, skip_nonfinite: bool, reference=None):
+                 max_grad_norm: float, skip_nonfinite: bool, reference=None, lora_linears: list | None = None):
         self.model = model
-        self.hf_model = hf_model  # CPU template for export_hf and load
+        self.hf_model = hf_model  # CPU template for export_hf and load (a PeftModel with LoRA)
+        self.hf_config = hf_model.get_base_model().config if lora_linears else hf_model.config
+        self.lora_linears = lora_linears  # the adapted megatron linears (lora.py), None: full fine-tuning
         self.optimizer, self.scheduler = optimizer, scheduler
         self.device, self.angles, self.precision = device, angles, precision
         self.max_grad_norm, self.skip_nonfinite = max_grad_norm, skip_nonfinite
@@ -80,18 +95,21 @@ class MegatronEngine:
         return run_forward_backward(self, micro_batches, loss_fn)
 
     def _forward_module(self):
+        """A context giving the module forward() runs: the policy, or inside reference() the frozen copy or the
+        policy with its adapters off."""
         if not self._on_reference:
-            return self.model
-        if self.reference_model is None:
-            raise TunesmithError("this run has no reference model on backend: megatron (pref_reference: copy builds "
-                                 "one; precomputed and none need none)")
-        return self.reference_model
+            return contextlib.nullcontext(self.model)
+        if self.reference_model is not None:
+            return contextlib.nullcontext(self.reference_model)
+        if self.lora_linears:
+            return adapters_off(self.model)
+        raise TunesmithError("this run has no reference model on backend: megatron (pref_reference: copy builds "
+                             "one, LoRA runs use adapters_off; precomputed and none need none)")
 
     @torch.no_grad()
     def forward(self, micro_batches: list, fn: LossFn) -> list:
-        module = self._forward_module()
         results = []
-        with eval_mode(self.model):
+        with eval_mode(self.model), self._forward_module() as module:
             for batch in micro_batches:
                 batch = batch.to(self.device)
                 with autocast(self.precision, self.device):
@@ -110,7 +128,9 @@ class MegatronEngine:
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))
-        load_hf_state(self.model, self.hf_model.state_dict(), self.hf_model.config)
+        load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
+        if self.lora_linears:
+            start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
 
     def load(self, path: Path, *, trusted: bool = False) -> None:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
@@ -132,9 +152,23 @@ class MegatronEngine:
     def export_hf(self, path: Path, saver) -> None:
         """The trained weights back under their Hugging Face names, written by transformers itself."""
         if dist.is_main():
-            self.hf_model.load_state_dict(hf_state_of(self.model, self.hf_model.config), strict=True)
+            if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
+                copy_lora(hf_lora_state(self.hf_model), lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)))
+            else:
+                self.hf_model.load_state_dict(hf_state_of(self.model, self.hf_config), strict=True)
             self.hf_model.save_pretrained(str(path), safe_serialization=True)
             saver.save_pretrained(str(path))
 
     def full_state_for_rollout(self) -> dict:
-        return hf_state_of(self.model, self.hf_model.config)
+        return hf_state_of(self.model, self.hf_config)
+
+
+def start_lora_from_hf(model, peft_model, linears: list) -> None:
+    """The GPTModel's adapters from the PeftModel's, when it holds a trained one (a B not zero: an adapter loaded
+    from adapter_name_or_path or a checkpoint); a fresh PeftModel's adds nothing and the GPTModel keeps its own
+    initialisation."""
+    hf_lora = hf_lora_state(peft_model)
+    if all(not t.any() for (_, _, ab), t in hf_lora.items() if ab == "B"):
+        return
+    shape = Shape.of(peft_model.get_base_model().config)
+    copy_lora(lora_state(model), lora_to_megatron({k: v.detach() for k, v in hf_lora.items()}, shape, linears))

@@ -1,0 +1,194 @@
+"""LoRA on the megatron-core linears (finetuning_type: lora on backend: megatron), and its map to a PEFT adapter.
+
+megatron-core fuses q/k/v into linear_qkv and gate/up into linear_fc1 (weights/layers.py), so one
+low-rank update adapts each fused linear: its A is shared by the parts, its B is the parts' B
+stacked in the fused row order. That is exactly a PEFT adapter whose q, k and v (gate and up) have
+the same A, so the adapter is saved for PEFT with A repeated and B split (`lora_to_hf`), and read
+back from such an adapter (`lora_to_megatron`). An adapter with different A per part (one trained
+elsewhere) has no exact fused form and is refused by name.
+
+PEFT's own megatron dispatch (LoraConfig.megatron_config) fails in peft 0.21 (it reads a keyword
+its caller no longer passes), hence this small wrapper; it runs at tensor-parallel degree 1, the
+only degree the engine runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+
+import torch
+
+from ...errors import ConfigError, TunesmithError
+from ...models.families import ATTENTION_Q_K_V_O, GATED_MLP
+from .weights.layers import Shape, fuse_gate_up, fuse_qkv, split_gate_up, split_qkv
+
+Q, K, V, O = ATTENTION_Q_K_V_O
+GATE, UP, DOWN = GATED_MLP
+# megatron linear -> (its Hugging Face module under the layer, the parts it fuses)
+FUSED = {"self_attention.linear_qkv": ("self_attn", (Q, K, V)), "self_attention.linear_proj": ("self_attn", (O,)),
+         "mlp.linear_fc1": ("mlp", (GATE, UP)), "mlp.linear_fc2": ("mlp", (DOWN,))}
+_HF_LORA = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
+
+
+class LoraLinear(torch.nn.Module):
+    """A megatron-core linear (it returns (output, bias)) plus scale * B(A(dropout(x)))."""
+
+    def __init__(self, base: torch.nn.Module, rank: int, alpha: float, dropout: float, rslora: bool):
+        super().__init__()
+        out_features, in_features = base.weight.shape
+        self.base = base.requires_grad_(False)
+        self.lora_A = torch.nn.Linear(in_features, rank, bias=False, dtype=base.weight.dtype)
+        self.lora_B = torch.nn.Linear(rank, out_features, bias=False, dtype=base.weight.dtype)
+        torch.nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # PEFT's default initialisation
+        torch.nn.init.zeros_(self.lora_B.weight)
+        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
+        self.scale = alpha / (math.sqrt(rank) if rslora else rank)
+        self.enabled = True
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    def forward(self, x, *args, **kwargs):
+        out, bias = self.base(x, *args, **kwargs)
+        if not self.enabled:
+            return out, bias
+        return out + self.scale * self.lora_B(self.lora_A(self.dropout(x))).to(out.dtype), bias
+
+
+def megatron_targets(hf_parts: set[str]) -> list[str]:
+    """The megatron linears to adapt for the Hugging Face module names PEFT adapted in one layer; a fused
+    linear takes all of its parts or none."""
+    targets, problems = [], []
+    for linear, (_, parts) in FUSED.items():
+        hit = [p for p in parts if p in hf_parts]
+        if hit and len(hit) < len(parts):
+            problems.append(f"lora_target adapts {', '.join(hit)} but not {', '.join(p for p in parts if p not in hit)}"
+                            f": on backend: megatron they are one fused linear ({linear.split('.')[1]}); target "
+                            f"{', '.join(parts)} together, or lora_target: all")
+        if hit:
+            targets.append(linear)
+    other = sorted(hf_parts - {p for _, parts in FUSED.values() for p in parts})
+    if other:
+        problems.append(f"LoRA on {', '.join(other)} is not available on backend: megatron (it adapts the attention "
+                        f"and MLP linears: {', '.join(p for _, ps in FUSED.values() for p in ps)}); use those, or "
+                        "backend: single / fsdp2")
+    if problems:
+        raise ConfigError(problems)
+    return targets
+
+
+def adapted_parts(peft_model) -> set[str]:
+    """Which layer modules (q_proj, ..., down_proj) the Hugging Face PeftModel adapts."""
+    return {m.group(3) for name, _ in peft_model.named_parameters() if (m := _HF_LORA.search(name))}
+
+
+def add_lora(model, targets: list[str], peft_config) -> None:
+    """Freeze the GPTModel and wrap the target linears of every layer (rank, alpha, dropout from PEFT's config)."""
+    model.requires_grad_(False)
+    for layer in model.decoder.layers:
+        for target in targets:
+            parent_name, attr = target.split(".")
+            parent = getattr(layer, parent_name)
+            setattr(parent, attr, LoraLinear(getattr(parent, attr), peft_config.r, peft_config.lora_alpha,
+                                             peft_config.lora_dropout, peft_config.use_rslora))
+
+
+def lora_layers(model) -> list[LoraLinear]:
+    return [m for m in model.modules() if isinstance(m, LoraLinear)]
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """The base model (the reference of DPO/KTO with pref_reference: adapters_off)."""
+    layers = lora_layers(model)
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enabled = True
+
+
+def base_name(name: str) -> str:
+    """A megatron weight's name without the LoRA wrapper (…linear_qkv.base.weight -> …linear_qkv.weight)."""
+    return name.replace(".base.", ".")
+
+
+def lora_state(model) -> dict:
+    """{(layer index, megatron linear, "A" | "B"): tensor} of the GPTModel's adapters."""
+    out = {}
+    for i, layer in enumerate(model.decoder.layers):
+        for linear in FUSED:
+            parent_name, attr = linear.split(".")
+            module = getattr(getattr(layer, parent_name), attr)
+            if isinstance(module, LoraLinear):
+                out[(i, linear, "A")] = module.lora_A.weight
+                out[(i, linear, "B")] = module.lora_B.weight
+    return out
+
+
+def _split(linear: str, b: torch.Tensor, shape: Shape) -> tuple:
+    if linear.endswith("linear_qkv"):
+        return split_qkv(b, shape)
+    if linear.endswith("linear_fc1"):
+        return split_gate_up(b)
+    return (b,)
+
+
+def _fuse(linear: str, bs: list, shape: Shape) -> torch.Tensor:
+    if linear.endswith("linear_qkv"):
+        return fuse_qkv(*bs, shape)
+    if linear.endswith("linear_fc1"):
+        return fuse_gate_up(*bs)
+    return bs[0]
+
+
+def lora_to_hf(mc_lora: dict, shape: Shape) -> dict:
+    """{(layer, HF module path e.g. "self_attn.q_proj", "A" | "B"): tensor}: A repeated over the fused parts,
+    B split in their order."""
+    out = {}
+    for (i, linear, ab), tensor in mc_lora.items():
+        hf_parent, parts = FUSED[linear]
+        pieces = (tensor,) * len(parts) if ab == "A" else _split(linear, tensor, shape)
+        out.update({(i, f"{hf_parent}.{part}", ab): piece for part, piece in zip(parts, pieces)})
+    return out
+
+
+def lora_to_megatron(hf_lora: dict, shape: Shape, linears: list[str]) -> dict:
+    """The inverse of lora_to_hf; the parts of one fused linear must share their A."""
+    out = {}
+    layers = sorted({i for i, _, _ in hf_lora})
+    for i in layers:
+        for linear in linears:
+            hf_parent, parts = FUSED[linear]
+            a = [hf_lora[(i, f"{hf_parent}.{p}", "A")] for p in parts]
+            if any(not torch.equal(a[0], other) for other in a[1:]):
+                raise TunesmithError(f"layer {i}: the adapter's {', '.join(parts)} have different LoRA A matrices, "
+                                     f"which megatron's fused {linear.split('.')[1]} cannot hold (one adapter trained "
+                                     "elsewhere); merge it into the model first (tunesmith export) or train it on "
+                                     "backend: single / fsdp2")
+            out[(i, linear, "A")] = a[0]
+            out[(i, linear, "B")] = _fuse(linear, [hf_lora[(i, f"{hf_parent}.{p}", "B")] for p in parts], shape)
+    return out
+
+
+def hf_lora_state(peft_model) -> dict:
+    """{(layer, "self_attn.q_proj", "A" | "B"): parameter} of the Hugging Face PeftModel (its active adapter)."""
+    out = {}
+    for name, param in peft_model.named_parameters():
+        if m := _HF_LORA.search(name):
+            out[(int(m.group(1)), f"{m.group(2)}.{m.group(3)}", m.group(4))] = param
+    return out
+
+
+def copy_lora(target: dict, source: dict) -> None:
+    """Copy tensors into parameters under the same keys (shapes must agree)."""
+    with torch.no_grad():
+        for key, tensor in source.items():
+            if tuple(target[key].shape) != tuple(tensor.shape):
+                raise TunesmithError(f"LoRA {key}: {tuple(tensor.shape)} does not fit {tuple(target[key].shape)}")
+            target[key].copy_(tensor)
