@@ -77,3 +77,17 @@ def test_megatron_engine_trains_lora_saves_a_peft_adapter_and_resumes_exactly(tm
     cli("train", *lora, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={mega / 'checkpoint-2'}",
         env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(losses[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_engine_trains_a_reward_model_as_the_single_engine(tmp_path):
+    rm = [*BASE, "stage=rm", "dataset=dpo_demo", "finetuning_type=full", "max_samples=32", "logging_steps=1",
+          "learning_rate=1e-4", "max_steps=3", "per_device_train_batch_size=2", "save_strategy=no"]
+    cli("train", *rm, "backend=single", f"output_dir={tmp_path / 'single'}")
+    cli("train", *rm, "backend=megatron", f"output_dir={tmp_path / 'megatron'}")
+    ours, theirs = metrics(tmp_path / "megatron"), metrics(tmp_path / "single")
+    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
+    import transformers
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "megatron")
+    assert model.score.out_features == 1

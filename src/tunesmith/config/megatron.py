@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from ..stages import STAGES
 
-# The stages the Megatron engine trains: those whose losses need only the language model's logits (pt, sft, and
-# the preference stages); reward-model heads and online RL's rollouts are not wired up on it.
-MEGATRON_STAGES = tuple(s.name for s in STAGES.values() if not s.reward_head and not s.is_online_rl)
+# The stages the Megatron engine trains: pt, sft, the preference stages and reward models (a score head in place
+# of the LM head); online RL's rollouts are not wired up on it.
+MEGATRON_STAGES = tuple(s.name for s in STAGES.values() if not s.is_online_rl)
 # Bridge-style defaults (true) that change nothing on one process nor on the other backends.
 _NO_EFFECT_ELSEWHERE = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
 
@@ -29,6 +29,9 @@ def megatron_problems(cfg) -> list[str]:
                         "use finetuning_type: full or lora, or backend: single / fsdp2 for freeze")
     if cfg.finetune.finetuning_type == "lora":
         problems += _lora_problems(cfg.finetune)
+        if STAGES[cfg.finetune.stage].reward_head:
+            problems.append(f"stage {cfg.finetune.stage} with finetuning_type: lora is not available on backend: "
+                            "megatron; use finetuning_type: full, or backend: single / fsdp2 for a LoRA reward model")
     if cfg.model.fp16:
         problems.append("fp16: true on backend: megatron: use bf16: true (fp16 loss scaling is not wired up)")
     if cfg.model.enable_liger_kernel:

@@ -168,9 +168,11 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     text = "\n".join(problems_of({"pipeline_model_parallel_size": 4, "use_distributed_optimizer": True}))
     assert "'pipeline_model_parallel_size' = 4 needs the Megatron-Core engine: set backend: megatron" in text
     assert "use_distributed_optimizer" not in text  # Megatron Bridge's default; no effect elsewhere
-    text = "\n".join(problems_of({"backend": "megatron", "stage": "rm", "finetuning_type": "lora"}))
-    assert "stage rm is not available on backend: megatron (it trains pt, sft, dpo, kto)" in text
+    text = "\n".join(problems_of({"backend": "megatron", "stage": "grpo", "finetuning_type": "lora"}))
+    assert "stage grpo is not available on backend: megatron (it trains pt, sft, rm, dpo, kto)" in text
     assert "finetuning_type" not in text  # LoRA trains on the megatron linears
+    text = "\n".join(problems_of({"backend": "megatron", "stage": "rm", "finetuning_type": "lora"}))
+    assert "stage rm with finetuning_type: lora is not available on backend: megatron" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "freeze"}))
     assert "finetuning_type: freeze is not available on backend: megatron" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "lora", "use_dora": True,

@@ -13,7 +13,7 @@ pytest.importorskip("megatron.core")
 from tunesmith.config.schema import MegatronConfig  # noqa: E402
 from tunesmith.engines.megatron.build import build_gpt, transformer_config  # noqa: E402
 from tunesmith.engines.megatron.engine import hf_state_of, load_hf_state  # noqa: E402
-from tunesmith.engines.megatron.forward import lm_forward, packed_causal_mask  # noqa: E402
+from tunesmith.engines.megatron.forward import lm_forward, packed_causal_mask, reward_forward  # noqa: E402
 from tunesmith.engines.megatron.rotary import RotaryAngles  # noqa: E402
 from tunesmith.engines.megatron.schedule import local_schedule, scheduled_loss  # noqa: E402
 
@@ -119,3 +119,25 @@ def test_the_engine_builds_with_a_frozen_reference_for_dpo(world_of_one):
     with torch.no_grad():
         torch.testing.assert_close(lm_forward(engine.reference_model, batch, engine.angles),
                                    lm_forward(engine.model, batch, engine.angles))
+
+
+def test_a_reward_model_gives_the_sequence_classifiers_rewards_and_its_weights_back(world_of_one):
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(**SHAPE, tie_word_embeddings=True, num_labels=1, pad_token_id=0)
+    hf = transformers.AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa").eval()
+    model = build_gpt(hf.config, transformer_config(hf.config, MegatronConfig(), params_dtype=torch.float32),
+                      reward_head=True)
+    load_hf_state(model, hf.state_dict(), hf.config)
+    assert model.output_layer is None
+    batch = _packed_batch()
+    batch.segment_ids_BT = torch.where(batch.segment_ids_BT >= 0, 0, -1)  # one sample per row, right padding
+    batch.position_ids_BT = torch.tensor([list(range(9)) + [0] * 3, list(range(11)) + [0]])
+    with torch.no_grad():
+        ours = reward_forward(model.eval(), batch, RotaryAngles.of(hf))
+        for row, length in ((0, 9), (1, 11)):
+            alone = hf(input_ids=batch.input_ids_BT[row:row + 1, :length]).logits[0, 0]
+            torch.testing.assert_close(ours[row], alone, rtol=1e-5, atol=1e-5)
+    back = hf_state_of(model, hf.config)
+    assert set(back) == set(hf.state_dict())
+    for key, tensor in hf.state_dict().items():
+        assert torch.equal(back[key], tensor), key

@@ -65,8 +65,14 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
+    reward_head = getattr(hf_model, "score", None) is not None  # stage rm: a sequence classifier
+    if reward_head and lora_linears:
+        raise TunesmithError("stage rm with finetuning_type: lora is not available on backend: megatron (the score "
+                             "head would train beside the adapters); use finetuning_type: full, or backend: single / "
+                             "fsdp2 for a LoRA reward model")
+
     def built():
-        model = build_gpt(hf_config, config)
+        model = build_gpt(hf_config, config, reward_head=reward_head)
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model
 

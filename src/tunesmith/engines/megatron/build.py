@@ -101,19 +101,27 @@ def layer_spec(config):
     return spec
 
 
-def build_gpt(hf, config, vp_stage: int | None = None):
-    """The GPTModel of this process's pipeline stage (pre/post-process from the parallel state)."""
+def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = False):
+    """The GPTModel of this process's pipeline stage (pre/post-process from the parallel state).
+
+    reward_head (stage rm): the LM head gives way to `score`, one scalar per token, as the Hugging Face
+    sequence classifier's (forward.py picks each row's last real token)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     tp = config.tensor_model_parallel_size
-    return GPTModel(
+    model = GPTModel(
         config, layer_spec(config), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),
         max_sequence_length=getattr(hf, "max_position_embeddings", 4096), position_embedding_type="rope",
-        rotary_base=int(_rope_theta(hf)), share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
+        rotary_base=int(_rope_theta(hf)),
+        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings) and not reward_head,
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         vp_stage=vp_stage)
+    if reward_head and model.post_process:
+        model.output_layer = None
+        model.score = torch.nn.Linear(hf.hidden_size, 1, bias=False, dtype=config.params_dtype)
+    return model
 
 
 def _rope_theta(hf) -> float:

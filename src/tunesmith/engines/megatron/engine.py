@@ -52,8 +52,11 @@ def hf_base_state(hf_model) -> dict:
 
 
 def load_hf_state(model, hf_state: dict, hf_config) -> None:
-    """Hugging Face weights (full, by HF name) into the GPTModel; every megatron weight must be filled."""
+    """Hugging Face weights (full, by HF name) into the GPTModel; every megatron weight must be filled. A reward
+    model's score head keeps its name."""
     mapped = family_map(hf_config).to_megatron(hf_state, hf_config)
+    if "score.weight" in hf_state:
+        mapped["score.weight"] = hf_state["score.weight"]
     ours = megatron_state(model)
     missing = sorted(set(ours) - set(mapped))
     unexpected = sorted(set(mapped) - set(ours))
@@ -69,9 +72,13 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
 
 
 def hf_state_of(model, hf_config) -> dict:
-    """The GPTModel's weights by Hugging Face name, on the CPU."""
+    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head)."""
     state = {k: v.detach().cpu() for k, v in megatron_state(model).items()}
-    return family_map(hf_config).to_hf(state, hf_config)
+    hf = family_map(hf_config).to_hf(state, hf_config)
+    if "score.weight" in state:
+        hf.pop("lm_head.weight", None)
+        hf["score.weight"] = state["score.weight"]
+    return hf
 
 
 class MegatronEngine:

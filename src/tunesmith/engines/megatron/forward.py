@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import TunesmithError
-from ...models.forward import ModelOutputs
+from ...models.forward import ModelOutputs, last_token_index
 
 
 def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
@@ -25,13 +25,18 @@ def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
     return ~keep_BTT[:, None]
 
 
-def lm_forward(model, batch, angles) -> torch.Tensor:
-    """Logits [B, T, V] on the last pipeline stage, else the hidden states [T, B, H] for the next one."""
+def _decoder(model, batch, angles) -> torch.Tensor:
+    """The decoder's output [T, B, H] (its final norm included on the last stage)."""
     mask = packed_causal_mask(batch.segment_ids_BT)
     rotary = angles(batch.position_ids_BT)
     hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT) \
         if model.pre_process else None
-    hidden = model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
+    return model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
+
+
+def lm_forward(model, batch, angles) -> torch.Tensor:
+    """Logits [B, T, V] on the last pipeline stage, else the hidden states [T, B, H] for the next one."""
+    hidden = _decoder(model, batch, angles)
     if not model.post_process:
         return hidden
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
@@ -39,9 +44,32 @@ def lm_forward(model, batch, angles) -> torch.Tensor:
     return logits_TBV.transpose(0, 1)
 
 
-def run_megatron_forward(model, batch, kind: str, angles) -> ModelOutputs:
-    """The outputs a method asks for (models/forward.py's kinds); "nll" gets logits, as without a fused head."""
+def reward_forward(model, batch, angles) -> torch.Tensor:
+    """A reward model's scalar per row [B]: the score head at the row's last real token (models/forward.py's
+    sequence_rewards), or the hidden states for the next pipeline stage."""
+    hidden = _decoder(model, batch, angles)
+    if not model.post_process:
+        return hidden
+    hidden_BTH = hidden.transpose(0, 1)
+    last = last_token_index(batch.segment_ids_BT)
+    picked = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=hidden_BTH.device), last]
+    return model.score(picked).squeeze(-1).float()
+
+
+def stage_forward(model, batch, kind: str, angles) -> torch.Tensor:
+    """The tensor the micro-batch schedule carries: rewards for "rewards", else logits ("nll" gets logits, as
+    without a fused head)."""
     if kind == "rewards":
-        raise TunesmithError("reward-model outputs are not available on backend: megatron (stage rm is refused "
-                             "there); use backend: single, fsdp2 or deepspeed")
-    return ModelOutputs(logits_BTV=lm_forward(model, batch, angles))
+        if getattr(model, "score", None) is None:
+            raise TunesmithError("reward outputs need the reward model's score head (stage rm)")
+        return reward_forward(model, batch, angles)
+    return lm_forward(model, batch, angles)
+
+
+def as_outputs(tensor: torch.Tensor, kind: str) -> ModelOutputs:
+    return ModelOutputs(rewards_B=tensor) if kind == "rewards" else ModelOutputs(logits_BTV=tensor)
+
+
+def run_megatron_forward(model, batch, kind: str, angles) -> ModelOutputs:
+    """The outputs a method asks for (models/forward.py's kinds)."""
+    return as_outputs(stage_forward(model, batch, kind, angles), kind)

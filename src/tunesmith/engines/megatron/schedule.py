@@ -20,8 +20,7 @@ import torch
 
 from ..base import LossFn, StepOutput, nonfinite
 from ..local_step import autocast
-from .forward import lm_forward
-from ...models.forward import ModelOutputs
+from .forward import as_outputs, stage_forward
 
 
 def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
@@ -29,10 +28,10 @@ def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
     return loss * num_microbatches
 
 
-def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, logits_BTV):
+def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, output):
     # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
     with autocast(engine.precision, engine.device):
-        out = loss_fn.fn(ModelOutputs(logits_BTV=logits_BTV), batch)
+        out = loss_fn.fn(as_outputs(output, loss_fn.outputs), batch)
     engine._nonfinite_loss = nonfinite(engine._nonfinite_loss, out)
     total.add(out)
     return scheduled_loss(out.loss, num_microbatches), {}
@@ -43,8 +42,8 @@ def forward_step_func(engine, loss_fn: LossFn, total: StepOutput, num_microbatch
     def forward_step(data_iterator, model):
         batch = next(data_iterator).to(engine.device)
         with autocast(engine.precision, engine.device):
-            logits_BTV = lm_forward(model, batch, engine.angles)
-        return logits_BTV, functools.partial(_loss_func, engine, loss_fn, batch, total, num_microbatches)
+            output = stage_forward(model, batch, loss_fn.outputs, engine.angles)  # logits, or a reward model's [B]
+        return output, functools.partial(_loss_func, engine, loss_fn, batch, total, num_microbatches)
     return forward_step
 
 

@@ -126,17 +126,20 @@ def dense_mlp_to_hf(mc: dict, i: int) -> dict:
 
 
 def outer_to_megatron(hf: dict, shape: Shape) -> dict:
+    """Embedding, final norm and (a language model's; a reward model has none) the LM head."""
     out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
            "decoder.final_layernorm.weight": hf["model.norm.weight"]}
-    if not shape.tied:
+    if not shape.tied and "lm_head.weight" in hf:
         out["output_layer.weight"] = hf["lm_head.weight"]
     return out
 
 
 def outer_to_hf(mc: dict, shape: Shape) -> dict:
     embed = mc["embedding.word_embeddings.weight"]
-    return {"model.embed_tokens.weight": embed, "model.norm.weight": mc["decoder.final_layernorm.weight"],
-            "lm_head.weight": embed if shape.tied else mc["output_layer.weight"]}
+    out = {"model.embed_tokens.weight": embed, "model.norm.weight": mc["decoder.final_layernorm.weight"]}
+    if shape.tied or "output_layer.weight" in mc:
+        out["lm_head.weight"] = embed if shape.tied else mc["output_layer.weight"]
+    return out
 
 
 def convert_to_megatron(hf: dict, shape: Shape, layout: Layout, mlp_to_megatron=dense_mlp_to_megatron) -> dict:
