@@ -46,13 +46,14 @@ class LossFn:
     fn: Callable[[ModelOutputs, object], object]
 
 
-def _base(model):
+def base_model(model):
+    """The model under a PEFT wrapper (the model itself when there is none)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def fused_loss_head(model):
     """The output layer when a fused loss head is installed on it (models.kernels.install_loss_head), else None."""
-    head = _base(model).get_output_embeddings()
+    head = base_model(model).get_output_embeddings()
     return head if hasattr(head, "loss_targets") else None
 
 
@@ -77,7 +78,7 @@ def run_forward(model, batch, kind: OutputKind) -> ModelOutputs:
 
 def router_aux_loss_coef(model) -> float | None:
     """The weight of the model's router load-balancing loss when its forward can return one, else None."""
-    base = _base(model)  # the module's own forward (through wrappers such as DeepSpeed's, which forward getattr)
+    base = base_model(model)  # the module's own forward (through wrappers such as DeepSpeed's, which forward getattr)
     coef = getattr(getattr(base, "config", None), "router_aux_loss_coef", None)
     if coef is None or "output_router_logits" not in inspect.signature(base.forward).parameters:
         return None
@@ -99,7 +100,7 @@ def last_token_index(segment_ids_BT: torch.Tensor) -> torch.Tensor:
 
 def sequence_rewards(model, batch) -> torch.Tensor:
     """One scalar per row: the score head at the row's last real token, so left and right padding agree."""
-    base = _base(model)
+    base = base_model(model)
     hidden = base.model(**model_inputs(base, batch)).last_hidden_state
     last = last_token_index(batch.segment_ids_BT)
     picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]

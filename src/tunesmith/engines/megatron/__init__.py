@@ -37,6 +37,7 @@ _MOE = ("mixture-of-experts training on backend: megatron is not available yet: 
 
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
     """The engine in the order of engine.py's docstring."""
+    from ...models.forward import base_model
     from ..optim import build_optimizer, build_scheduler
     from .build import build_gpt, log_kernel_fallback, transformer_config
     from .degrees import ModelFacts, check_degrees
@@ -48,7 +49,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
 
     require_megatron()
     hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
-    hf_config = hf_model.get_base_model().config if hasattr(hf_model, "peft_config") else hf_model.config
+    hf_config = base_model(hf_model).config
     family_map(hf_config)
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
@@ -65,11 +66,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
-    reward_head = getattr(hf_model, "score", None) is not None  # stage rm: a sequence classifier
-    if reward_head and lora_linears:
-        raise TunesmithError("stage rm with finetuning_type: lora is not available on backend: megatron (the score "
-                             "head would train beside the adapters); use finetuning_type: full, or backend: single / "
-                             "fsdp2 for a LoRA reward model")
+    reward_head = getattr(hf_model, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
 
     def built():
         model = build_gpt(hf_config, config, reward_head=reward_head)

@@ -22,6 +22,7 @@ import torch
 
 from ... import dist
 from ...errors import TunesmithError
+from ...models.forward import base_model
 from ...models.weights import load_model_weights
 from ..base import (LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer, read_torch_file, schedule_at,
                     switched_to_reference, write_torch_file)
@@ -45,9 +46,7 @@ def megatron_state(model) -> dict:
 
 def hf_base_state(hf_model) -> dict:
     """The Hugging Face model's own weights by HF name (a PeftModel: its base model's, adapters left out)."""
-    if not hasattr(hf_model, "peft_config"):
-        return hf_model.state_dict()
-    state = hf_model.get_base_model().state_dict()
+    state = base_model(hf_model).state_dict()
     return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
 
 
@@ -86,7 +85,7 @@ class MegatronEngine:
                  max_grad_norm: float, skip_nonfinite: bool, reference=None, lora_linears: list | None = None):
         self.model = model
         self.hf_model = hf_model  # CPU template for export_hf and load (a PeftModel with LoRA)
-        self.hf_config = hf_model.get_base_model().config if lora_linears else hf_model.config
+        self.hf_config = base_model(hf_model).config
         self.lora_linears = lora_linears  # the adapted megatron linears (lora.py), None: full fine-tuning
         self.optimizer, self.scheduler = optimizer, scheduler
         self.device, self.angles, self.precision = device, angles, precision
@@ -177,5 +176,5 @@ def start_lora_from_hf(model, peft_model, linears: list) -> None:
     hf_lora = hf_lora_state(peft_model)
     if all(not t.any() for (_, _, ab), t in hf_lora.items() if ab == "B"):
         return
-    shape = Shape.of(peft_model.get_base_model().config)
+    shape = Shape.of(base_model(peft_model).config)
     copy_lora(lora_state(model), lora_to_megatron({k: v.detach() for k, v in hf_lora.items()}, shape, linears))

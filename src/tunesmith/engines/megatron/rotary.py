@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ModelError
+from ...models.forward import base_model
 
 
 class RotaryAngles:
@@ -23,8 +24,7 @@ class RotaryAngles:
 
     @classmethod
     def of(cls, hf_model) -> "RotaryAngles":
-        base = hf_model.get_base_model() if hasattr(hf_model, "get_base_model") else hf_model
-        rotary = base.model.rotary_emb
+        rotary = base_model(hf_model).model.rotary_emb
         return cls(rotary.inv_freq, getattr(rotary, "attention_scaling", 1.0))
 
     def __call__(self, position_ids_BT: torch.Tensor) -> torch.Tensor:
