@@ -1,5 +1,6 @@
 """Shared fixtures. The tiny models are built once per test session into a temp cache."""
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,26 @@ def run_config(output_dir, **overrides):
     }
     base.update(overrides)
     return build_config(None, base)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A megatron-core world of one process (gloo, its own TCP store) for the Megatron engine's CPU tests."""
+    pytest.importorskip("megatron.core")
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from tunesmith.config.schema import MegatronConfig
+    from tunesmith.engines.megatron.runtime import init_model_parallel, require_megatron
+
+    require_megatron()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # a TCP store of its own, no MASTER_* left in the environment (later CLI runs would inherit the port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    init_model_parallel(MegatronConfig(), seed=0, device=torch.device("cpu"))
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
