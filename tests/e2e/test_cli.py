@@ -12,16 +12,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cli_runner import run_tunesmith
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "data")
 BASE = ["model_name_or_path=tiny:qwen3", f"dataset_dir={DATA}", "template=chatml", "cutoff_len=128"]
 
 
-def cli(*args, check=True, timeout=300, env=None):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tunesmith", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
+def cli(*args, check=True, timeout=300, env=None, fresh=False):
+    """`python -m tunesmith *args` (forked from a zygote that has the imports done, tests/cli_runner.py;
+    fresh=True: a new interpreter, for what only one shows)."""
+    proc = run_tunesmith(args, timeout=timeout, env={"COLUMNS": "200", **(env or {})}, fresh=fresh)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
@@ -36,7 +37,7 @@ def test_quickstart_learns_identity_and_answers(tmp_path):
     out = tmp_path / "quick"
     # A fresh cache, so the data is prepared (the libraries' progress bars and warnings would show there).
     proc = cli("train", "examples/quickstart.yaml", f"output_dir={out}", f"dataset_dir={DATA}",
-               env={"TUNESMITH_CACHE": str(tmp_path / "cache")})
+               env={"TUNESMITH_CACHE": str(tmp_path / "cache")}, fresh=True)
     for name in ("model.safetensors", "tokenizer_config.json", "metrics.jsonl", "training_loss.png",
                  "tunesmith_config.yaml", "trainer_log.jsonl", "train_results.json", "all_results.json"):
         assert (out / name).exists(), name
@@ -51,7 +52,7 @@ def test_the_quickstart_console_holds_no_third_party_warning_or_progress_bar(tmp
     """What a newcomer sees: tunesmith's own lines only (no DeepSpeed accelerator notice, no library
     FutureWarning, no datasets progress bar)."""
     proc = cli("train", "examples/quickstart.yaml", f"output_dir={tmp_path / 'q'}", f"dataset_dir={DATA}",
-               "num_train_epochs=1", env={"TUNESMITH_CACHE": str(tmp_path / "cache")})
+               "num_train_epochs=1", env={"TUNESMITH_CACHE": str(tmp_path / "cache")}, fresh=True)  # import-time warnings too
     shown = proc.stdout + proc.stderr
     for noise in ("Warning", "[WARNING]", "warnings.warn", "examples/s]", "Converting", "Saving the dataset"):
         assert noise not in shown, f"{noise!r} on the console:\n{shown}"

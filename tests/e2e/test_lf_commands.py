@@ -3,23 +3,20 @@ tests/fixtures/llamafactory), on a tiny LoRA trained here."""
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from cli_runner import run_tunesmith
 from conftest import DATA_DIR, REPO, run_config
 
 LF = REPO / "tests" / "fixtures" / "llamafactory" / "examples"
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "tunesmith", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    return run_tunesmith(args, env={"COLUMNS": "200"})
 
 
 def lf_yaml(tmp_path: Path, example: str, **changes) -> Path:

@@ -1,12 +1,9 @@
 """`tunesmith estimate`: parameter counts on the meta device and the memory terms per GPU."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from cli_runner import run_tunesmith
 from tunesmith.config.load import build_config
 from tunesmith.estimate import GIB, estimate_memory
 
@@ -127,10 +124,8 @@ def test_a_huge_batch_does_not_fit():
 
 
 def test_cli_estimate_runs(tiny_qwen3):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "tunesmith", "estimate", "model_name_or_path=tiny:qwen3",
-                          "dataset=identity", "--gpus", "1", "--gpu-memory-gib", "80"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = run_tunesmith(["estimate", "model_name_or_path=tiny:qwen3", "dataset=identity", "--gpus", "1",
+                         "--gpu-memory-gib", "80"], env={"HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr  # the rich console may write to either
     assert "fits" in text and "optimizer states" in text
@@ -159,9 +154,7 @@ def test_deepspeed_offload_moves_the_optimizer_and_parameters_to_the_cpu(monkeyp
 
 
 def _cli_estimate(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "tunesmith", "estimate", *args], capture_output=True, text=True,
-                         env=env, timeout=300)
+    out = run_tunesmith(["estimate", *args], env={"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
     return out.returncode, out.stdout + out.stderr  # the rich console may write to either
 
 
