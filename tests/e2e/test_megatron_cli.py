@@ -91,3 +91,23 @@ def test_megatron_engine_trains_a_reward_model_as_the_single_engine(tmp_path):
 
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "megatron")
     assert model.score.out_features == 1
+
+
+@pytest.mark.slow
+def test_megatron_engine_trains_qwen3_vl_with_the_vision_tower_as_the_single_engine(tmp_path):
+    vl = ["model_name_or_path=tiny:qwen3_vl", f"dataset_dir={BASE[1].split('=', 1)[1]}",
+          "dataset=mllm_demo,mllm_video_demo,identity", "image_max_pixels=16384", "video_max_pixels=4096",
+          "cutoff_len=1024", "finetuning_type=full", "freeze_vision_tower=false", "max_samples=8", "logging_steps=1",
+          "learning_rate=1e-3", "max_steps=3", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
+          "neat_packing=true", "save_strategy=no"]
+    single, mega = tmp_path / "single", tmp_path / "megatron"
+    cli("train", *vl, "backend=single", f"output_dir={single}")
+    cli("train", *vl, f"output_dir={mega}", env=MCA)
+    assert len(_losses(mega)) == 3 and _losses(mega) == pytest.approx(_losses(single), rel=1e-4)
+    a, b = load_file(mega / "model.safetensors"), load_file(single / "model.safetensors")
+    assert set(a) == set(b) and any(k.startswith("model.visual.") for k in a)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+    import transformers
+
+    transformers.AutoModelForImageTextToText.from_pretrained(mega)

@@ -6,7 +6,8 @@ Modules, one concern each:
   weights/     Hugging Face <-> megatron-core weight maps, one module per family (pure)
   runtime.py   the megatron-core import guard, Transformer Engine detection, parallel groups
   build.py     Hugging Face config -> TransformerConfig -> GPTModel (local layer spec)
-  rotary.py    rotary angles from per-sample position ids, as the Hugging Face model computes them
+  rotary.py    rotary angles from per-sample position ids (3-D for mRoPE), as the Hugging Face model computes them
+  vision.py    a vision-language model's vision tower on the first stage, its features in the decoder input
   forward.py   one forward on a collated (packed) batch
   schedule.py  the micro-batch schedule and the loss scale it needs
   engine.py    MegatronEngine (the Engine interface)
@@ -35,6 +36,16 @@ _MOE = ("mixture-of-experts training on backend: megatron is not available yet: 
         "deepspeed")
 
 
+def _check_vision_language(cfg, hf_model) -> None:
+    """What the Megatron engine does not train for a vision-language model, refused by name."""
+    if cfg.finetune.finetuning_type == "lora":
+        raise TunesmithError("finetuning_type: lora for a vision-language model is not available on backend: "
+                             "megatron yet (full is); use finetuning_type: full, or backend: single / fsdp2 for LoRA")
+    if getattr(hf_model, "score", None) is not None:
+        raise TunesmithError(f"stage {cfg.finetune.stage} (a reward model) for a vision-language model is not available "
+                             "on backend: megatron; use backend: single or fsdp2")
+
+
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
@@ -45,18 +56,23 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .lora import adapted_parts, add_lora, megatron_targets
     from .rotary import RotaryAngles
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
-    from .weights import family_map
+    from .vision import attach_vision_tower, freeze_language_model
+    from .weights import family_map, language_config
 
     require_megatron()
     hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
     hf_config = base_model(hf_model).config
     family_map(hf_config)
+    vision_language = language_config(hf_config) is not hf_config
+    if vision_language:
+        _check_vision_language(cfg, hf_model)
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
-    check_degrees(cfg.megatron, dist.world(), ModelFacts.of(hf_config), has_te=has_te)
+    facts = ModelFacts.of(language_config(hf_config))
+    check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
     if dist.world() > 1:
         raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
-    if ModelFacts.of(hf_config).num_experts:
+    if facts.num_experts:
         raise TunesmithError(_MOE)
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
@@ -70,10 +86,13 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
 
     def built():
         model = build_gpt(hf_config, config, reward_head=reward_head)
+        attach_vision_tower(model, hf_model)
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model
 
     model = built()
+    if vision_language and cfg.finetune.freeze_language_model:
+        freeze_language_model(model)
     if lora_linears:
         add_lora(model, lora_linears, hf_model.peft_config["default"])
         start_lora_from_hf(model, hf_model, lora_linears)

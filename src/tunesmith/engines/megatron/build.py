@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ...errors import ModelError
 from .shards import padded_vocab_size
-from .weights import family_map
+from .weights import family_map, language_config
 
 log = logging.getLogger("tunesmith")
 
@@ -50,7 +50,7 @@ def _recompute_kwargs(m, num_layers: int) -> dict:
     return {}
 
 
-def _moe_kwargs(hf, m) -> dict:
+def _moe_kwargs(hf, m) -> dict:  # hf: the language config
     from .weights.qwen3_moe import num_experts
 
     if getattr(hf, "model_type", "") != "qwen3_moe":
@@ -65,13 +65,15 @@ def _moe_kwargs(hf, m) -> dict:
 
 
 def transformer_config(hf, m, *, params_dtype: torch.dtype):
-    """The TransformerConfig of Hugging Face config `hf` under the Megatron settings `m`."""
+    """The TransformerConfig of Hugging Face config `hf` (a vision-language model's: its language model) under the
+    Megatron settings `m`."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    layout = family_map(hf).layout(hf)
+    hf = language_config(hf)
     if getattr(hf, "hidden_act", "silu") != "silu":
         raise ModelError(f"hidden_act '{hf.hidden_act}' is not mapped on backend: megatron (SwiGLU models only); use "
                          "backend: single or fsdp2")
-    layout = family_map(hf).layout(hf)
     heads = hf.num_attention_heads
     return TransformerConfig(
         num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, num_attention_heads=heads,
@@ -109,6 +111,7 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    hf = language_config(hf)
     tp = config.tensor_model_parallel_size
     model = GPTModel(
         config, layer_spec(config), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),

@@ -2,7 +2,7 @@
 
 Packed rows keep their samples apart with a block-diagonal causal mask built from the segment
 ids (megatron-core's local attention takes a boolean mask, True = masked) and per-sample rotary
-angles (rotary.py). The pieces of GPTModel are called in its own order — embedding, decoder
+angles (rotary.py); a vision-language model's media features enter on the first stage (vision.py). The pieces of GPTModel are called in its own order — embedding, decoder
 (its last norm included), output layer — so that the angles can be passed in; a pipeline stage
 without the embedding or the head runs only the part it holds.
 """
@@ -13,6 +13,7 @@ import torch
 
 from ...errors import TunesmithError
 from ...models.forward import ModelOutputs, last_token_index
+from .vision import deepstack_added, merged_embeddings
 
 
 def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
@@ -28,10 +29,13 @@ def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
 def _decoder(model, batch, angles) -> torch.Tensor:
     """The decoder's output [T, B, H] (its final norm included on the last stage)."""
     mask = packed_causal_mask(batch.segment_ids_BT)
-    rotary = angles(batch.position_ids_BT)
-    hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT) \
-        if model.pre_process else None
-    return model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
+    rotary = angles.for_batch(batch)
+    hidden, deepstack = None, None
+    if model.pre_process:
+        hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)
+        hidden, deepstack = merged_embeddings(model, batch, hidden)  # a vision-language model's media features
+    with deepstack_added(model, deepstack):
+        return model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
 
 
 def lm_forward(model, batch, angles) -> torch.Tensor:
