@@ -21,7 +21,7 @@ from tunesmith.models.families import text_family_of
 from tunesmith.train.setup import train
 
 DENSE = ["gemma3", "llama3", "mistral", "ministral", "phi4", "glm4", "qwen3_5"]
-MOE = ["qwen3_moe", "gpt_oss", "deepseek_v3", "qwen4_exp"]
+MOE = ["qwen3_moe", "gpt_oss", "deepseek_v3", "glm4_moe", "qwen4_exp"]
 DEFAULT = {"gemma3", "qwen3_moe"}
 
 

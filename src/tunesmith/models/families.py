@@ -121,6 +121,16 @@ _QWEN_VL = {
                 ("video", "<|vision_start|><|video_pad|><|vision_end|>")),
 }
 
+_GLM4V = dict(
+    vision_tower=("model.visual",),
+    projector=("model.visual.merger", "model.visual.downsample"),
+    language_model=_LM,
+    audio_tower=(),
+    image_token="<|image|>", video_token=None, audio_token=None,
+    uses_mrope=True,
+    markers=(("image", "<|begin_of_image|><|image|><|end_of_image|>"),),
+)
+
 # Qwen3-VL's deepstack mergers project intermediate vision features into early
 # language-model layers: projectors like the final merger, and trained with it.
 _QWEN3_VL = {**_QWEN_VL, "projector": ("model.visual.merger", "model.visual.deepstack_merger_list")}
@@ -199,16 +209,10 @@ FAMILIES: dict[str, Family] = {
                                             "image_count": "text"}),
         # GLM-4.1V (Glm4vForConditionalGeneration): a ViT whose 2x2 downsampling conv and merger project into a GLM-4
         # language model with mRoPE; images as Qwen2-VL's (a patch grid, one <|image|> per merged patch).
-        Family(
-            "glm4v", ("glm4v",),
-            vision_tower=("model.visual",),
-            projector=("model.visual.merger", "model.visual.downsample"),
-            language_model=_LM,
-            audio_tower=(),
-            image_token="<|image|>", video_token=None, audio_token=None,
-            uses_mrope=True,
-            markers=(("image", "<|begin_of_image|><|image|><|end_of_image|>"),),
-        ),
+        Family("glm4v", ("glm4v",), **_GLM4V),
+        # GLM-4.5V / GLM-4.6V (Glm4vMoeForConditionalGeneration): the same tower, merger and images over a GLM-4.5
+        # MoE language model.
+        Family("glm4v_moe", ("glm4v_moe",), **_GLM4V),
         # Idefics3 and SmolVLM (Idefics3ForConditionalGeneration): a SigLIP-style tower, a pixel-shuffle connector,
         # a Llama language model. Each image is tiles in rows and columns plus the whole image, written by the
         # processor with row/column tags and newlines between the tiles' <image> tokens.
@@ -336,6 +340,10 @@ TEXT_FAMILIES: dict[str, TextFamily] = {
         TextFamily("deepseek_v3", ("deepseek_v3",),
                    ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
                    lora_parameters=_EXPERTS_AND_ROUTER, balancing="bias", varlen=False),
+        # GLM-4.5 / 4.6 / 4.7: DeepSeek-V3's routing (sigmoid scores, the aux-loss-free bias, a shared expert, dense
+        # first layers) under GLM's half-rotary attention with biases.
+        TextFamily("glm4_moe", ("glm4_moe",), ATTENTION_Q_K_V_O, lora_parameters=_EXPERTS_AND_ROUTER,
+                   balancing="bias"),
         TextFamily("qwen3_moe", ("qwen3_moe",), ATTENTION_Q_K_V_O, lora_parameters=_EXPERTS_AND_ROUTER,
                    balancing="aux_loss"),
         # GptOssModel.forward builds its masks without the position ids, so transformers never sees the

@@ -21,11 +21,11 @@ from tunesmith.models.families import TEXT_FAMILIES, packing_leak, text_family_o
 from tunesmith.models.forward import ModelOutputs, router_aux_loss_coef, run_forward
 from tunesmith.models.tiny import build_tiny
 
-ARCHS = ["llama3", "gemma3", "mistral", "ministral", "phi4", "glm4", "deepseek_v3", "qwen3_moe", "gpt_oss",
+ARCHS = ["llama3", "gemma3", "mistral", "ministral", "phi4", "glm4", "deepseek_v3", "glm4_moe", "qwen3_moe", "gpt_oss",
          "qwen3_5", "qwen4_exp"]
 # arch -> (model_type, family)
 MODEL_TYPES = {"llama3": "llama", "gemma3": "gemma3_text", "mistral": "mistral", "ministral": "ministral",
-               "phi4": "phi3", "glm4": "glm4", "deepseek_v3": "deepseek_v3", "qwen3_moe": "qwen3_moe",
+               "phi4": "phi3", "glm4": "glm4", "deepseek_v3": "deepseek_v3", "glm4_moe": "glm4_moe", "qwen3_moe": "qwen3_moe",
                "gpt_oss": "gpt_oss", "qwen3_5": "qwen3_5_text", "qwen4_exp": "qwen4_exp_text"}
 
 CONVERSATION = [

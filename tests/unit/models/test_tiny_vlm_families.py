@@ -40,6 +40,9 @@ EXPECTED = {
     "glm4v": ("Glm4vProcessor", "Glm4vForConditionalGeneration",
               "[gMASK]<sop><|system|>\nBe brief.<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Describe it."
               "<|assistant|>\nA cat.<|endoftext|>"),
+    "glm4v_moe": ("Glm4vProcessor", "Glm4vMoeForConditionalGeneration",
+                  "[gMASK]<sop><|system|>\nBe brief.<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Describe it."
+                  "<|assistant|>\nA cat.<|endoftext|>"),
 }
 ARCHS = sorted(EXPECTED)
 TILED = ["idefics3", "internvl", "llava_onevision", "mistral3"]  # image_count "text": the processor writes the text
@@ -90,7 +93,7 @@ def test_folder_loads_and_the_template_is_the_familys_format(arch, built, loaded
 def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss(arch, loaded):
     processor, model = loaded[arch]
     family = family_of(model)
-    assert family is FAMILIES[arch] and family.uses_mrope == (arch in ("glm4v", "qwen3_omni"))
+    assert family is FAMILIES[arch] and family.uses_mrope == (arch in ("glm4v", "glm4v_moe", "qwen3_omni"))
     assert family.modalities == (("image", "audio") if arch == "qwen3_omni" else ("image",))
     assert packing_leak(model.config) is None
     groups = module_groups(model, family)

@@ -7,6 +7,10 @@ Images go as Qwen2-VL's do: resized within a pixel budget to multiples of 28, 14
 The tokenizer has GLM-4's role tokens and GLM-4.1V's image and video tokens; the chat template writes GLM's
 [gMASK]<sop> format with <|begin_of_image|><|image|><|end_of_image|> for each image part and closes each
 answer with the eos, as the GLM-4 tiny template does.
+
+Tiny GLM-4.5V (Glm4vMoeForConditionalGeneration; GLM-4.6V is this class too): the same vision tower, processor
+and format over a GLM-4.5 MoE language model (a dense first layer, then routed experts with a shared expert,
+sigmoid routing with the aux-loss-free bias, attention with biases; models/tiny/glm4.py).
 """
 
 from __future__ import annotations
@@ -35,31 +39,40 @@ _TEXT = _TEXT_ARCHS["glm4"]
 _MEDIA_TOKENS = ["<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|image|>",
                  "<|video|>"]
 
+_GLM4V = {
+    "config_class": "Glm4vConfig", "model_class": "Glm4vForConditionalGeneration", "text_model_type": "glm4v_text",
+    "processor_class": "Glm4vProcessor", "chat_template_text": _GLM4V_TEMPLATE,
+    "split": SPLIT_LLAMA,
+    "special": _TEXT["special"] + [(token, True) for token in _MEDIA_TOKENS],
+    "roles": _TEXT["roles"], "extra_eos": _TEXT["extra_eos"],
+    "tie_word_embeddings": False, "modalities": ["image"],
+    "image_processor": {"class": "Glm4vImageProcessor", "patch_size": 14, **VISION_PIXELS_14},
+    "video_processor": {"class": "Glm4vVideoProcessor", "patch_size": 14, **VISION_PIXELS_14},
+    # half of each 16-wide head rotates: 4 frequencies as (temporal, height, width) = 2, 1, 1
+    "rope": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+             "partial_rotary_factor": 0.5},
+    "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14,
+               "image_size": 56, "spatial_merge_size": 2, "temporal_patch_size": 2,
+               "out_hidden_size": MODEL_SHAPE["hidden_size"]},
+}
+
 ARCHS: dict[str, dict] = {
-    "glm4v": {
-        "config_class": "Glm4vConfig", "model_class": "Glm4vForConditionalGeneration",
-        "processor_class": "Glm4vProcessor", "chat_template_text": _GLM4V_TEMPLATE,
-        "split": SPLIT_LLAMA,
-        "special": _TEXT["special"] + [(token, True) for token in _MEDIA_TOKENS],
-        "roles": _TEXT["roles"], "extra_eos": _TEXT["extra_eos"],
-        "tie_word_embeddings": False, "modalities": ["image"],
-        "image_processor": {"class": "Glm4vImageProcessor", "patch_size": 14, **VISION_PIXELS_14},
-        "video_processor": {"class": "Glm4vVideoProcessor", "patch_size": 14, **VISION_PIXELS_14},
-        # half of each 16-wide head rotates: 4 frequencies as (temporal, height, width) = 2, 1, 1
-        "rope": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                 "partial_rotary_factor": 0.5},
-        "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14,
-                   "image_size": 56, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                   "out_hidden_size": MODEL_SHAPE["hidden_size"]},
+    "glm4v": _GLM4V,
+    "glm4v_moe": {
+        **_GLM4V, "config_class": "Glm4vMoeConfig", "model_class": "Glm4vMoeForConditionalGeneration",
+        "text_model_type": "glm4v_moe_text",
+        "text": {"attention_bias": True, "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                 "n_shared_experts": 1, "moe_intermediate_size": 32, "n_group": 1, "topk_group": 1},
     },
 }
 
 
 def build_config(spec: dict, tokenizer):
-    from transformers import Glm4vConfig
+    import transformers
 
-    return Glm4vConfig(
-        text_config={"model_type": "glm4v_text", **text_config(spec, tokenizer)}, vision_config=dict(spec["vision"]),
+    return getattr(transformers, spec["config_class"])(
+        text_config={"model_type": spec["text_model_type"], **text_config(spec, tokenizer), **spec.get("text", {})},
+        vision_config=dict(spec["vision"]),
         tie_word_embeddings=spec["tie_word_embeddings"],
         **token_ids(tokenizer, image_token_id="<|image|>", video_token_id="<|video|>",
                     image_start_token_id="<|begin_of_image|>", image_end_token_id="<|end_of_image|>",
