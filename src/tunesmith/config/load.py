@@ -173,11 +173,6 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
         problems.append(f"template: {template.refusal()}")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
-        if cfg.train.torch_compile:
-            problems.append("torch_compile: true with enable_liger_kernel: true: torch.compile cannot trace Liger's "
-                            "kernels inside a compiled block (it stops with a dynamo AssertionError in the RMSNorm, "
-                            "seen with torch 2.11); keep one of the two (enable_liger_kernel is the faster one "
-                            "measured)")
     problems.extend(_check_deepspeed(cfg))
     problems.extend(megatron_problems(cfg))
     return problems

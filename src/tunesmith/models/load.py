@@ -141,7 +141,7 @@ def auto_model_class(config):
 
 
 def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False, on_meta: bool = False,
-               checkpoint_layers: int = 0):
+               checkpoint_layers: int = 0, compiled_blocks: bool = False):
     """The model with fp32 master weights (bf16 under pure_bf16), on `device`.
 
     reward_head: a sequence-classification model with one output (stage rm), so the saved
@@ -150,6 +150,8 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     engines that fill their shards afterwards (`engines.fsdp2.materialize`); `device` still
     chooses the attention kernel.
     checkpoint_layers: language-model layers to checkpoint (estimate.checkpoint_plan decides; 0 = none).
+    compiled_blocks: the engine will torch.compile each block (`torch_compile: true`), which fuses the norms,
+    rotary and gated MLP itself: Liger's kernels for them are left out (dynamo cannot trace them).
     """
     path = resolve_model_path(cfg.model_name_or_path)
     config = load_config(cfg)
@@ -163,8 +165,11 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         model_class, extra = AutoModelForSequenceClassification, {"num_labels": 1}
     config.num_labels = extra.get("num_labels", config.num_labels)  # for the from_config branches
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
-    if cfg.enable_liger_kernel:
+    if cfg.enable_liger_kernel and not compiled_blocks:
         _apply_liger_for(path, cfg)
+    elif cfg.enable_liger_kernel:
+        log.info("enable_liger_kernel with torch_compile: the compiled blocks fuse the norms, rotary and gated MLP "
+                 "(Liger's kernels for them are left out); the fused linear + cross-entropy stays")
     if on_meta:
         from accelerate import init_empty_weights
 

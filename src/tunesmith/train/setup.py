@@ -191,7 +191,7 @@ def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int], layers:
 
     def make_model(device: torch.device, on_meta: bool):
         model = load_model(cfg.model, device, reward_head=stage.reward_head, on_meta=on_meta,
-                           checkpoint_layers=layers)
+                           checkpoint_layers=layers, compiled_blocks=cfg.train.torch_compile)
         model.config.pad_token_id = pad_id
         _set_stop_tokens(model, stop_ids)
         model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
