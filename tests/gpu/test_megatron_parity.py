@@ -8,6 +8,10 @@ Skipped without CUDA or megatron-core. On the device machine:
     source .device-wheels/activate.sh && python -m pytest -q -s tests/gpu/test_megatron_parity.py
 
 With MEGATRON_PARITY_OUT=<file.json> the per-step losses and timings are written there too.
+
+The vision-language test does the same with a random-initialised Qwen3-VL: the Qwen3-VL-2B language shape cut
+to 4 layers, a 4-block vision tower of its width (1024, 16 heads, 16-pixel patches, deepstack after blocks 1 and
+2), on the shipped image demo with every part trained (MEGATRON_PARITY_VL_OUT for its report).
 """
 
 import json
@@ -59,6 +63,37 @@ def _init_model(folder: Path) -> Path:
     return folder
 
 
+VL_TEXT = {k: v for k, v in SHAPE.items() if k not in ("rope_parameters", "max_position_embeddings")}
+VL_TEXT.update(num_hidden_layers=4, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
+                                                     "mrope_section": [24, 20, 20], "mrope_interleaved": True})
+VL_VISION = {"depth": 4, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16, "patch_size": 16,
+             "out_hidden_size": 2048, "num_position_embeddings": 2304, "deepstack_visual_indexes": [1, 2]}
+VL_COMMON = ["dataset=mllm_demo", f"dataset_dir={REPO / 'data'}", "cutoff_len=2048",
+             "image_max_pixels=262144", "neat_packing=true", "finetuning_type=full",
+             "freeze_vision_tower=false", "freeze_multi_modal_projector=false", "bf16=true",
+             "per_device_train_batch_size=2", "gradient_accumulation_steps=2", f"max_steps={STEPS}",
+             "learning_rate=1e-5", "warmup_steps=2", "logging_steps=1", "save_strategy=no", "save_final_model=false"]
+
+
+def _init_vl_model(folder: Path) -> Path:
+    """The tiny Qwen3-VL folder (tokenizer, processor, template) with the bigger shape and random weights."""
+    import transformers
+
+    from tunesmith.models.tiny import build_tiny
+
+    shutil.copytree(build_tiny("qwen3_vl"), folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    if not DRY_RUN:
+        text = {**config.text_config.to_dict(), **VL_TEXT}
+        text.pop("layer_types", None)
+        config.text_config = type(config.text_config)(**text)
+        config.vision_config = type(config.vision_config)(**{**config.vision_config.to_dict(), **VL_VISION})
+        config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    transformers.AutoModelForImageTextToText.from_config(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
 def _speed(out: Path) -> dict:
     """Tokens/s over the steps after the first two (compilation, allocator warm-up), and the peak memory."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -67,9 +102,9 @@ def _speed(out: Path) -> dict:
     return {"tokens_per_s": sum(rates) / max(len(rates), 1), "peak_memory_gib": summary.get("peak_memory_gib")}
 
 
-def _train(model: Path, out: Path, *extra, env=None) -> tuple[list[float], float]:
+def _train(model: Path, out: Path, *extra, env=None, common=COMMON) -> tuple[list[float], float]:
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tunesmith", "train", f"model_name_or_path={model}", *COMMON,
+    proc = subprocess.run([sys.executable, "-m", "tunesmith", "train", f"model_name_or_path={model}", *common,
                            f"output_dir={out}", *extra], cwd=REPO, capture_output=True, text=True, timeout=400,
                           env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -91,5 +126,23 @@ def test_megatron_matches_the_single_engine_for_20_steps(tmp_path):
     print(json.dumps(report))
     if os.environ.get("MEGATRON_PARITY_OUT"):
         Path(os.environ["MEGATRON_PARITY_OUT"]).write_text(json.dumps(report, indent=1))
+    assert len(mega) == len(single) == (3 if DRY_RUN else STEPS)
+    assert max(rel) < 0.01, rel
+
+
+def test_megatron_qwen3_vl_matches_the_single_engine_for_20_steps(tmp_path):
+    model = _init_vl_model(tmp_path / "qwen3_vl")
+    extra = ("max_steps=3", "bf16=false") if DRY_RUN else ()
+    single, single_s = _train(model, tmp_path / "single", "backend=single", *extra, common=VL_COMMON)
+    mega, mega_s = _train(model, tmp_path / "megatron", *extra, env={"USE_MCA": "1"}, common=VL_COMMON)
+    rel = [abs(a - b) / abs(b) for a, b in zip(mega, single)]
+    report = {"steps": STEPS, "single": single, "megatron": mega, "max_rel_diff": max(rel), "rel_diff": rel,
+              "single_seconds": single_s, "megatron_seconds": mega_s, "text": VL_TEXT, "vision": VL_VISION,
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
+              "torch": torch.__version__,
+              "single_speed": _speed(tmp_path / "single"), "megatron_speed": _speed(tmp_path / "megatron")}
+    print(json.dumps(report))
+    if os.environ.get("MEGATRON_PARITY_VL_OUT"):
+        Path(os.environ["MEGATRON_PARITY_VL_OUT"]).write_text(json.dumps(report, indent=1))
     assert len(mega) == len(single) == (3 if DRY_RUN else STEPS)
     assert max(rel) < 0.01, rel
