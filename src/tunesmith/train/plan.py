@@ -3,6 +3,11 @@
 Rows (packed bins or single samples) are fixed once; each epoch shuffles them
 with a generator seeded by (seed, epoch), so the order is a pure function of the
 position — resume needs only (epoch, micro-batch index).
+
+Without packing, the samples of one optimiser step may run as fewer, packed
+forward passes (`merge_tokens`): the same samples, in the same order, each
+attending only to itself, and the same loss, since the loss is normalised by the
+step's label tokens, not per micro-batch.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ class Position:
 
 class EpochPlan:
     def __init__(self, lengths: list[int], *, packing: bool, cutoff_len: int, batch_size: int, grad_accum: int,
-                 num_epochs: float, max_steps: int, seed: int, world: int = 1):
+                 num_epochs: float, max_steps: int, seed: int, world: int = 1, merge_tokens: int = 0):
         self.rows = pack_indices(lengths, cutoff_len) if packing else [[i] for i in range(len(lengths))]
+        self.lengths = lengths
+        self.merge_tokens = merge_tokens  # 0: every micro-batch is one forward pass
         self.packing = packing
         self.cutoff_len = cutoff_len
         self.batch_size = batch_size
@@ -57,6 +64,22 @@ class EpochPlan:
         """[start, end) micro-batches of the step that starts at `position`."""
         end = min(position.micro_batch + self.grad_accum, self.micro_batches_per_epoch)
         return position.micro_batch, end
+
+    def step_batches(self, micro_batches: list) -> list[list]:
+        """The forward passes of each optimiser step, from a step boundary on: the step's micro-batches, or (with
+        merge_tokens) its samples in order laid end to end in single rows of at most merge_tokens tokens."""
+        steps = [micro_batches[i : i + self.grad_accum] for i in range(0, len(micro_batches), self.grad_accum)]
+        return [self._merged(step) for step in steps] if self.merge_tokens else steps
+
+    def _merged(self, step: list) -> list:
+        batches, row, used = [], [], 0
+        for sample in (i for micro_batch in step for r in micro_batch for i in r):
+            if row and used + self.lengths[sample] > self.merge_tokens:
+                batches.append([row])
+                row, used = [], 0
+            row.append(sample)
+            used += self.lengths[sample]
+        return batches + [[row]]
 
     def advance(self, position: Position) -> Position:
         _, end = self.step_slice(position)
@@ -99,10 +122,9 @@ def rank_share(micro_batches: list, rank: int, world: int) -> list:
     return padded[rank::world]
 
 
-def micro_batch_loader(dataset, plan: EpochPlan, epoch: int, start: int, pad_id: int, num_workers: int, media=None,
-                       collate=collate_rows, rank: int = 0, world: int = 1):
-    """Iterator over this rank's collated micro-batches of `epoch`, from micro-batch `start` on."""
-    micro_batches = rank_share(plan.epoch_order(epoch), rank, world)[start:]
+def micro_batch_loader(dataset, plan: EpochPlan, micro_batches: list, pad_id: int, num_workers: int, epoch: int,
+                       media=None, collate=collate_rows):
+    """Iterator over the collated `micro_batches` (each a list of rows) of `epoch`."""
     row_length = plan.cutoff_len if plan.packing else None
     loader = DataLoader(
         _MicroBatches(dataset, micro_batches, pad_id, row_length, media, collate),

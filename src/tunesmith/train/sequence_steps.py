@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import dist
 from ..models.forward import LossFn
-from .plan import EpochPlan, Position, eval_batches, micro_batch_loader
+from .plan import EpochPlan, Position, eval_batches, micro_batch_loader, rank_share
 from .precompute import precompute_reference
 from .steps import Step, loss_fn, run_prepasses, step_stats
 
@@ -23,6 +23,7 @@ class SequenceSteps:
         self.steps_per_epoch = plan.steps_per_epoch
         self.position = Position()
         self._loader = None
+        self._step_sizes = None  # forward passes of each coming step of the epoch
 
     def prepare(self, engine) -> None:
         if self.cfg.finetune.pref_reference == "precomputed" and self.method.reference_columns:
@@ -36,12 +37,14 @@ class SequenceSteps:
     def next_step(self, engine) -> Step:
         position = self.position
         if self._loader is None or position.micro_batch == 0:
+            mine = rank_share(self.plan.epoch_order(position.epoch), dist.rank(), dist.world())
+            steps = self.plan.step_batches(mine[position.micro_batch:])
+            self._step_sizes = iter([len(step) for step in steps])
             self._loader = micro_batch_loader(
-                self.data.train, self.plan, position.epoch, position.micro_batch, self.pad_id,
-                self.cfg.data.dataloader_num_workers, self.media, self.method.collate, dist.rank(), dist.world(),
+                self.data.train, self.plan, [batch for step in steps for batch in step], self.pad_id,
+                self.cfg.data.dataloader_num_workers, position.epoch, self.media, self.method.collate,
             )
-        start, end = self.plan.step_slice(position)
-        batches = [next(self._loader) for _ in range(end - start)]
+        batches = [next(self._loader) for _ in range(next(self._step_sizes))]
         self.position = self.plan.advance(position)
         return Step([batches], sum(b.num_tokens for b in batches), epoch_ended=self.position.micro_batch == 0)
 

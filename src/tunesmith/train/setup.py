@@ -26,7 +26,7 @@ from ..data.templates import stop_tokens
 from ..engines import build_engine, checkpoint_backend, needs_process_group
 from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
-from ..models.load import load_model, load_preprocessing, pick_device
+from ..models.load import load_config, load_model, load_preprocessing, pick_device
 from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import EpochPlan
@@ -160,7 +160,27 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
     from .sequence_steps import SequenceSteps
 
     pad_id = getattr(saver, "tokenizer", saver).pad_token_id
-    return SequenceSteps(cfg, data, _plan(cfg, data), method, pad_id, media)
+    plan = EpochPlan.from_config(cfg, data.train["length"], merge_tokens=merge_tokens(cfg, method, load_config(cfg.model)))
+    return SequenceSteps(cfg, data, plan, method, pad_id, media)
+
+
+def merge_tokens(cfg, method, model_config) -> int:
+    """Tokens per forward pass when the samples of an unpacked optimiser step run packed (merge_micro_batches), or
+    0: the micro-batches run as they are. Their bound, per_device_train_batch_size x cutoff_len, is the micro-batch
+    the memory estimate (and so the checkpointing choice) already assumes."""
+    from ..data.collate import collate_rows
+    from ..models.families import packing_leak
+
+    train = cfg.train
+    samples = train.per_device_train_batch_size * train.gradient_accumulation_steps
+    if (not train.merge_micro_batches or cfg.packing or samples == 1 or method.collate is not collate_rows
+            or dist.world() > 1 or packing_leak(model_config) is not None):
+        return 0
+    budget = train.per_device_train_batch_size * cfg.data.cutoff_len
+    log.info("merge_micro_batches: the %d samples of each optimiser step run as packed forward passes of up to %d "
+             "tokens (each sample attends only to itself; the loss is the same, normalised by the step's label "
+             "tokens); merge_micro_batches: false runs each micro-batch alone", samples, budget)
+    return budget
 
 
 def checkpoint_layers(cfg, device: torch.device) -> int:
