@@ -1,5 +1,5 @@
 """LLaVA end to end through the real CLI, on the shipped image demos (tiny:llava: LLaVA-1.5; tiny:llava_next:
-LLaVA-NeXT, anyres tiles).
+LLaVA-NeXT, anyres tiles; tiny:llava_next_video: LLaVA-NeXT-Video, also on the video demo).
 
 Default run: full SFT (vision tower and projector trained too, packed rows), chat about an image with the result,
 and the saved folder loads in plain transformers (Llava(Next)ForConditionalGeneration) and answers as the chat did.
@@ -16,9 +16,12 @@ from test_cli import DATA, cli, metrics
 
 IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
-ARCHS = ["llava", "llava_next"]
-MODEL_CLASS = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration"}
-NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24}  # the 128x96 demo image: a fixed crop; the base view and 2x2 tiles
+ARCHS = ["llava", "llava_next", "llava_next_video"]
+MODEL_CLASS = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
+               "llava_next_video": "LlavaNextVideoForConditionalGeneration"}
+# the 128x96 demo image: a fixed crop; the base view and 2x2 tiles (28-pixel tiles; 56-pixel for the video model)
+NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70}
+VIDEO = f"{DATA}/mllm_demo_data/video_000.mp4"
 # the default run keeps to about 30 s on the CPU: one arch; the other runs in the slow suite
 ONE_FAST = [ARCHS[0], *(pytest.param(arch, marks=pytest.mark.slow) for arch in ARCHS[1:])]
 PROMPT = "Describe the image."
@@ -93,3 +96,32 @@ def test_llava_one_grpo_step_on_image_prompts(tmp_path, arch):
         f"output_dir={out}")
     [step] = [m for m in metrics(out) if "rollout_kl" in m]
     assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01
+
+
+def test_llava_next_video_full_sft_on_videos_and_images_then_plain_transformers_and_chat_see_the_video(tmp_path):
+    """Every frame's 4 <video> tokens (56-pixel crop, 4x4 patches pooled 2x2) get its features, in training and
+    when the saved folder generates in plain transformers; `tunesmith chat --video` answers."""
+    import transformers
+    from transformers import AutoProcessor
+
+    from tunesmith.data.media import load_video
+
+    out = tmp_path / "full"
+    cli("train", "model_name_or_path=tiny:llava_next_video", *BASE, "dataset=mllm_video_demo,mllm_demo",
+        "video_max_pixels=4096", "finetuning_type=full", "freeze_vision_tower=false", "learning_rate=1e-3",
+        "max_steps=4", "per_device_train_batch_size=2", f"output_dir={out}")
+    losses = _losses(out)
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    model = transformers.LlavaNextVideoForConditionalGeneration.from_pretrained(out).eval()
+    processor = AutoProcessor.from_pretrained(out)
+    frames = load_video(VIDEO, fps=2.0, maxlen=8, max_pixels=4096, min_pixels=None, multiple=1).frames
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}],
+        tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[text], videos=[frames], add_special_tokens=False, return_tensors="pt")
+    assert int((inputs["input_ids"] == processor.video_token_id).sum()) == 4 * len(frames)
+    with torch.no_grad():
+        ids = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert ids.shape[1] > inputs["input_ids"].shape[1]
+    answer = cli("chat", "--model", out, "--video", VIDEO, "--prompt", "What happens?", "--max_new_tokens", "4")
+    assert answer.returncode == 0 and "Traceback" not in answer.stderr

@@ -181,7 +181,7 @@ _ROWS = (
     _no("llava_next_mistral", "LLaVA-NeXT (Mistral)"),
     _no("llava_next_qwen", "LLaVA-NeXT (Qwen)"),
     _no("llava_next_yi", "LLaVA-NeXT (Yi)"),
-    _no("llava_next_video", "LLaVA-NeXT-Video"),
+    _own("llava_next_video", "LLaVA-NeXT-Video", "llava_next_video", tokens=("<image>", "<video>")),
     _no("llava_next_video_mistral", "LLaVA-NeXT-Video (Mistral)"),
     _no("llava_next_video_yi", "LLaVA-NeXT-Video (Yi)"),
     _no("video_llava", "Video-LLaVA"),

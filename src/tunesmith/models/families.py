@@ -59,6 +59,9 @@ class Family:
         the tokens of one image attend to each other both ways (Gemma 3).
     packing_leak: why packed samples would not be computed as if alone in this family (packing
         is then refused), or None; tests/unit/models/test_tiny_gemma3_vl.py checks Gemma 3's.
+    video_count: how a video's token count is known. "grid": from its patch grid (Qwen's video_grid_thw,
+        frames paired by the temporal patch); "frames": the same tokens for every frame (each cropped to the
+        video processor's crop size, pooled), frames sampled one by one (LLaVA-NeXT-Video).
     """
 
     name: str
@@ -76,6 +79,7 @@ class Family:
     image_embed_token: str | None = None
     image_token_types: bool = False
     packing_leak: str | None = None
+    video_count: str = "grid"
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -190,6 +194,14 @@ FAMILIES: dict[str, Family] = {
         # aspect ratio, which the processor computes from the size after the pixel budget.
         Family("llava_next", ("llava_next",), **{**_LLAVA, "projector": ("model.multi_modal_projector",
                                                                          "model.image_newline")}),
+        # LLaVA-NeXT-Video: LLaVA-NeXT's parts and images; each video frame is cropped to the tower's size, its
+        # features pooled 2x2 (model.vision_resampler, no weights under average pooling) and projected: the same
+        # number of <video> tokens per frame.
+        Family("llava_next_video", ("llava_next_video",),
+               **{**_LLAVA, "projector": ("model.multi_modal_projector", "model.image_newline",
+                                          "model.vision_resampler"),
+                  "video_token": "<video>", "markers": (("image", "<image>"), ("video", "<video>")),
+                  "video_count": "frames"}),
         # Gemma 3 (Gemma3ForConditionalGeneration): a SigLIP tower, a pooling projector (an RMS norm and one
         # matrix), the Gemma 3 text model with sliding-window and global layers.
         # LLaVA-OneVision: LLaVA-NeXT's parts (a SigLIP tower) with a Qwen2 language model. A lone image is seen whole

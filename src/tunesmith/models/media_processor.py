@@ -109,9 +109,12 @@ class MediaProcessor:
     def _plan_video(self, path: str) -> dict:
         info = media.probe_video(path)
         b = self.budget
-        multiple = getattr(self.processor.video_processor, "temporal_patch_size", 2)
-        indices = media.sample_frame_indices(info.num_frames, info.fps, b.video_fps, b.video_maxlen, multiple)
+        indices = media.sample_frame_indices(info.num_frames, info.fps, b.video_fps, b.video_maxlen,
+                                             self._frame_multiple())
         w, h = media.resize_to_budget(info.width, info.height, b.video_max_pixels, b.video_min_pixels)
+        if self.family.video_count == "frames":  # LLaVA-NeXT-Video: every frame cropped to one size, same tokens
+            return {"path": path, "size": [w, h], "indices": indices, "tokens": len(indices) * self._frame_tokens(),
+                    "source_fps": info.fps, "num_frames": info.num_frames, "duration": info.duration}
         patches = self.processor.video_processor.get_num_of_video_patches(len(indices), h, w, self._video_kwargs())
         plan = {"path": path, "size": [w, h], "indices": indices, "source_fps": info.fps, "patches": int(patches),
                 "num_frames": info.num_frames, "duration": info.duration}
@@ -120,6 +123,18 @@ class MediaProcessor:
                 raise DataError(f"use_audio_in_video: true but {path} has no sound track")
             plan["audio"] = self._plan_audio(path)
         return plan
+
+    def _frame_multiple(self) -> int:
+        """Sampled frames come in multiples of the processor's temporal patch (2 for Qwen-VL); 1 when frames
+        are seen one by one."""
+        return 1 if self.family.video_count == "frames" else _temporal(self.processor)
+
+    def _frame_tokens(self) -> int:
+        """Video tokens per frame, as the processor counts them for a frame of its crop size (after pooling)."""
+        proc = self.processor
+        crop = proc.video_processor.crop_size
+        frame = np.zeros((1, 3, crop["height"], crop["width"]), dtype=np.float32)
+        return proc.replace_video_token({"pixel_values_videos": [frame]}, video_idx=0).count(proc.video_token)
 
     def _plan_audio(self, path: str) -> dict:
         info = media.probe_audio(path)
@@ -157,6 +172,8 @@ class MediaProcessor:
 
     def _video_replacements(self, videos: list[dict]) -> list[str]:
         proc = self.processor
+        if self.family.video_count == "frames":
+            return [proc.video_token * v["tokens"] for v in videos]
         vp = proc.video_processor
         temporal = getattr(vp, "temporal_patch_size", 2)
         grids = [_grid(v["patches"], len(v["indices"]) // temporal, vp.merge_size) for v in videos]
@@ -242,9 +259,11 @@ class MediaProcessor:
         frames, metadata = [], []
         for v in videos:
             got = media.load_video(v["path"], fps=b.video_fps, maxlen=b.video_maxlen, max_pixels=b.video_max_pixels,
-                                   min_pixels=b.video_min_pixels, multiple=_temporal(self.processor))
+                                   min_pixels=b.video_min_pixels, multiple=self._frame_multiple())
             frames.append(got.frames)
             metadata.append(_metadata(v))
+        if self.family.video_count == "frames":
+            return self._frame_video_inputs(frames, videos)
         kwargs = {"video_metadata": metadata, "do_sample_frames": False, **self._video_kwargs()}
         kwargs = {k: val for k, val in kwargs.items() if k in _video_kwarg_names(self.processor) or k == "video_metadata"}
         out = self.processor.video_processor(videos=frames, return_tensors="pt", **kwargs)
@@ -253,6 +272,20 @@ class MediaProcessor:
         seconds = torch.tensor([temporal / _sampled_fps(v) for v in videos], dtype=torch.float32)
         return {"pixel_values_videos": out["pixel_values_videos"], "video_grid_thw": out["video_grid_thw"],
                 "second_per_grid_ts": seconds, "video_second_per_grid": seconds}
+
+    def _frame_video_inputs(self, frames: list, videos: list[dict]) -> dict:
+        """LLaVA-NeXT-Video: each frame is seen alone (tower, pooling, projector), so the batch's videos go to the
+        model as one clip of all their frames in order ([1, frames, C, H, W]; videos of different lengths do not
+        stack), which gives each video's features at its own placeholders."""
+        proc = self.processor
+        clips = [proc.video_processor(videos=[f], return_tensors="pt")["pixel_values_videos"] for f in frames]
+        got = [proc.replace_video_token({"pixel_values_videos": c}, video_idx=0).count(proc.video_token)
+               for c in clips]
+        planned = [v["tokens"] for v in videos]
+        if got != planned:
+            raise DataError(f"video tokens differ from the tokenization plan ({got} vs {planned}): the media files "
+                            "changed after tokenization; clear the cache with `tunesmith data clean`")
+        return {"pixel_values_videos": torch.cat(clips, dim=1)}
 
     def _process_audio(self, audios: list[dict]) -> dict:
         rate = self.budget.sampling_rate
@@ -346,7 +379,7 @@ def _per_sample(plans: list[dict], inputs: dict) -> list[dict]:
         item = {}
         if ni and "image_grid_thw" in inputs:
             item["image_grid_thw"] = inputs["image_grid_thw"][i : i + ni]
-        if nv:
+        if nv and "video_grid_thw" in inputs:
             item["video_grid_thw"] = inputs["video_grid_thw"][v : v + nv]
             item["second_per_grid_ts"] = inputs["second_per_grid_ts"][v : v + nv]
         if na:

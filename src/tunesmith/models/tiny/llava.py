@@ -16,6 +16,11 @@ LLaVA-NeXT (anyres) also sees the image at the best-fitting resolution of its gr
 tiles of the tower's size; the tiny one's tiles are 28x28 (2x2 patches) and its pinpoints 28x56, 56x28
 and 56x56, so the token count depends on the image's aspect ratio (after the pixel budget): the base
 view, the unpadded tiles' features and one newline embedding per feature row.
+
+LLaVA-NeXT-Video (LlavaNextVideoForConditionalGeneration) adds videos to LLaVA-NeXT: each sampled frame is
+resized and centre-cropped to the tower's size, its patch features average-pooled 2x2 and projected, so every
+frame gives the same number of <video> tokens (the real one: 336 / 14 = 24, 12x12 = 144 per frame; the tiny one's
+tower sees 56x56, 4x4 patches, 4 tokens per frame). Its chat template writes "<video>\n" for each video part.
 """
 
 from __future__ import annotations
@@ -85,12 +90,38 @@ ARCHS["llava_next"] = {
 }
 
 
+_VIDEO_TILE = 56
+_VIDEO_PINPOINTS = [[_VIDEO_TILE, 2 * _VIDEO_TILE], [2 * _VIDEO_TILE, _VIDEO_TILE], [2 * _VIDEO_TILE, 2 * _VIDEO_TILE]]
+_VIDEO_TEMPLATE = _LLAVA_TEMPLATE.replace(
+    "{%- elif part['type'] == 'text' %}", "{%- elif part['type'] == 'video' %}{{ '<video>\\n' }}"
+                                        "{%- elif part['type'] == 'text' %}")
+
+ARCHS["llava_next_video"] = {
+    **ARCHS["llava_next"],
+    "config_class": "LlavaNextVideoConfig", "model_class": "LlavaNextVideoForConditionalGeneration",
+    "processor_class": "LlavaNextVideoProcessor", "chat_template_text": _VIDEO_TEMPLATE,
+    "special": ARCHS["llava"]["special"] + [("<video>", True)],
+    "modalities": ["image", "video"],
+    "image_processor": {**ARCHS["llava_next"]["image_processor"], "size": {"shortest_edge": _VIDEO_TILE},
+                        "crop_size": {"height": _VIDEO_TILE, "width": _VIDEO_TILE},
+                        "image_grid_pinpoints": _VIDEO_PINPOINTS},
+    "video_processor": {"class": "LlavaNextVideoVideoProcessor", "size": {"shortest_edge": _VIDEO_TILE},
+                        "crop_size": {"height": _VIDEO_TILE, "width": _VIDEO_TILE},
+                        "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
+    "vision": {**ARCHS["llava"]["vision"], "image_size": _VIDEO_TILE},
+    "pinpoints": _VIDEO_PINPOINTS,
+}
+
+
 def build_config(spec: dict, tokenizer):
     import transformers
 
     vision = {"model_type": "clip_vision_model", **spec["vision"]}
     extra = {"image_grid_pinpoints": spec["pinpoints"]} if "pinpoints" in spec else {
         "image_seq_length": _IMAGE_TOKENS}
+    if "<video>" in dict(spec["special"]):
+        extra.update(token_ids(tokenizer, video_token_index="<video>"), spatial_pool_mode="average",
+                     spatial_pool_stride=2)
     return getattr(transformers, spec["config_class"])(
         text_config={"model_type": "llama", **text_config(spec, tokenizer)}, vision_config=vision,
         vision_feature_select_strategy="default", vision_feature_layer=-2,
