@@ -91,3 +91,18 @@ def world_of_one():
     yield
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def per_sample_losses(model, rows: list, pad_id: int, media=None):
+    """Each sample's mean token loss when `rows` (each a list of samples) are collated as one batch: the packing
+    tests compare these for the same samples packed and unpacked."""
+    import torch
+
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.methods.losses import per_segment_mean, token_nll
+    from tunesmith.models.forward import run_forward
+
+    batch = collate_rows(rows, pad_id, media=media)
+    with torch.no_grad():
+        nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
+    return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)

@@ -112,37 +112,30 @@ def _train(model: Path, out: Path, *extra, env=None, common=COMMON) -> tuple[lis
     return [r["loss"] for r in rows if "loss" in r], time.perf_counter() - started
 
 
-def test_megatron_matches_the_single_engine_for_20_steps(tmp_path):
-    model = _init_model(tmp_path / "qwen3_4l")
+def _compare(model: Path, tmp_path: Path, common: list, report_env: str, **facts) -> None:
+    """Both engines from the same folder and data: every step's loss within 1% relative; the report to stdout and
+    to the file named by `report_env`."""
     extra = ("max_steps=3", "bf16=false") if DRY_RUN else ()
-    single, single_s = _train(model, tmp_path / "single", "backend=single", *extra)
-    mega, mega_s = _train(model, tmp_path / "megatron", *extra, env={"USE_MCA": "1"})
+    single, single_s = _train(model, tmp_path / "single", "backend=single", *extra, common=common)
+    mega, mega_s = _train(model, tmp_path / "megatron", *extra, env={"USE_MCA": "1"}, common=common)
     rel = [abs(a - b) / abs(b) for a, b in zip(mega, single)]
     report = {"steps": STEPS, "single": single, "megatron": mega, "max_rel_diff": max(rel), "rel_diff": rel,
-              "single_seconds": single_s, "megatron_seconds": mega_s,
-              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
-              "torch": torch.__version__, "layers": SHAPE["num_hidden_layers"],
-              "single_speed": _speed(tmp_path / "single"), "megatron_speed": _speed(tmp_path / "megatron")}
-    print(json.dumps(report))
-    if os.environ.get("MEGATRON_PARITY_OUT"):
-        Path(os.environ["MEGATRON_PARITY_OUT"]).write_text(json.dumps(report, indent=1))
-    assert len(mega) == len(single) == (3 if DRY_RUN else STEPS)
-    assert max(rel) < 0.01, rel
-
-
-def test_megatron_qwen3_vl_matches_the_single_engine_for_20_steps(tmp_path):
-    model = _init_vl_model(tmp_path / "qwen3_vl")
-    extra = ("max_steps=3", "bf16=false") if DRY_RUN else ()
-    single, single_s = _train(model, tmp_path / "single", "backend=single", *extra, common=VL_COMMON)
-    mega, mega_s = _train(model, tmp_path / "megatron", *extra, env={"USE_MCA": "1"}, common=VL_COMMON)
-    rel = [abs(a - b) / abs(b) for a, b in zip(mega, single)]
-    report = {"steps": STEPS, "single": single, "megatron": mega, "max_rel_diff": max(rel), "rel_diff": rel,
-              "single_seconds": single_s, "megatron_seconds": mega_s, "text": VL_TEXT, "vision": VL_VISION,
+              "single_seconds": single_s, "megatron_seconds": mega_s, **facts,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
               "torch": torch.__version__,
               "single_speed": _speed(tmp_path / "single"), "megatron_speed": _speed(tmp_path / "megatron")}
     print(json.dumps(report))
-    if os.environ.get("MEGATRON_PARITY_VL_OUT"):
-        Path(os.environ["MEGATRON_PARITY_VL_OUT"]).write_text(json.dumps(report, indent=1))
+    if os.environ.get(report_env):
+        Path(os.environ[report_env]).write_text(json.dumps(report, indent=1))
     assert len(mega) == len(single) == (3 if DRY_RUN else STEPS)
     assert max(rel) < 0.01, rel
+
+
+def test_megatron_matches_the_single_engine_for_20_steps(tmp_path):
+    _compare(_init_model(tmp_path / "qwen3_4l"), tmp_path, COMMON, "MEGATRON_PARITY_OUT",
+             layers=SHAPE["num_hidden_layers"])
+
+
+def test_megatron_qwen3_vl_matches_the_single_engine_for_20_steps(tmp_path):
+    _compare(_init_vl_model(tmp_path / "qwen3_vl"), tmp_path, VL_COMMON, "MEGATRON_PARITY_VL_OUT", text=VL_TEXT,
+             vision=VL_VISION)

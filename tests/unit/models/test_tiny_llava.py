@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoModelForMultimodalLM, AutoProcessor, AutoTokenizer
 
-from conftest import DATA_DIR, run_config
+from conftest import DATA_DIR, per_sample_losses, run_config
 from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups
 from tunesmith.models.tiny import MM_ARCHS, build_tiny
 
@@ -132,18 +132,11 @@ def test_data_path_matches_the_processor_whatever_the_pixel_budget(loaded):
 
 def test_packed_equals_unpacked_per_sample(path):
     """1-D positions restart per sample and the packed mask keeps samples apart: the same per-sample losses."""
-    from tunesmith.data.collate import collate_rows
-    from tunesmith.methods.losses import per_segment_mean, token_nll
-    from tunesmith.models.forward import run_forward
-
     rows, tokenizer, media = _data(max_samples=3)
     model = AutoModelForMultimodalLM.from_pretrained(path, attn_implementation="sdpa").eval()
 
     def per_sample(batch_rows):
-        batch = collate_rows(batch_rows, tokenizer.pad_token_id, media=media)
-        with torch.no_grad():
-            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
-        return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+        return per_sample_losses(model, batch_rows, tokenizer.pad_token_id, media)
 
     unpacked = per_sample([[r] for r in rows])
     packed = per_sample([rows[: len(rows) // 2], rows[len(rows) // 2:]])
@@ -220,10 +213,7 @@ def test_llava_next_tokens_follow_the_aspect_ratio_and_the_data_path_matches(nex
 
 
 def test_llava_next_packed_equals_unpacked_per_sample(tiny_cache):
-    from tunesmith.data.collate import collate_rows
     from tunesmith.data.pipeline import prepare_data
-    from tunesmith.methods.losses import per_segment_mean, token_nll
-    from tunesmith.models.forward import run_forward
     from tunesmith.models.load import load_preprocessing
 
     cfg = run_config("/tmp/unused", model_name_or_path="tiny:llava_next", dataset="mllm_demo,identity",
@@ -235,9 +225,6 @@ def test_llava_next_packed_equals_unpacked_per_sample(tiny_cache):
     model = AutoModelForMultimodalLM.from_pretrained(build_tiny("llava_next"), attn_implementation="sdpa").eval()
 
     def per_sample(batch_rows):
-        batch = collate_rows(batch_rows, tokenizer.pad_token_id, media=media)
-        with torch.no_grad():
-            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
-        return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+        return per_sample_losses(model, batch_rows, tokenizer.pad_token_id, media)
 
     torch.testing.assert_close(per_sample([rows[:3], rows[3:]]), per_sample([[r] for r in rows]), rtol=1e-4, atol=1e-4)

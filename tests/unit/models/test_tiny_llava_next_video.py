@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForMultimodalLM, AutoProcessor
 
-from conftest import run_config
+from conftest import per_sample_losses, run_config
 from tunesmith.data.collate import collate_rows
-from tunesmith.methods.losses import per_segment_mean, token_nll
+from tunesmith.methods.losses import token_nll
 from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups
 from tunesmith.models.forward import run_forward
 from tunesmith.models.tiny import MM_ARCHS, build_tiny
@@ -101,10 +101,7 @@ def test_packed_equals_unpacked_per_sample(path):
     model = AutoModelForMultimodalLM.from_pretrained(path, attn_implementation="sdpa").eval()
 
     def per_sample(batch_rows):
-        batch = collate_rows(batch_rows, tokenizer.pad_token_id, media=media)
-        with torch.no_grad():
-            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
-        return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+        return per_sample_losses(model, batch_rows, tokenizer.pad_token_id, media)
 
     unpacked = per_sample([[r] for r in rows])
     packed = per_sample([rows[: len(rows) // 2], rows[len(rows) // 2:]])

@@ -4,10 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForMultimodalLM
 
-from conftest import DATA_DIR, run_config
+from conftest import DATA_DIR, per_sample_losses, run_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.data.pipeline import prepare_data
-from tunesmith.methods.losses import per_segment_mean, token_nll
 from tunesmith.models.forward import run_forward
 from tunesmith.models.adapters import apply_finetuning
 from tunesmith.models.load import load_preprocessing
@@ -33,10 +32,7 @@ def test_packed_equals_unpacked_per_sample(arch, datasets):
     model = AutoModelForMultimodalLM.from_pretrained(build_tiny(arch), attn_implementation="sdpa").eval()
 
     def per_sample(rows):
-        batch = collate_rows(rows, pad_id, media=media)
-        with torch.no_grad():
-            nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
-        return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+        return per_sample_losses(model, rows, pad_id, media)
 
     unpacked = per_sample([[s] for s in samples])
     packed = per_sample([samples[: len(samples) // 2], samples[len(samples) // 2 :]])
