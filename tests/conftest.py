@@ -106,3 +106,13 @@ def per_sample_losses(model, rows: list, pad_id: int, media=None):
     with torch.no_grad():
         nll = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT)
     return per_segment_mean(nll, batch.targets_BT, batch.segment_ids_BT)
+
+
+def assert_packed_equals_unpacked(model, rows: list, pad_id: int, media=None) -> None:
+    """The samples packed into two rows get the per-sample losses they get one per row."""
+    import torch
+
+    half = len(rows) // 2
+    unpacked = per_sample_losses(model, [[r] for r in rows], pad_id, media)
+    packed = per_sample_losses(model, [rows[:half], rows[half:]], pad_id, media)
+    torch.testing.assert_close(packed, unpacked, rtol=1e-4, atol=1e-4)

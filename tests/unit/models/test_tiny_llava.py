@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoModelForMultimodalLM, AutoProcessor, AutoTokenizer
 
-from conftest import DATA_DIR, per_sample_losses, run_config
+from conftest import DATA_DIR, assert_packed_equals_unpacked, run_config
 from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups
 from tunesmith.models.tiny import MM_ARCHS, build_tiny
 
@@ -135,12 +135,7 @@ def test_packed_equals_unpacked_per_sample(path):
     rows, tokenizer, media = _data(max_samples=3)
     model = AutoModelForMultimodalLM.from_pretrained(path, attn_implementation="sdpa").eval()
 
-    def per_sample(batch_rows):
-        return per_sample_losses(model, batch_rows, tokenizer.pad_token_id, media)
-
-    unpacked = per_sample([[r] for r in rows])
-    packed = per_sample([rows[: len(rows) // 2], rows[len(rows) // 2:]])
-    torch.testing.assert_close(packed, unpacked, rtol=1e-4, atol=1e-4)
+    assert_packed_equals_unpacked(model, rows, tokenizer.pad_token_id, media)
 
 
 def test_freezing_and_lora_targets():
@@ -224,7 +219,4 @@ def test_llava_next_packed_equals_unpacked_per_sample(tiny_cache):
             for v in zip(data["input_ids"], data["labels"], data["mm_plan"])]
     model = AutoModelForMultimodalLM.from_pretrained(build_tiny("llava_next"), attn_implementation="sdpa").eval()
 
-    def per_sample(batch_rows):
-        return per_sample_losses(model, batch_rows, tokenizer.pad_token_id, media)
-
-    torch.testing.assert_close(per_sample([rows[:3], rows[3:]]), per_sample([[r] for r in rows]), rtol=1e-4, atol=1e-4)
+    assert_packed_equals_unpacked(model, rows, tokenizer.pad_token_id, media)

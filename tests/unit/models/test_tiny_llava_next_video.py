@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForMultimodalLM, AutoProcessor
 
-from conftest import per_sample_losses, run_config
+from conftest import assert_packed_equals_unpacked, run_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.methods.losses import token_nll
 from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups
@@ -100,9 +100,4 @@ def test_packed_equals_unpacked_per_sample(path):
     rows, tokenizer, media = _data(max_samples=3)
     model = AutoModelForMultimodalLM.from_pretrained(path, attn_implementation="sdpa").eval()
 
-    def per_sample(batch_rows):
-        return per_sample_losses(model, batch_rows, tokenizer.pad_token_id, media)
-
-    unpacked = per_sample([[r] for r in rows])
-    packed = per_sample([rows[: len(rows) // 2], rows[len(rows) // 2:]])
-    torch.testing.assert_close(packed, unpacked, rtol=1e-4, atol=1e-4)
+    assert_packed_equals_unpacked(model, rows, tokenizer.pad_token_id, media)

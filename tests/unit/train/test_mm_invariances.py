@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForMultimodalLM
 
-from conftest import DATA_DIR, per_sample_losses, run_config
+from conftest import DATA_DIR, assert_packed_equals_unpacked, run_config
 from tunesmith.data.collate import collate_rows
 from tunesmith.data.pipeline import prepare_data
 from tunesmith.models.forward import run_forward
@@ -31,12 +31,7 @@ def test_packed_equals_unpacked_per_sample(arch, datasets):
     samples, pad_id, media = _rows(arch, datasets)
     model = AutoModelForMultimodalLM.from_pretrained(build_tiny(arch), attn_implementation="sdpa").eval()
 
-    def per_sample(rows):
-        return per_sample_losses(model, rows, pad_id, media)
-
-    unpacked = per_sample([[s] for s in samples])
-    packed = per_sample([samples[: len(samples) // 2], samples[len(samples) // 2 :]])
-    torch.testing.assert_close(packed, unpacked, rtol=1e-4, atol=1e-4)
+    assert_packed_equals_unpacked(model, samples, pad_id, media)
 
 
 def test_freezing_defaults_and_lora_targets():
