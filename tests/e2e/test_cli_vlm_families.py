@@ -1,6 +1,6 @@
 """The tiled vision-language families end to end through the real CLI, on the shipped image demos:
 InternVL 3 (tiny:internvl), Idefics3 / SmolVLM (tiny:idefics3), Mistral 3 (tiny:mistral3), LLaVA-OneVision
-(tiny:llava_onevision), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
+(tiny:llava_onevision), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
 
 Default run, per family: full SFT with the vision tower and projector trained too, and the saved folder loads in
 plain transformers (AutoModelForImageTextToText + AutoProcessor), whose processor expands the image as the
@@ -19,16 +19,16 @@ IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
 MODEL_CLASS = {"internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration",
                "mistral3": "Mistral3ForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
-               "glm4v_moe": "Glm4vMoeForConditionalGeneration",
+               "glm4v_moe": "Glm4vMoeForConditionalGeneration", "paligemma": "PaliGemmaForConditionalGeneration",
                "llava_onevision": "LlavaOnevisionForConditionalGeneration",
                "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration"}
 # the 128x96 demo image: 4 tiles of 4 tokens and the thumbnail; 2x2 tiles and the global image, 4 tokens each;
 # 2x2 merged patches; a 3x5 grid of merged patches; the whole image and 2x2 tiles with their newlines
-NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "mistral3": 4, "glm4v": 15, "glm4v_moe": 15, "llava_onevision": 24,
+NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "mistral3": 4, "glm4v": 15, "glm4v_moe": 15, "paligemma": 4, "llava_onevision": 24,
                     "qwen3_omni": 12}  # the last: 4x3 merged 16-pixel patches
 ARCHS = sorted(MODEL_CLASS)
 # LLaMA-Factory's template names for these families (LLaMA-Factory has none for Idefics3 / SmolVLM, OneVision)
-TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "mistral3": "mistral_small", "glm4v": "glm4v", "glm4v_moe": "glm4_5v",
+TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "mistral3": "mistral_small", "glm4v": "glm4v", "glm4v_moe": "glm4_5v", "paligemma": "paligemma",
             "llava_onevision": "auto", "qwen3_omni": "qwen3_omni"}
 PROMPT = "Describe the image."
 
@@ -49,6 +49,8 @@ def _plain_transformers_run(out, arch):
     text = processor.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}],
         tokenize=False, add_generation_prompt=True)
+    if arch == "paligemma":  # its processor writes <bos> and the newline itself: given its own prompt format
+        text = "<image>" + PROMPT
     inputs = processor(text=[text], images=[Image.open(IMAGE).convert("RGB")], add_special_tokens=False,
                        return_tensors="pt")
     assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == NUM_IMAGE_TOKENS[arch]
@@ -84,3 +86,16 @@ def test_vlm_family_lora_sft_with_text_records_chat_then_a_dpo_step(tmp_path, ar
         "finetuning_type=lora", "max_steps=1", f"output_dir={dpo}")
     [loss] = _losses(dpo)
     assert loss == pytest.approx(math.log(2), abs=1e-3)  # the first step: policy == reference
+
+
+@pytest.mark.slow
+def test_paligemma_one_grpo_step_on_image_prompts(tmp_path):
+    """Rollouts give the whole prompt PaliGemma's two-way prefix (token_type_ids 0), as the training forward does
+    for the prompt before the response: the sampler's log-probs match the trainer's."""
+    out = tmp_path / "grpo"
+    cli("train", "model_name_or_path=tiny:paligemma", *BASE[:1], "cutoff_len=2048", "stage=grpo",
+        "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
+        "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
+        f"output_dir={out}")
+    [step] = [m for m in metrics(out) if "rollout_kl" in m]
+    assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01

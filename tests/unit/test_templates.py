@@ -53,7 +53,13 @@ EXPECTED = {
         "<|start_header_id|>user<|end_header_id|>\n\nAdd 2 and 3.<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\n2+3=5\n</think>\n\nIt is 5.<|eot_id|>"
     ),
+    # no turns: <bos>, each prompt and a newline, each answer and <eos> (rendered with the Llama tokenizer's)
+    "paligemma": (
+        "<|begin_of_text|>Be brief.\nWho are you?\n<think>\nIntroduce myself.\n</think>\n\nI am tunesmith.<|eot_id|>"
+        "Add 2 and 3.\n<think>\n2+3=5\n</think>\n\nIt is 5.<|eot_id|>"
+    ),
 }
+TOKENIZER_WITH_BOS = ("llama3", "paligemma")
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -92,7 +98,7 @@ def test_every_template_is_pinned():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_multi_turn_render_is_exact(name, qwen_tok, llama_tok):
-    tok = llama_tok if name == "llama3" else qwen_tok
+    tok = llama_tok if name in TOKENIZER_WITH_BOS else qwen_tok
     assert render(tok, name, CONVERSATION) == EXPECTED[name]
 
 

@@ -200,7 +200,7 @@ _ROWS = (
     _no("olmo", "OLMo"),
     _no("openchat", "OpenChat 3.5"),
     _no("openchat-3.6", "OpenChat 3.6"),
-    _no("paligemma", "PaliGemma"),
+    _builtin("paligemma", "PaliGemma / PaliGemma 2", "paligemma"),
     _no("paligemma_chat", "PaliGemma (chat)"),
     _no("phi_small", "Phi-3-small", _REMOTE),
     _own("qwen3_omni", "Qwen3-Omni (the thinker)", "qwen3_omni", tokens=_OMNI3),

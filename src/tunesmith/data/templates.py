@@ -204,6 +204,25 @@ _LLAMA3_MESSAGES = r"""
 """
 
 
+# PaliGemma (1 and 2): no chat turns. The prompt is the images' <image> tokens, <bos>, the text and a newline
+# (the prefix, which the model attends both ways); the answer follows with <eos> (the causal suffix). A later turn
+# continues the same way: its images, its text and a newline, its answer and <eos>.
+_PALIGEMMA = r"""
+{%- if tools -%}{{- raise_exception("template 'paligemma' cannot render tools; drop the tools column") -}}{%- endif -%}
+{%- for message in messages -%}
+  {%- set parts = [{'type': 'text', 'text': message.content}] if message.content is string else message.content -%}
+  {%- for part in parts -%}
+    {%- if part.type == 'image' -%}{{- '<image>' -}}
+    {%- elif part.type != 'text' -%}{{- raise_exception("PaliGemma takes images and text, not " + part.type) -}}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- if loop.first -%}{{- bos_token -}}{%- endif -%}
+  {%- for part in parts if part.type == 'text' -%}{{- part.text -}}{%- endfor -%}
+  {{- eos_token if message.role == 'assistant' else '\n' -}}
+{%- endfor -%}
+"""
+
+
 def _join(*parts: str) -> str:
     return "\n".join(p.strip("\n") for p in parts)
 
@@ -238,6 +257,8 @@ TEMPLATES: dict[str, TemplateSpec] = {
                      "from every assistant turn.", strip_think=True, stop_words=_IM_END),
         TemplateSpec("qwen3_vl_nothink", _QWEN3_NOTHINK, "Qwen3-VL instruct models: the qwen3_nothink text format.",
                      strip_think=True, stop_words=_IM_END),
+        TemplateSpec("paligemma", _PALIGEMMA, "PaliGemma / PaliGemma 2: the images, <bos>, the prompt and a "
+                     "newline (attended both ways), then the answer and <eos>.", stop_words=("<eos>",)),
         TemplateSpec("llama3", _LLAMA3, "Llama 3 instruct: <|start_header_id|>role<|end_header_id|> ... <|eot_id|>.",
                      stop_words=("<|eot_id|>",)),
     )

@@ -59,6 +59,10 @@ class Family:
         the tokens of one image attend to each other both ways (Gemma 3).
     packing_leak: why packed samples would not be computed as if alone in this family (packing
         is then refused), or None; tests/unit/models/test_tiny_gemma3_vl.py checks Gemma 3's.
+    prefix_lm: the forward takes `token_type_ids` 0 on each sample's prompt (the images and the text before its
+        first supervised token: a prefix that attends both ways) and 1 from there on (the causal suffix), as
+        PaliGemma trains; generation gives the whole prompt 0.
+    first_position: the position id of a sample's first token (PaliGemma counts from 1).
     video_count: how a video's token count is known. "grid": from its patch grid (Qwen's video_grid_thw,
         frames paired by the temporal patch); "frames": the same tokens for every frame (each cropped to the
         video processor's crop size, pooled), frames sampled one by one (LLaVA-NeXT-Video).
@@ -80,6 +84,8 @@ class Family:
     image_token_types: bool = False
     packing_leak: str | None = None
     video_count: str = "grid"
+    prefix_lm: bool = False
+    first_position: int = 0
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -96,6 +102,11 @@ _GEMMA3_PACKED_IMAGES = (
     "the sliding-window layers' mask (transformers' create_masks_for_vision_model) looks up which tokens form one "
     "image at the wrong columns for every sample after the first, so those samples' tokens would attend to tokens "
     "after them and their images lose the two-way attention Gemma 3 trains with")
+
+# transformers 5.24, PaliGemmaModel: every token with token_type_ids 0 joins one two-way block.
+_PREFIX_LM_PACKED = (
+    "the two-way attention over the prompt (token_type_ids 0) is one block per row, so the prompts of packed samples "
+    "would attend to each other, and each to the samples after it")
 
 # LLaVA-1.5 and -NeXT: the processor counts an image's tokens. InternVL and Mistral 3 have the same parts
 # (transformers builds both on its LLaVA model) with their own image tokens.
@@ -238,6 +249,23 @@ FAMILIES: dict[str, Family] = {
             uses_mrope=False,
             markers=(("image", "<image>"),),
             image_count="text",
+        ),
+        # PaliGemma / PaliGemma 2 (PaliGemmaForConditionalGeneration): a SigLIP tower, one linear projector, a Gemma
+        # (2) language model; a fixed number of <image> tokens per image, then <bos> and the prompt, which the model
+        # attends both ways (a prefix LM), then the causal answer.
+        Family(
+            "paligemma", ("paligemma",),
+            vision_tower=("model.vision_tower",),
+            projector=("model.multi_modal_projector",),
+            language_model=_LM,
+            audio_tower=(),
+            image_token="<image>", video_token=None, audio_token=None,
+            uses_mrope=False,
+            markers=(("image", "<image>"),),
+            image_count="processor",
+            prefix_lm=True,
+            first_position=1,
+            packing_leak=_PREFIX_LM_PACKED,
         ),
         Family(
             "gemma3_vl", ("gemma3",),

@@ -13,6 +13,7 @@ import inspect
 
 import torch
 
+from ..data.render import IGNORE_INDEX
 from ..errors import DataError
 from .attention import VARLEN, packing_kwargs
 from .families import family_of
@@ -72,7 +73,18 @@ def forward_inputs(model, batch) -> dict:
     if family is not None and family.image_token_types and batch.token_types_BT is not None:
         # Gemma 3: an image's soft tokens see each other both ways, as in its pretraining
         inputs["token_type_ids"] = (batch.token_types_BT == 1).long()
+    if family is not None and family.prefix_lm:
+        inputs["token_type_ids"] = prefix_suffix_types(batch)
     return inputs
+
+
+def prefix_suffix_types(batch) -> torch.Tensor:
+    """PaliGemma's token_type_ids: 0 on each row's prompt, up to its first supervised token (a prefix attended
+    both ways), 1 from there on (causal). A token is supervised when the token before it predicts it
+    (targets are shifted by one). Rows hold one sample each (the family does not pack)."""
+    supervised = torch.zeros_like(batch.targets_BT, dtype=torch.long)
+    supervised[:, 1:] = (batch.targets_BT[:, :-1] != IGNORE_INDEX).long()
+    return supervised.cummax(dim=1).values
 
 
 def model_inputs(model, batch) -> dict:
@@ -80,6 +92,9 @@ def model_inputs(model, batch) -> dict:
     inputs = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT, "attention_mask": None,
               "use_cache": False}
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    first = getattr(family_of(base.config), "first_position", 0)
+    if first:  # PaliGemma counts positions from 1, as its own forward and generate() do
+        inputs["position_ids"] = batch.position_ids_BT + first
     if getattr(base.config, "_attn_implementation", None) == VARLEN:
         inputs.update(packing_kwargs(batch))
     if batch.token_types_BT is None:

@@ -40,7 +40,24 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
         # GPT-OSS's attention sinks have no SDPA path in transformers: its own eager attention runs them
         log.info("flash_attn: %s has no SDPA attention in transformers; using its eager attention", family.name)
         return "eager"
+    if name == "sdpa" and config is not None and not _language_model_has_sdpa(config):
+        # Gemma 2 (PaliGemma 2's language model) caps its attention logits, which SDPA cannot
+        log.info("flash_attn: this model's language model (%s) has no SDPA attention in transformers; using eager "
+                 "attention", config.get_text_config().model_type)
+        return "eager"
     return name
+
+
+def _language_model_has_sdpa(config) -> bool:
+    """Whether transformers' model class of the language model's model_type takes SDPA (unknown types: yes)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    if config.get_text_config() is config:
+        return True  # text models: transformers itself picks its own fallback for the whole model
+    name = MODEL_MAPPING_NAMES.get(config.get_text_config().model_type)
+    model_class = getattr(transformers, name, None) if isinstance(name, str) else None
+    return getattr(model_class, "_supports_sdpa", True)
 
 
 def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
@@ -77,7 +94,7 @@ def _varlen_fits(cfg: ModelConfig, device: torch.device, config) -> bool:
     half = cfg.bf16 or cfg.fp16 or cfg.pure_bf16
     layer_types = set(getattr(getattr(config, "text_config", config), "layer_types", None) or ["full_attention"])
     family = text_family_of(config) if config is not None else None
-    kernel_fits = family is None or family.varlen
+    kernel_fits = (family is None or family.varlen) and not getattr(family_of(config), "prefix_lm", False)
     return half and varlen_available(device) and layer_types == {"full_attention"} and kernel_fits
 
 

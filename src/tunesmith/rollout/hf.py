@@ -105,6 +105,8 @@ def _token_type_kwargs(model, types) -> dict:
     family = family_of(base.config)
     if family is not None and family.image_token_types:
         return {"token_type_ids": (types == 1).long()}
+    if family is not None and family.prefix_lm:
+        return {"token_type_ids": torch.zeros_like(types)}  # PaliGemma: the whole prompt is the two-way prefix
     if family is not None and not family.uses_mrope:
         return {}  # LLaVA: 1-D positions; its generate() takes no token types
     return {"mm_token_type_ids": types}

@@ -123,11 +123,28 @@ def model_inputs(preprocessor, messages: list[dict], media=None, rendering: Rend
     text = render_text(preprocessor, messages, rendering, tools)
     if not takes_media(preprocessor):
         inputs = preprocessor(text, add_special_tokens=False, return_tensors="pt")
+    elif type(preprocessor).__name__ == "PaliGemmaProcessor":
+        inputs = _prefix_lm_inputs(preprocessor, text, media)
     else:
         # the template writes every special token (LLaVA's <s> too), as training tokenizes it
         inputs = preprocessor(text=[text], add_special_tokens=False, return_tensors="pt",
                               **(media.processor_kwargs() if media else {}))
     return Prompt(dict(inputs), text.rstrip().endswith("<think>"), text)
+
+
+def _prefix_lm_inputs(processor, text: str, media) -> dict:
+    """PaliGemma: its processor adds <bos> and a newline to whatever text it is given, and the chat template has
+    already written both; so the text is tokenized as training tokenizes it, each <image> expanded to the
+    processor's count, the images go through its image processor, and the whole prompt is the prefix the model
+    attends both ways (token_type_ids 0)."""
+    import torch
+
+    expanded = text.replace(processor.image_token, processor.image_token * processor.image_seq_length)
+    inputs = dict(processor.tokenizer(expanded, add_special_tokens=False, return_tensors="pt"))
+    if media and media.images:
+        inputs["pixel_values"] = processor.image_processor(media.images, return_tensors="pt")["pixel_values"]
+    inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+    return inputs
 
 
 def text_inputs(preprocessor, text: str) -> Prompt:
