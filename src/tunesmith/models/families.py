@@ -146,6 +146,17 @@ _GLM4V = dict(
     markers=(("image", "<|begin_of_image|><|image|><|end_of_image|>"),),
 )
 
+_IDEFICS3 = dict(
+    vision_tower=("model.vision_model",),
+    projector=("model.connector",),
+    language_model=("model.text_model", "lm_head"),
+    audio_tower=(),
+    image_token="<image>", video_token=None, audio_token=None,
+    uses_mrope=False,
+    markers=(("image", "<image>"),),
+    image_count="text",
+)
+
 # Qwen3-VL's deepstack mergers project intermediate vision features into early
 # language-model layers: projectors like the final merger, and trained with it.
 _QWEN3_VL = {**_QWEN_VL, "projector": ("model.visual.merger", "model.visual.deepstack_merger_list")}
@@ -239,17 +250,10 @@ FAMILIES: dict[str, Family] = {
         # Idefics3 and SmolVLM (Idefics3ForConditionalGeneration): a SigLIP-style tower, a pixel-shuffle connector,
         # a Llama language model. Each image is tiles in rows and columns plus the whole image, written by the
         # processor with row/column tags and newlines between the tiles' <image> tokens.
-        Family(
-            "idefics3", ("idefics3",),
-            vision_tower=("model.vision_model",),
-            projector=("model.connector",),
-            language_model=("model.text_model", "lm_head"),
-            audio_tower=(),
-            image_token="<image>", video_token=None, audio_token=None,
-            uses_mrope=False,
-            markers=(("image", "<image>"),),
-            image_count="text",
-        ),
+        Family("idefics3", ("idefics3",), **_IDEFICS3),
+        # SmolVLM2 (SmolVLMForConditionalGeneration): Idefics3's parts, tiles and tokens under its own classes; its
+        # videos (frames the processor writes as timestamped images) are not taken yet.
+        Family("smolvlm", ("smolvlm",), **_IDEFICS3),
         # PaliGemma / PaliGemma 2 (PaliGemmaForConditionalGeneration): a SigLIP tower, one linear projector, a Gemma
         # (2) language model; a fixed number of <image> tokens per image, then <bos> and the prompt, which the model
         # attends both ways (a prefix LM), then the causal answer.

@@ -145,6 +145,9 @@ def load_processor(cfg: ModelConfig):
                                                   cache_dir=cfg.cache_dir, revision=cfg.model_revision)
     except (OSError, ValueError) as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    except ImportError as err:  # SmolVLM2's processor needs num2words, for one
+        raise ModelError(f"the processor of {cfg.model_name_or_path} needs a package that is not installed: {err}") \
+            from None
     if processor.tokenizer.pad_token_id is None:
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
     return processor

@@ -29,6 +29,9 @@ EXPECTED = {
     "idefics3": ("Idefics3Processor", "Idefics3ForConditionalGeneration",
                  "<|im_start|>System: Be brief.<end_of_utterance>\nUser:<image>Describe it.<end_of_utterance>\n"
                  "Assistant: A cat.<end_of_utterance>\n"),
+    "smolvlm": ("SmolVLMProcessor", "SmolVLMForConditionalGeneration",
+                "<|im_start|>System: Be brief.<end_of_utterance>\nUser:<image>Describe it.<end_of_utterance>\n"
+                "Assistant: A cat.<end_of_utterance>\n"),
     "mistral3": ("PixtralProcessor", "Mistral3ForConditionalGeneration",
                  "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
     "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionForConditionalGeneration",
@@ -45,12 +48,13 @@ EXPECTED = {
                   "<|assistant|>\nA cat.<|endoftext|>"),
 }
 ARCHS = sorted(EXPECTED)
-TILED = ["idefics3", "internvl", "llava_onevision", "mistral3"]  # image_count "text": the processor writes the text
+TILED = ["idefics3", "internvl", "llava_onevision", "mistral3", "smolvlm"]  # image_count "text": the processor writes the text
 # image tokens of a (height, width) image after the default budget, as the processor's own call counts them: tiles
 # at the aspect ratio (plus a thumbnail); Idefics3 first resizes the longest edge to 112 (2 tiles); Pixtral rounds
 # each side up to whole 28-pixel merged patches
 COUNTS = {"internvl": {(56, 84): 12, (100, 30): 16, (40, 40): 4},
           "idefics3": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
+          "smolvlm": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
           "mistral3": {(56, 84): 4, (100, 30): 2, (40, 40): 4},
           "llava_onevision": {(56, 84): 14, (100, 30): 16, (40, 40): 24}}
 

@@ -11,6 +11,10 @@ its <image> tokens, rows ending in a newline, then the global image; the newline
 
 The tokenizer is SmolVLM's (<|im_start|> as bos, <end_of_utterance> ending each turn); the chat template writes
 "User:<image>Describe it.<end_of_utterance>\\nAssistant: A cat.<end_of_utterance>\\n".
+
+Tiny SmolVLM2 (SmolVLMForConditionalGeneration, model_type smolvlm: the SmolVLM2 checkpoints): the same parts,
+tiles, tokens and format under SmolVLM's own classes, with its video processor beside the image processor (the
+processor takes both, and needs the num2words package; tunesmith trains it on images).
 """
 
 from __future__ import annotations
@@ -61,12 +65,24 @@ ARCHS: dict[str, dict] = {
 }
 
 
-def build_config(spec: dict, tokenizer):
-    from transformers import Idefics3Config
+ARCHS["smolvlm"] = {
+    **ARCHS["idefics3"],
+    "config_class": "SmolVLMConfig", "model_class": "SmolVLMForConditionalGeneration",
+    "processor_class": "SmolVLMProcessor", "vision_model_type": "smolvlm_vision",
+    "special": ARCHS["idefics3"]["special"] + [("<video>", True)],
+    "image_processor": {**ARCHS["idefics3"]["image_processor"], "class": "SmolVLMImageProcessor"},
+    "video_processor": {"class": "SmolVLMVideoProcessor", "size": {"longest_edge": 2 * _TILE},
+                        "max_image_size": {"longest_edge": _TILE}},
+}
 
-    return Idefics3Config(
+
+def build_config(spec: dict, tokenizer):
+    import transformers
+
+    return getattr(transformers, spec["config_class"])(
         text_config={"model_type": "llama", **text_config(spec, tokenizer)},
-        vision_config={"model_type": "idefics3_vision", **spec["vision"]}, scale_factor=_SCALE,
+        vision_config={"model_type": spec.get("vision_model_type", "idefics3_vision"), **spec["vision"]},
+        scale_factor=_SCALE,
         tie_word_embeddings=spec["tie_word_embeddings"], pad_token_id=tokenizer.pad_token_id,
         **token_ids(tokenizer, image_token_id="<image>"),
     )
