@@ -1,10 +1,17 @@
 """Where does a training step's time go? Data wait, forward+backward, optimiser step, plus a torch.profiler table.
 
     python benchmarks/profile_steps.py cfg.yaml [key=value ...]     (same keys as `tunesmith train`)
+    PROFILE_STEPS=2 python benchmarks/profile_steps.py ...          (profile fewer of the last steps: a VLM step of
+                                                                     8 micro-batches makes a large trace)
+
+For vision/audio-language models the forward passes of the model's parts are profiled as ranges of their own
+("part:<group>.<child>", e.g. part:vision_tower.patch_embed, part:vision_tower.blocks, part:projector.merger,
+part:language_model), printed in a table of their own: CPU and GPU time spent inside each (backward excluded).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -20,17 +27,61 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def mark_parts(model) -> list:
+    """A profiler range around the forward of each child of the family's vision/audio tower and projector, and of
+    the language model (blocks of one ModuleList share a name); returns the hook handles."""
+    from tunesmith.models.families import family_of
+    from tunesmith.models.forward import base_model
+
+    base = base_model(model)
+    family = family_of(base.config)
+    if family is None:
+        return []
+    modules = dict(base.named_modules())
+    handles = []
+
+    def ranged(module, name):
+        def enter(*_):
+            module._range = torch.profiler.record_function(name)
+            module._range.__enter__()
+
+        def leave(*_):
+            module._range.__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+
+    for group in ("vision_tower", "audio_tower"):
+        for path in getattr(family, group):
+            parent = modules.get(path)
+            for child, module in (parent.named_children() if parent is not None else ()):
+                if f"{path}.{child}" in family.projector:
+                    continue  # a projector inside the tower (Qwen-VL's merger) counts as the projector
+                for block in (module if isinstance(module, torch.nn.ModuleList) else [module]):
+                    ranged(block, f"part:{group}.{child}")
+    for path in family.projector:
+        module = modules.get(path)
+        for block in (module if isinstance(module, torch.nn.ModuleList) else [module] if module is not None else []):
+            ranged(block, f"part:projector.{path.rsplit('.', 1)[-1]}")
+    for path in family.language_model:
+        if path in modules and path != "lm_head":
+            ranged(modules[path], "part:language_model")
+    return handles
+
+
 def main() -> None:
     """Drives the Runner's engine and step source by hand, timing each part of 48 optimiser steps."""
     yaml_path, overrides = parse_cli_items(sys.argv[1:])
     runner = set_up(build_config(yaml_path, {"overwrite_output_dir": True, **overrides}))
     engine, method, source = runner.engine, runner.method, runner.source
+    mark_parts(engine.model)
+    profiled = int(os.environ.get("PROFILE_STEPS", "8"))
     waits, computes, steps, tokens = 0.0, 0.0, 0.0, 0
     for i in range(48):
         t0 = time.perf_counter()
         step = source.next_step(engine)
         t1 = time.perf_counter()
-        if i == 40:
+        if i == 48 - profiled:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
@@ -48,8 +99,15 @@ def main() -> None:
     n = 40
     print(f"per optimiser step over {n}: data wait {1e3 * waits / n:.1f} ms, forward+backward {1e3 * computes / n:.1f} ms, "
           f"optimiser {1e3 * steps / n:.1f} ms; {tokens / n:.0f} tokens; {tokens / (waits + computes + steps):.0f} tokens/s")
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    averages = prof.key_averages()
+    parts = [e for e in averages if e.key.startswith("part:")]
+    if parts:
+        print(f"forward time of the model's parts over the last {profiled} steps (CPU / GPU inside each range, ms):")
+        device_time = lambda e: getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))  # noqa: E731
+        for e in sorted(parts, key=lambda e: -e.cpu_time_total):
+            print(f"  {e.key:<40} calls {e.count:>5}  cpu {e.cpu_time_total / 1e3:>9.1f}  gpu {device_time(e) / 1e3:>9.1f}")
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=25))
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=20))
 
 
 if __name__ == "__main__":
