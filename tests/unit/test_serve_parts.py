@@ -320,3 +320,15 @@ def test_vllm_engine_args_keep_the_checkpoints_dtype_and_size_a_cpu_kv_cache_by_
         vllm_engine._memory_args(options, config)
     config.head_dim = 32
     assert vllm_engine._memory_args(options, config) == {"kv_cache_memory_bytes": 64 << 20}  # 3 x 256 tokens: floor
+
+
+def test_vllm_refuses_paligemma_whose_prompt_it_would_rewrite(tiny_cache):
+    from transformers import AutoConfig
+
+    from tunesmith.errors import ConfigError
+    from tunesmith.models.tiny import build_tiny
+    from tunesmith.serve.vllm_engine import check_family
+
+    with pytest.raises(ConfigError, match="infer_backend: vllm is not tested with paligemma.*infer_backend: huggingface"):
+        check_family(AutoConfig.from_pretrained(build_tiny("paligemma", tiny_cache)))
+    check_family(AutoConfig.from_pretrained(build_tiny("qwen3_vl", tiny_cache)))  # the others pass

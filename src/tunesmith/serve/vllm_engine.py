@@ -83,6 +83,17 @@ def _memory_args(options: ChatOptions, config) -> dict:
                                                     max_model_len=options.vllm.vllm_maxlen, dtype=torch.float32)}
 
 
+def check_family(config) -> None:
+    """Families whose prompts tunesmith renders its own way for transformers, untested with vLLM, are refused."""
+    from ..models.families import family_of
+
+    family = family_of(config)
+    if family is not None and family.prefix_lm:
+        raise ConfigError([f"infer_backend: vllm is not tested with {family.name} (its processor writes <bos> and a "
+                           "newline into the prompt itself, and its prompt attends both ways); use infer_backend: "
+                           "huggingface"])
+
+
 def _check_options(options: ChatOptions, stacked: list[str]) -> None:
     problems = []
     if options.generation.num_beams > 1:
@@ -123,6 +134,7 @@ class VllmEngine(Engine):
             models[default] = dataclasses.replace(models[default], adapter=_DEFAULT)
         config = AutoConfig.from_pretrained(base, revision=spec.model_revision,
                                             trust_remote_code=spec.trust_remote_code, cache_dir=spec.cache_dir)
+        check_family(config)
         args = AsyncEngineArgs(**_engine_args(options, base, lora, takes_media(preprocessor), config))
         loop = _Loop()
 
