@@ -54,3 +54,16 @@ def test_merged_steps_give_the_losses_and_weights_of_one_pass_per_micro_batch(tm
     wa, wb = _weights(tmp_path / "merged"), _weights(tmp_path / "alone")
     for key in wa:
         torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-5)
+
+
+def test_deepspeed_in_one_process_gives_the_same_losses_merged(tmp_path):
+    """DeepSpeed's accumulation boundary is tunesmith's step() (unmanaged mode), so fewer, packed forward passes
+    in a step change nothing."""
+    pytest.importorskip("deepspeed")
+    from conftest import REPO
+
+    common = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "max_steps": 3,
+              "deepspeed": str(REPO / "examples" / "deepspeed" / "ds_z2_offload.json")}
+    merged = train(run_config(tmp_path / "merged", **common))
+    alone = train(run_config(tmp_path / "alone", merge_micro_batches=False, **common))
+    assert merged.step_losses == pytest.approx(alone.step_losses, rel=1e-5)
