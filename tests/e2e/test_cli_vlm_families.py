@@ -1,6 +1,6 @@
 """The tiled vision-language families end to end through the real CLI, on the shipped image demos:
 InternVL 3 (tiny:internvl), Idefics3 / SmolVLM (tiny:idefics3), SmolVLM2 (tiny:smolvlm), Mistral 3 (tiny:mistral3), LLaVA-OneVision
-(tiny:llava_onevision), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
+(tiny:llava_onevision), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM), Qwen3-VL MoE (tiny:qwen3_vl_moe) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
 
 Default run, per family: full SFT with the vision tower and projector trained too, and the saved folder loads in
 plain transformers (AutoModelForImageTextToText + AutoProcessor), whose processor expands the image as the
@@ -20,16 +20,17 @@ BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
 MODEL_CLASS = {"internvl": "InternVLForConditionalGeneration", "idefics3": "Idefics3ForConditionalGeneration",
                "smolvlm": "SmolVLMForConditionalGeneration",
                "mistral3": "Mistral3ForConditionalGeneration", "glm4v": "Glm4vForConditionalGeneration",
-               "glm4v_moe": "Glm4vMoeForConditionalGeneration", "paligemma": "PaliGemmaForConditionalGeneration",
+               "glm4v_moe": "Glm4vMoeForConditionalGeneration",
+               "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration", "paligemma": "PaliGemmaForConditionalGeneration",
                "llava_onevision": "LlavaOnevisionForConditionalGeneration",
                "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration"}
 # the 128x96 demo image: 4 tiles of 4 tokens and the thumbnail; 2x2 tiles and the global image, 4 tokens each;
 # 2x2 merged patches; a 3x5 grid of merged patches; the whole image and 2x2 tiles with their newlines
-NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "smolvlm": 20, "mistral3": 4, "glm4v": 15, "glm4v_moe": 15, "paligemma": 4, "llava_onevision": 24,
+NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "smolvlm": 20, "mistral3": 4, "glm4v": 15, "glm4v_moe": 15, "paligemma": 4, "qwen3_vl_moe": 12, "llava_onevision": 24,
                     "qwen3_omni": 12}  # the last: 4x3 merged 16-pixel patches
 ARCHS = sorted(MODEL_CLASS)
 # LLaMA-Factory's template names for these families (LLaMA-Factory has none for Idefics3 / SmolVLM, OneVision)
-TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "smolvlm": "auto", "mistral3": "mistral_small", "glm4v": "glm4v", "glm4v_moe": "glm4_5v", "paligemma": "paligemma",
+TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "smolvlm": "auto", "mistral3": "mistral_small", "glm4v": "glm4v", "glm4v_moe": "glm4_5v", "paligemma": "paligemma", "qwen3_vl_moe": "qwen3_vl",
             "llava_onevision": "auto", "qwen3_omni": "qwen3_omni"}
 PROMPT = "Describe the image."
 

@@ -79,7 +79,10 @@ def run_forward(model, batch, kind: OutputKind) -> ModelOutputs:
 def router_aux_loss_coef(model) -> float | None:
     """The weight of the model's router load-balancing loss when its forward can return one, else None."""
     base = base_model(model)  # the module's own forward (through wrappers such as DeepSpeed's, which forward getattr)
-    coef = getattr(getattr(base, "config", None), "router_aux_loss_coef", None)
+    config = getattr(base, "config", None)
+    coef = getattr(config, "router_aux_loss_coef", None)
+    if coef is None and hasattr(config, "get_text_config"):  # Qwen3-VL MoE keeps it in its text config
+        coef = getattr(config.get_text_config(), "router_aux_loss_coef", None)
     if coef is None or "output_router_logits" not in inspect.signature(base.forward).parameters:
         return None
     return float(coef)

@@ -17,6 +17,7 @@ EXPECTED = {
     "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLForConditionalGeneration", ("image", "video")),
     "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2_5_VLForConditionalGeneration", ("image", "video")),
     "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLForConditionalGeneration", ("image", "video")),
+    "qwen3_vl_moe": ("Qwen3VLProcessor", "Qwen3VLMoeForConditionalGeneration", ("image", "video")),
     "qwen2_audio": ("Qwen2AudioProcessor", "Qwen2AudioForConditionalGeneration", ("audio",)),
     "qwen2_5_omni": ("Qwen2_5OmniProcessor", "Qwen2_5OmniThinkerForConditionalGeneration",
                      ("image", "video", "audio")),

@@ -24,6 +24,7 @@ def _rows(arch, datasets):
 @pytest.mark.parametrize("arch, datasets", [
     ("qwen2_5_vl", "mllm_demo,mllm_video_demo,identity"),
     ("qwen3_vl", "mllm_demo,mllm_video_demo,identity"),
+    ("qwen3_vl_moe", "mllm_demo,mllm_video_demo,identity"),
     ("qwen2_audio", "mllm_audio_demo,identity"),
     ("qwen2_5_omni", "mllm_demo,mllm_audio_demo,mllm_video_demo"),
 ])

@@ -196,6 +196,12 @@ ARCHS: dict[str, dict] = {
         "init_std": {"model.visual.pos_embed.weight": 0.6},
     },
 }
+# Qwen3-VL MoE (Qwen3-VL-30B-A3B, -235B-A22B): the same tower, processor and format over a Qwen3-MoE language
+# model (routed experts in every layer, softmax top-k routing with transformers' load-balancing loss).
+ARCHS["qwen3_vl_moe"] = {
+    **ARCHS["qwen3_vl"], "config_class": "Qwen3VLMoeConfig", "model_class": "Qwen3VLMoeForConditionalGeneration",
+    "text": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1},
+}
 
 
 def build_config(spec: dict, tokenizer):
@@ -207,7 +213,8 @@ def build_config(spec: dict, tokenizer):
         vision["hidden_size"] = hidden  # Qwen2-VL's merger projects embed_dim -> hidden_size
     else:
         vision["out_hidden_size"] = hidden
-    extra = {"head_dim": MODEL_SHAPE["head_dim"]} if spec["config_class"] == "Qwen3VLConfig" else {}
+    qwen3 = spec["config_class"] in ("Qwen3VLConfig", "Qwen3VLMoeConfig")
+    extra = {"head_dim": MODEL_SHAPE["head_dim"], **spec.get("text", {})} if qwen3 else {}
     return getattr(transformers, spec["config_class"])(
         text_config=text_config(spec, tokenizer, **extra), vision_config=vision,
         tie_word_embeddings=spec["tie_word_embeddings"],
