@@ -286,3 +286,17 @@ def test_qwen3_vl_position_embeddings_are_as_large_as_a_trained_models(built):
     patches = torch.rand(256, proj.shape[1], generator=torch.Generator().manual_seed(0)) * 2 - 1
     ratio = weights[names[0]].float().std() / (patches @ proj.T).std()
     assert 0.5 < ratio < 2
+
+
+def test_qwen3_vl_moe_training_forward_returns_its_load_balancing_loss(loaded):
+    """Its coefficient lives in the text config (router_aux_loss_coef): training forwards ask for the router loss."""
+    import torch
+
+    from tunesmith.models.forward import router_aux_loss_coef
+
+    processor, model = loaded["qwen3_vl_moe"]
+    assert router_aux_loss_coef(model) == model.config.text_config.router_aux_loss_coef > 0
+    assert router_aux_loss_coef(loaded["qwen3_vl"][1]) is None  # dense: nothing asked
+    inputs = processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"], images=[IMAGE], return_tensors="pt")
+    out = model(**inputs, output_router_logits=True)
+    assert out.aux_loss is not None and torch.isfinite(out.aux_loss)
