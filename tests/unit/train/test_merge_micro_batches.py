@@ -61,9 +61,13 @@ def test_deepspeed_in_one_process_gives_the_same_losses_merged(tmp_path):
     in a step change nothing."""
     pytest.importorskip("deepspeed")
     from conftest import REPO
+    from tunesmith import dist
 
     common = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "max_steps": 3,
               "deepspeed": str(REPO / "examples" / "deepspeed" / "ds_z2_offload.json")}
-    merged = train(run_config(tmp_path / "merged", **common))
-    alone = train(run_config(tmp_path / "alone", merge_micro_batches=False, **common))
+    try:
+        merged = train(run_config(tmp_path / "merged", **common))
+        alone = train(run_config(tmp_path / "alone", merge_micro_batches=False, **common))
+    finally:
+        dist.shutdown()  # the one-process group DeepSpeed needs, as the CLI ends it (later modules make their own)
     assert merged.step_losses == pytest.approx(alone.step_losses, rel=1e-5)
