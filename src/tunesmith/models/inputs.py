@@ -92,14 +92,13 @@ def model_inputs(model, batch) -> dict:
     inputs = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT, "attention_mask": None,
               "use_cache": False}
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    first = getattr(family_of(base.config), "first_position", 0)
-    if first:  # PaliGemma counts positions from 1, as its own forward and generate() do
-        inputs["position_ids"] = batch.position_ids_BT + first
+    family = family_of(base.config)
+    if family is not None and family.first_position:  # PaliGemma counts positions from 1, as its forward does
+        inputs["position_ids"] = batch.position_ids_BT + family.first_position
     if getattr(base.config, "_attn_implementation", None) == VARLEN:
         inputs.update(packing_kwargs(batch))
     if batch.token_types_BT is None:
         return inputs
-    family = family_of(base.config)
     inputs.update(forward_inputs(model, batch))
     if family is not None and family.uses_mrope:
         inputs["position_ids"] = mrope_position_ids(base, batch)

@@ -12,6 +12,7 @@ audio sub-processors.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -113,7 +114,7 @@ class MediaProcessor:
                                              self._frame_multiple())
         w, h = media.resize_to_budget(info.width, info.height, b.video_max_pixels, b.video_min_pixels)
         if self.family.video_count == "frames":  # LLaVA-NeXT-Video: every frame cropped to one size, same tokens
-            return {"path": path, "size": [w, h], "indices": indices, "tokens": len(indices) * self._frame_tokens(),
+            return {"path": path, "size": [w, h], "indices": indices, "tokens": len(indices) * self._frame_tokens,
                     "source_fps": info.fps, "num_frames": info.num_frames, "duration": info.duration}
         patches = self.processor.video_processor.get_num_of_video_patches(len(indices), h, w, self._video_kwargs())
         plan = {"path": path, "size": [w, h], "indices": indices, "source_fps": info.fps, "patches": int(patches),
@@ -129,8 +130,10 @@ class MediaProcessor:
         are seen one by one."""
         return 1 if self.family.video_count == "frames" else _temporal(self.processor)
 
+    @functools.cached_property
     def _frame_tokens(self) -> int:
-        """Video tokens per frame, as the processor counts them for a frame of its crop size (after pooling)."""
+        """Video tokens per frame, as the processor counts them for a frame of its crop size (after pooling);
+        asked once, not for every video planned."""
         proc = self.processor
         crop = proc.video_processor.crop_size
         frame = np.zeros((1, 3, crop["height"], crop["width"]), dtype=np.float32)

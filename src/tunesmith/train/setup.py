@@ -140,8 +140,8 @@ def _use_chat_template(cfg, tokenizer, saver) -> None:
         saver.chat_template = chat_template
 
 
-def _plan(cfg, data) -> EpochPlan:
-    return EpochPlan.from_config(cfg, data.train["length"])
+def _plan(cfg, data, **overrides) -> EpochPlan:
+    return EpochPlan.from_config(cfg, data.train["length"], **overrides)
 
 
 def _steps_per_epoch(cfg, stage, data) -> int:
@@ -160,7 +160,7 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
     from .sequence_steps import SequenceSteps
 
     pad_id = getattr(saver, "tokenizer", saver).pad_token_id
-    plan = EpochPlan.from_config(cfg, data.train["length"], merge_tokens=merge_tokens(cfg, method, load_config(cfg.model)))
+    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, load_config(cfg.model)))
     return SequenceSteps(cfg, data, plan, method, pad_id, media)
 
 
