@@ -251,10 +251,7 @@ class MediaProcessor:
         proc = self.processor
         token = self._embed_token()
         got = [proc.replace_image_token(out, image_idx=k).count(token) for k in range(len(images))]
-        planned = [i["tokens"] for i in images]
-        if got != planned:
-            raise DataError(f"image tokens differ from the tokenization plan ({got} vs {planned}): the media files "
-                            "changed after tokenization; clear the cache with `tunesmith data clean`")
+        _check_planned("image tokens", got, [i["tokens"] for i in images])
         return dict(out)
 
     def _process_videos(self, videos: list[dict]) -> dict:
@@ -284,10 +281,7 @@ class MediaProcessor:
         clips = [proc.video_processor(videos=[f], return_tensors="pt")["pixel_values_videos"] for f in frames]
         got = [proc.replace_video_token({"pixel_values_videos": c}, video_idx=0).count(proc.video_token)
                for c in clips]
-        planned = [v["tokens"] for v in videos]
-        if got != planned:
-            raise DataError(f"video tokens differ from the tokenization plan ({got} vs {planned}): the media files "
-                            "changed after tokenization; clear the cache with `tunesmith data clean`")
+        _check_planned("video tokens", got, [v["tokens"] for v in videos])
         return {"pixel_values_videos": torch.cat(clips, dim=1)}
 
     def _process_audio(self, audios: list[dict]) -> dict:
@@ -366,9 +360,13 @@ def _fit(wave: np.ndarray, length: int) -> np.ndarray:
 
 
 def _check_counts(grids: torch.Tensor, planned: list[int], kind: str) -> None:
-    got = grids.prod(-1).tolist()
+    _check_planned(f"{kind} patches", grids.prod(-1).tolist(), planned)
+
+
+def _check_planned(what: str, got: list[int], planned: list[int]) -> None:
+    """The counts the workers' processing gives must be those tokenization planned from the headers."""
     if got != planned:
-        raise DataError(f"{kind} patches differ from the tokenization plan ({got} vs {planned}): the media files "
+        raise DataError(f"{what} differ from the tokenization plan ({got} vs {planned}): the media files "
                         "changed after tokenization; clear the cache with `tunesmith data clean`")
 
 
