@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..errors import TunesmithError
+from ..models.attention import VARLEN
 from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
 PAGE_SIZE = 32  # tokens per KV block
@@ -43,9 +44,10 @@ class HFPagedRollout(OnTrainingModel):
         # The cache holds every request whole (no preemption mid-rollout); sized from this rollout, not from
         # the free memory, which on a CPU is the machine's RAM and would take seconds to allocate.
         per_request = math.ceil((max(len(p) for p in prompts) + sampling.max_new_tokens) / PAGE_SIZE)
-        batching = ContinuousBatchingConfig(page_size=PAGE_SIZE, num_blocks=per_request * len(prompts) * n + 1,
-                                            return_logprobs=True, use_cuda_graph=False, auto_switch_to_flash=False,
-                                            drop_unsupported_processors=False)
+        batching = ContinuousBatchingConfig(**_batching_kwargs(
+            ContinuousBatchingConfig, page_size=PAGE_SIZE, num_blocks=per_request * len(prompts) * n + 1,
+            return_logprobs=True, use_cuda_graph=False, auto_switch_to_flash=False,
+            drop_unsupported_processors=False))
         return generation, batching
 
     @torch.no_grad()
@@ -53,12 +55,17 @@ class HFPagedRollout(OnTrainingModel):
         check_paged_supported(media=bool(media) or bool(sampling.suppress_ids), world_size=1)
         generation, batching = self._configs(prompts, sampling, n)
         was_training = self.model.training
+        attention = self.model.config._attn_implementation
         self.model.eval()
         try:
+            if attention == VARLEN:  # transformers < 5.24 would ask for "paged|tunesmith_varlen", unknown to it
+                self.model.set_attn_implementation("sdpa")
             results = self.model.generate_batch(prompts, generation_config=generation,
                                                 continuous_batching_config=batching, warmup=False)
         finally:
             self.model.train(was_training)
+            if self.model.config._attn_implementation != attention:
+                self.model.set_attn_implementation(attention)
         outputs = list(results.values())  # prompt-major: each prompt's n requests together
         failed = [o.request_id for o in outputs if o.error is not None]
         if len(outputs) != len(prompts) * n or failed:
@@ -71,3 +78,14 @@ class HFPagedRollout(OnTrainingModel):
             responses.append(list(out.generated_tokens[:length]))
             logps.append([float(x) for x in out.logprobs[:length]])
         return Rollouts(responses, logps)
+
+
+def _batching_kwargs(config_class, **kwargs) -> dict:
+    """kwargs in the installed transformers' spelling: before 5.24 the page size was `block_size` and the
+    config had no `auto_switch_to_flash` (nothing switched)."""
+    import inspect
+
+    params = inspect.signature(config_class.__init__).parameters
+    if "page_size" not in params:
+        kwargs["block_size"] = kwargs.pop("page_size")
+    return {k: v for k, v in kwargs.items() if k in params}

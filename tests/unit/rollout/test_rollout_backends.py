@@ -13,7 +13,8 @@ from tunesmith.config.resolve import RunFacts, resolve
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.rollout.engine import Rollouts, Sampling
 from tunesmith.rollout.hf import HFRollout
-from tunesmith.rollout.hf_paged import HFPagedRollout, check_paged_supported
+from tunesmith.models.attention import register as register_varlen
+from tunesmith.rollout.hf_paged import HFPagedRollout, _batching_kwargs, check_paged_supported
 from tunesmith.rollout.vllm import check_vllm_rollout, memory_fraction
 from tunesmith.train.setup import train
 
@@ -158,6 +159,30 @@ def test_hf_and_hf_paged_answer_greedily_alike_and_paged_leaves_training_forward
     paged = HFPagedRollout(model).generate(prompts, greedy, 1)
     assert model.config._attn_implementation == attention and torch.equal(model(ids).logits, before)
     assert paged.responses == HFRollout(model).generate(prompts, greedy, 1).responses
+
+
+def test_hf_paged_generates_on_a_model_with_tunesmiths_varlen_attention_and_gives_it_back(tiny_qwen3):
+    # transformers 5.17's continuous batching asked for "paged|tunesmith_varlen" and refused (seen on the GPU)
+    tokenizer, model = _model(tiny_qwen3)
+    model.set_attn_implementation(register_varlen())
+    greedy = Sampling(6, greedy=True, stop_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+                      pad_id=tokenizer.pad_token_id)
+    out = HFPagedRollout(model).generate([tokenizer("Say hi")["input_ids"]], greedy, 1)
+    assert len(out.responses) == 1 and model.config._attn_implementation == register_varlen()
+
+
+def test_hf_paged_speaks_both_spellings_of_the_batching_config():
+    class Before524:  # transformers 5.17: `block_size`, no `auto_switch_to_flash`
+        def __init__(self, block_size=256, num_blocks=None, return_logprobs=False):
+            pass
+
+    class Since524:
+        def __init__(self, page_size=256, num_blocks=None, return_logprobs=False, auto_switch_to_flash=True):
+            pass
+
+    asked = {"page_size": 32, "num_blocks": 9, "return_logprobs": True, "auto_switch_to_flash": False}
+    assert _batching_kwargs(Before524, **asked) == {"block_size": 32, "num_blocks": 9, "return_logprobs": True}
+    assert _batching_kwargs(Since524, **asked) == asked
 
 
 def test_a_lora_run_pushes_merged_weights_under_the_base_models_names(tmp_path, monkeypatch, tiny_qwen3):
