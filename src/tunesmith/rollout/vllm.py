@@ -110,6 +110,7 @@ class VllmRollout:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.asleep:
+            _release_cached_memory()
             self.llm.wake_up(tags=["weights"])  # weights first: their buffers must exist before the load
             self.asleep = False
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
@@ -122,6 +123,7 @@ class VllmRollout:
             self.asleep = self.kv_asleep = True
 
     def wake(self) -> None:
+        _release_cached_memory()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
             self.asleep = False
@@ -144,6 +146,14 @@ class VllmRollout:
                 responses.append(tokens[:length])
                 logps.append(chosen[:length])
         return Rollouts(responses, logps)
+
+
+def _release_cached_memory() -> None:
+    """Give the trainer's cached, unused CUDA blocks (its step's activations) back before vLLM maps its own
+    memory again: vLLM's allocator maps outside PyTorch's cache, which would otherwise keep them (out of memory
+    at the second step's wake-up)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
