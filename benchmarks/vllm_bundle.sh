@@ -13,7 +13,7 @@
 [[ "${BASH_SOURCE[0]}" == "$0" ]] && set -euo pipefail
 VLLM_VERSION=0.25.1
 DEPS=(cachetools sentencepiece blake3 py-cpuinfo "fastapi>=0.133,<0.137" "starlette>=1.0.1" annotated-doc anyio
-      sniffio aiohttp multidict yarl propcache aiohappyeyeballs aiosignal frozenlist attrs "openai>=2" jiter distro
+      sniffio aiohttp multidict yarl propcache aiohappyeyeballs aiosignal frozenlist attrs "openai>=2,<3" jiter distro
       httpx httpcore h11 idna certifi prometheus_client prometheus-fastapi-instrumentator tiktoken
       lm-format-enforcer==0.11.3 interegular "llguidance>=1.7,<1.8" outlines_core==0.2.14 diskcache==5.6.3
       lark==1.2.2 xgrammar==0.2.5.post1 apache-tvm-ffi==0.1.9 partial-json-parser jsonschema
