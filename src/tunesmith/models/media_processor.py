@@ -23,7 +23,7 @@ import torch
 
 from ..data import media
 from ..data.mm import Expansion
-from ..errors import DataError
+from ..errors import DataError, TunesmithError
 from .families import Family
 
 
@@ -209,6 +209,16 @@ class MediaProcessor:
         if audios:
             inputs.update(self._process_audio(audios))
         return inputs, _per_sample(plans, inputs)
+
+    def images_of(self, plans: list[dict]) -> list[list]:
+        """Each plan's images decoded and resized into the budget, as the processor gets them (for an engine
+        that runs the processor itself: vLLM). Videos and audio are refused there, by name."""
+        if any(p["videos"] or p["audios"] for p in plans):
+            raise TunesmithError("rollout_backend: vllm takes the images of vision-language prompts, not their "
+                                 "videos or audio; use rollout_backend: hf for such prompts")
+        b = self.budget
+        return [[media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in p["images"]]
+                for p in plans]
 
     def _process_images(self, images: list[dict], per_sample: list[int]) -> dict:
         b = self.budget

@@ -22,10 +22,14 @@ def _hf_paged(model, media, world_size, vllm_args):
 
 
 def _vllm(model, media, world_size, vllm_args):
-    from .vllm import VllmRollout, check_head_size, check_vllm_rollout, engine_args, kv_cache_bytes, vllm_device
+    from ..models.families import family_of
+    from .vllm import (VllmRollout, check_head_size, check_vllm_images, check_vllm_rollout, engine_args,
+                       kv_cache_bytes, vllm_device)
 
     param = next(model.parameters())
-    check_vllm_rollout(installed=vllm_device(), device_type=param.device.type, media=media)
+    check_vllm_rollout(installed=vllm_device(), device_type=param.device.type)
+    if media:
+        check_vllm_images(family_of(model.config))
     if world_size > 1:
         raise TunesmithError("rollout_backend: vllm is colocated with one training process; with several, use "
                              "rollout_backend: hf")
@@ -33,7 +37,8 @@ def _vllm(model, media, world_size, vllm_args):
     args = dict(vllm_args())
     kv = kv_cache_bytes(model.config, num_seqs=args.pop("num_seqs"), max_model_len=args["max_model_len"],
                         dtype=param.dtype)
-    return VllmRollout(engine_args(**args, device_type=param.device.type, kv_bytes=kv), param.device.type)
+    return VllmRollout(engine_args(**args, device_type=param.device.type, kv_bytes=kv), param.device.type,
+                       image_token_id=getattr(model.config, "image_token_id", None))
 
 
 ROLLOUT_BACKENDS: dict[str, Callable] = {"hf": _hf, "hf_paged": _hf_paged, "vllm": _vllm}

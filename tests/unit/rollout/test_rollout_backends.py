@@ -2,6 +2,7 @@
 config resolution and refusals, and the sampler/trainer gap of the transformers backends."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,11 +12,13 @@ from conftest import run_config
 from tunesmith.config.load import build_config
 from tunesmith.config.resolve import RunFacts, resolve
 from tunesmith.errors import ConfigError, TunesmithError
+from tunesmith.models.attention import register as register_varlen
+from tunesmith.models.families import FAMILIES
 from tunesmith.rollout.engine import Rollouts, Sampling
 from tunesmith.rollout.hf import HFRollout
-from tunesmith.models.attention import register as register_varlen
 from tunesmith.rollout.hf_paged import HFPagedRollout, _batching_kwargs, check_paged_supported
-from tunesmith.rollout.vllm import check_vllm_rollout, memory_fraction
+from tunesmith.rollout.vllm import (VllmRollout, check_vllm_images, check_vllm_rollout, memory_fraction,
+                                    one_placeholder_per_image)
 from tunesmith.train.setup import train
 
 RL = dict(stage="grpo", dataset="arith_rl", template="qwen3_nothink", max_samples=16, max_steps=2, num_generations=4,
@@ -33,6 +36,7 @@ class FakeRollout:
     with a fixed log-prob."""
 
     shares_weights = False
+    raw_media = False
 
     def __init__(self):
         self.calls, self.names = [], set()
@@ -112,11 +116,54 @@ def test_a_backend_that_cannot_run_here_is_refused_before_anything_loads():
     with pytest.raises(ConfigError, match="hf_paged generates in one process.*use rollout_backend: hf"):
         _resolve("hf_paged", world_size=2)
     with pytest.raises(TunesmithError, match="pip install 'tunesmith\\[vllm\\]'"):
-        check_vllm_rollout(installed=None, device_type="cuda", media=False)
+        check_vllm_rollout(installed=None, device_type="cuda")
     with pytest.raises(TunesmithError, match="trains on cuda, but the installed vLLM is the CPU build"):
-        check_vllm_rollout(installed="cpu", device_type="cuda", media=False)
+        check_vllm_rollout(installed="cpu", device_type="cuda")
     with pytest.raises(TunesmithError, match="text only.*use rollout_backend: hf for vision-language prompts"):
         check_paged_supported(media=True, world_size=1)
+
+
+def test_vllm_gets_each_image_as_one_placeholder_with_its_pixels(monkeypatch):
+    assert one_placeholder_per_image([1, 5, 5, 5, 2, 5, 5, 3], 5) == [1, 5, 2, 5, 3]
+    sent = {}
+
+    class FakeLLM:
+        def generate(self, requests, params, use_tqdm):
+            sent["requests"] = requests
+            done = SimpleNamespace(token_ids=[7, 9], logprobs=[{7: SimpleNamespace(logprob=-0.5)},
+                                                               {9: SimpleNamespace(logprob=-0.25)}])
+            return [SimpleNamespace(outputs=[done]) for _ in requests]
+
+    monkeypatch.setattr("tunesmith.rollout.vllm.sampling_params", lambda sampling, n: None)
+    rollout = VllmRollout.__new__(VllmRollout)  # the engine itself needs vLLM: only generate() is under test
+    rollout.llm, rollout.image_token_id, rollout.asleep, rollout.kv_asleep = FakeLLM(), 5, False, False
+    out = rollout.generate([[1, 5, 5, 5, 2], [1, 2]], Sampling(2, stop_ids=(9,), pad_id=0), 1,
+                           media={"images": [["pixels"], []]})
+    assert sent["requests"] == [{"prompt_token_ids": [1, 5, 2], "multi_modal_data": {"image": ["pixels"]}},
+                                {"prompt_token_ids": [1, 2]}]
+    assert out.responses == [[7, 9], [7, 9]] and out.logps == [[-0.5, -0.25], [-0.5, -0.25]]
+
+
+def test_vllm_takes_images_only_for_families_whose_image_is_one_token_run():
+    for name in ("qwen2_5_vl", "qwen3_vl", "glm4v"):
+        check_vllm_images(FAMILIES[name])
+    with pytest.raises(TunesmithError, match="internvl writes its images otherwise: use rollout_backend: hf"):
+        check_vllm_images(FAMILIES["internvl"])
+
+
+def test_the_images_for_vllm_are_decoded_into_the_budget_and_videos_are_refused(tmp_path):
+    from PIL import Image
+
+    from tunesmith.models.media_processor import MediaProcessor
+
+    Image.new("RGB", (400, 100)).save(tmp_path / "wide.png")
+    media = MediaProcessor.__new__(MediaProcessor)  # images_of needs only the budget
+    media.budget = SimpleNamespace(image_max_pixels=10_000, image_min_pixels=None)
+    plan = {"images": [{"path": str(tmp_path / "wide.png")}], "videos": [], "audios": []}
+    (image,), () = media.images_of([plan, {"images": [], "videos": [], "audios": []}])
+    assert image.width * image.height <= 10_000 and image.width > image.height
+    with pytest.raises(TunesmithError, match="not their videos or audio; use rollout_backend: hf"):
+        media.images_of([{**plan, "videos": [{"path": "clip.mp4"}]}])
 
 
 def test_vllm_gets_what_the_trainer_states_leave_of_the_gpu():
