@@ -1,5 +1,6 @@
 """LLaVA end to end through the real CLI, on the shipped image demos (tiny:llava: LLaVA-1.5; tiny:llava_next:
-LLaVA-NeXT, anyres tiles; tiny:llava_next_video: LLaVA-NeXT-Video, also on the video demo).
+LLaVA-NeXT, anyres tiles; tiny:llava_next_video: LLaVA-NeXT-Video, also on the video demo; tiny:llava_next_mistral
+and tiny:llava_next_qwen: LLaVA-NeXT on a Mistral and a Qwen2 language model, with their chat formats).
 
 Default run: full SFT (vision tower and projector trained too, packed rows), chat about an image with the result,
 and the saved folder loads in plain transformers (Llava(Next)ForConditionalGeneration) and answers as the chat did.
@@ -16,11 +17,16 @@ from test_cli import DATA, cli, metrics
 
 IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
-ARCHS = ["llava", "llava_next", "llava_next_video"]
+# llava_next_mistral / llava_next_qwen: LLaVA-NeXT on a Mistral / Qwen2 language model, with their chat formats
+ARCHS = ["llava", "llava_next", "llava_next_video", "llava_next_mistral", "llava_next_qwen"]
+MODEL_TYPE = {"llava_next_mistral": "llava_next", "llava_next_qwen": "llava_next"}
 MODEL_CLASS = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
-               "llava_next_video": "LlavaNextVideoForConditionalGeneration"}
+               "llava_next_video": "LlavaNextVideoForConditionalGeneration",
+               "llava_next_mistral": "LlavaNextForConditionalGeneration",
+               "llava_next_qwen": "LlavaNextForConditionalGeneration"}
 # the 128x96 demo image: a fixed crop; the base view and 2x2 tiles (28-pixel tiles; 56-pixel for the video model)
-NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70}
+NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70, "llava_next_mistral": 24,
+                    "llava_next_qwen": 24}
 VIDEO = f"{DATA}/mllm_demo_data/video_000.mp4"
 # the default run keeps to about 30 s on the CPU: one arch; the other runs in the slow suite
 ONE_FAST = [ARCHS[0], *(pytest.param(arch, marks=pytest.mark.slow) for arch in ARCHS[1:])]
@@ -44,11 +50,11 @@ def _plain_transformers_answer(out, arch) -> str:
 
     model = getattr(transformers, MODEL_CLASS[arch]).from_pretrained(out).eval()
     processor = AutoProcessor.from_pretrained(out)
-    assert model.config.model_type == arch
+    assert model.config.model_type == MODEL_TYPE.get(arch, arch)
     text = processor.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}],
         tokenize=False, add_generation_prompt=True)
-    # the template writes <s> itself, as in training
+    # the template writes <s> itself, as in training (the Qwen one writes none)
     image = Image.open(IMAGE).convert("RGB")
     inputs = processor(text=[text], images=[image], add_special_tokens=False, return_tensors="pt")
     expected = processor._get_num_multimodal_tokens(image_sizes=[image.size[::-1]])["num_image_tokens"][0]

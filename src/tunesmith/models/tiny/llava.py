@@ -21,11 +21,15 @@ LLaVA-NeXT-Video (LlavaNextVideoForConditionalGeneration) adds videos to LLaVA-N
 resized and centre-cropped to the tower's size, its patch features average-pooled 2x2 and projected, so every
 frame gives the same number of <video> tokens (the real one: 336 / 14 = 24, 12x12 = 144 per frame; the tiny one's
 tower sees 56x56, 4x4 patches, 4 tokens per frame). Its chat template writes "<video>\n" for each video part.
+
+The LLaVA-NeXT releases on other language models keep the architecture and change the language model and the
+chat format: llava_next_mistral (llava-v1.6-mistral: a Mistral LM, "[INST] <image>\n... [/INST]") and
+llava_next_qwen (LLaVA-NeXT on Qwen: a Qwen2 LM, ChatML turns).
 """
 
 from __future__ import annotations
 
-from .common import SPLIT_LLAMA, text_config, token_ids
+from .common import SPLIT_LLAMA, SPLIT_QWEN, text_config, token_ids
 
 _IMAGE_SIZE, _PATCH = 42, 14
 _IMAGE_TOKENS = (_IMAGE_SIZE // _PATCH) ** 2  # the CLS token is dropped
@@ -113,6 +117,54 @@ ARCHS["llava_next_video"] = {
 }
 
 
+# "[INST] " + the user's parts ("<image>\n" for each image) + " [/INST]", the answer and </s>; a system message
+# opens the first user turn.
+_MISTRAL_IMAGE_TEMPLATE = (
+    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
+    "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'user' %}{{ '[INST] ' }}"
+    "{%- if loop.index0 == 1 and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}"
+    "{%- endif %}"
+    "{%- if message['content'] is string %}{{ message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' %}{{ '<image>\n' }}"
+    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{ ' [/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}"
+    "{%- else %}{{ raise_exception('LLaVA renders system, user and assistant turns only') }}{%- endif %}"
+    "{%- endfor %}"
+)
+
+# ChatML turns; "<image>\n" for each image part.
+_CHATML_IMAGE_TEMPLATE = (
+    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
+    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['content'] is string %}{{ message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' %}{{ '<image>\n' }}"
+    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{ '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+ARCHS["llava_next_mistral"] = {
+    **ARCHS["llava_next"], "chat_template_text": _MISTRAL_IMAGE_TEMPLATE, "text_model_type": "mistral",
+    "text_extra": {"sliding_window": None},  # llava-v1.6-mistral's Mistral-7B-v0.2 has none
+    "special": [("<unk>", True), ("<s>", True), ("</s>", True), ("[INST]", True), ("[/INST]", True),
+                ("<image>", True), ("<pad>", True)],
+}
+ARCHS["llava_next_qwen"] = {
+    **ARCHS["llava_next"], "chat_template_text": _CHATML_IMAGE_TEMPLATE, "text_model_type": "qwen2",
+    "split": SPLIT_QWEN,
+    "special": [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<image>", True)],
+    "roles": {"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>"}, "extra_eos": ["<|endoftext|>"],
+    "token_attrs": {},
+}
+
+
 def build_config(spec: dict, tokenizer):
     import transformers
 
@@ -123,7 +175,9 @@ def build_config(spec: dict, tokenizer):
         extra.update(token_ids(tokenizer, video_token_index="<video>"), spatial_pool_mode="average",
                      spatial_pool_stride=2)
     return getattr(transformers, spec["config_class"])(
-        text_config={"model_type": "llama", **text_config(spec, tokenizer)}, vision_config=vision,
+        text_config={"model_type": spec.get("text_model_type", "llama"),
+                     **text_config(spec, tokenizer, **spec.get("text_extra", {}))},
+        vision_config=vision,
         vision_feature_select_strategy="default", vision_feature_layer=-2,
         projector_hidden_act="gelu", tie_word_embeddings=spec["tie_word_embeddings"],
         **extra, **token_ids(tokenizer, image_token_index="<image>"),
