@@ -1,6 +1,6 @@
 """LLaVA end to end through the real CLI, on the shipped image demos (tiny:llava: LLaVA-1.5; tiny:llava_next:
-LLaVA-NeXT, anyres tiles; tiny:llava_next_video: LLaVA-NeXT-Video, also on the video demo; tiny:llava_next_mistral
-and tiny:llava_next_qwen: LLaVA-NeXT on a Mistral and a Qwen2 language model, with their chat formats).
+LLaVA-NeXT, anyres tiles; tiny:llava_next_video: LLaVA-NeXT-Video, also on the video demo; tiny:llava_next_mistral,
+_qwen, _llama3, _yi: LLaVA-NeXT on other language models, with their chat formats).
 
 Default run: full SFT (vision tower and projector trained too, packed rows), chat about an image with the result,
 and the saved folder loads in plain transformers (Llava(Next)ForConditionalGeneration) and answers as the chat did.
@@ -17,16 +17,15 @@ from test_cli import DATA, cli, metrics
 
 IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
-# llava_next_mistral / llava_next_qwen: LLaVA-NeXT on a Mistral / Qwen2 language model, with their chat formats
-ARCHS = ["llava", "llava_next", "llava_next_video", "llava_next_mistral", "llava_next_qwen"]
-MODEL_TYPE = {"llava_next_mistral": "llava_next", "llava_next_qwen": "llava_next"}
+# VARIANTS: LLaVA-NeXT on Mistral, Qwen2, Llama 3 and Yi (Llama-architecture) language models, their chat formats
+VARIANTS = ["llava_next_mistral", "llava_next_qwen", "llava_next_llama3", "llava_next_yi"]
+ARCHS = ["llava", "llava_next", "llava_next_video", *VARIANTS]
+MODEL_TYPE = dict.fromkeys(VARIANTS, "llava_next")
 MODEL_CLASS = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
                "llava_next_video": "LlavaNextVideoForConditionalGeneration",
-               "llava_next_mistral": "LlavaNextForConditionalGeneration",
-               "llava_next_qwen": "LlavaNextForConditionalGeneration"}
+               **dict.fromkeys(VARIANTS, "LlavaNextForConditionalGeneration")}
 # the 128x96 demo image: a fixed crop; the base view and 2x2 tiles (28-pixel tiles; 56-pixel for the video model)
-NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70, "llava_next_mistral": 24,
-                    "llava_next_qwen": 24}
+NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70, **dict.fromkeys(VARIANTS, 24)}
 VIDEO = f"{DATA}/mllm_demo_data/video_000.mp4"
 # the default run keeps to about 30 s on the CPU: one arch; the other runs in the slow suite
 ONE_FAST = [ARCHS[0], *(pytest.param(arch, marks=pytest.mark.slow) for arch in ARCHS[1:])]

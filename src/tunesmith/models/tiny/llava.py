@@ -23,8 +23,9 @@ frame gives the same number of <video> tokens (the real one: 336 / 14 = 24, 12x1
 tower sees 56x56, 4x4 patches, 4 tokens per frame). Its chat template writes "<video>\n" for each video part.
 
 The LLaVA-NeXT releases on other language models keep the architecture and change the language model and the
-chat format: llava_next_mistral (llava-v1.6-mistral: a Mistral LM, "[INST] <image>\n... [/INST]") and
-llava_next_qwen (LLaVA-NeXT on Qwen: a Qwen2 LM, ChatML turns).
+chat format: llava_next_mistral (llava-v1.6-mistral: a Mistral LM, "[INST] <image>\n... [/INST]"),
+llava_next_qwen (LLaVA-NeXT on Qwen: a Qwen2 LM, ChatML turns), llava_next_llama3 (llama3-llava-next: a Llama 3
+LM, its header turns) and llava_next_yi (llava-v1.6-34b on Yi: a Llama-architecture LM, ChatML turns).
 """
 
 from __future__ import annotations
@@ -150,6 +151,20 @@ _CHATML_IMAGE_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
+# Llama 3's header turns; "<image>\n" for each image part.
+_LLAMA3_IMAGE_TEMPLATE = (
+    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
+    "{{ bos_token }}"
+    "{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{%- if message['content'] is string %}{{ message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' %}{{ '<image>\n' }}"
+    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{ '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
 ARCHS["llava_next_mistral"] = {
     **ARCHS["llava_next"], "chat_template_text": _MISTRAL_IMAGE_TEMPLATE, "text_model_type": "mistral",
     "text_extra": {"sliding_window": None},  # llava-v1.6-mistral's Mistral-7B-v0.2 has none
@@ -162,6 +177,20 @@ ARCHS["llava_next_qwen"] = {
     "special": [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<image>", True)],
     "roles": {"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>"}, "extra_eos": ["<|endoftext|>"],
     "token_attrs": {},
+}
+ARCHS["llava_next_llama3"] = {
+    **ARCHS["llava_next"], "chat_template_text": _LLAMA3_IMAGE_TEMPLATE,
+    "special": [("<|begin_of_text|>", True), ("<|end_of_text|>", True), ("<|start_header_id|>", True),
+                ("<|end_header_id|>", True), ("<|eot_id|>", True), ("<image>", True), ("<pad>", True)],
+    "roles": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>", "pad": "<pad>"}, "extra_eos": ["<|end_of_text|>"],
+    "token_attrs": {},
+}
+ARCHS["llava_next_yi"] = {
+    **ARCHS["llava_next_qwen"], "text_model_type": "llama", "split": SPLIT_LLAMA,
+    "special": [("<unk>", True), ("<|startoftext|>", True), ("<|endoftext|>", True), ("<|im_start|>", True),
+                ("<|im_end|>", True), ("<image>", True)],
+    "roles": {"bos": "<|startoftext|>", "eos": "<|im_end|>", "pad": "<unk>"}, "extra_eos": ["<|endoftext|>"],
+    "token_attrs": {"unk_token": "<unk>"},
 }
 
 
