@@ -19,13 +19,16 @@ IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
 # VARIANTS: LLaVA-NeXT on Mistral, Qwen2, Llama 3 and Yi (Llama-architecture) language models, their chat formats
 VARIANTS = ["llava_next_mistral", "llava_next_qwen", "llava_next_llama3", "llava_next_yi"]
-ARCHS = ["llava", "llava_next", "llava_next_video", *VARIANTS]
-MODEL_TYPE = dict.fromkeys(VARIANTS, "llava_next")
+VIDEO_VARIANTS = ["llava_next_video_mistral", "llava_next_video_yi"]
+ARCHS = ["llava", "llava_next", "llava_next_video", *VARIANTS, *VIDEO_VARIANTS]
+MODEL_TYPE = {**dict.fromkeys(VARIANTS, "llava_next"), **dict.fromkeys(VIDEO_VARIANTS, "llava_next_video")}
 MODEL_CLASS = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
                "llava_next_video": "LlavaNextVideoForConditionalGeneration",
-               **dict.fromkeys(VARIANTS, "LlavaNextForConditionalGeneration")}
+               **dict.fromkeys(VARIANTS, "LlavaNextForConditionalGeneration"),
+               **dict.fromkeys(VIDEO_VARIANTS, "LlavaNextVideoForConditionalGeneration")}
 # the 128x96 demo image: a fixed crop; the base view and 2x2 tiles (28-pixel tiles; 56-pixel for the video model)
-NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70, **dict.fromkeys(VARIANTS, 24)}
+NUM_IMAGE_TOKENS = {"llava": 9, "llava_next": 24, "llava_next_video": 70, **dict.fromkeys(VARIANTS, 24),
+                    **dict.fromkeys(VIDEO_VARIANTS, 70)}
 VIDEO = f"{DATA}/mllm_demo_data/video_000.mp4"
 # the default run keeps to about 30 s on the CPU: one arch; the other runs in the slow suite
 ONE_FAST = [ARCHS[0], *(pytest.param(arch, marks=pytest.mark.slow) for arch in ARCHS[1:])]
@@ -103,16 +106,20 @@ def test_llava_one_grpo_step_on_image_prompts(tmp_path, arch):
     assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01
 
 
-def test_llava_next_video_full_sft_on_videos_and_images_then_plain_transformers_and_chat_see_the_video(tmp_path):
+@pytest.mark.parametrize("arch", ["llava_next_video", *(pytest.param(a, marks=pytest.mark.slow)
+                                                       for a in VIDEO_VARIANTS)])
+def test_llava_next_video_full_sft_on_videos_and_images_then_plain_transformers_and_chat_see_the_video(tmp_path,
+                                                                                                     arch):
     """Every frame's 4 <video> tokens (56-pixel crop, 4x4 patches pooled 2x2) get its features, in training and
-    when the saved folder generates in plain transformers; `tunesmith chat --video` answers."""
+    when the saved folder generates in plain transformers; `tunesmith chat --video` answers. Also LLaVA-NeXT-Video
+    on Mistral and Yi language models, with their chat formats."""
     import transformers
     from transformers import AutoProcessor
 
     from tunesmith.data.media import load_video
 
     out = tmp_path / "full"
-    cli("train", "model_name_or_path=tiny:llava_next_video", *BASE, "dataset=mllm_video_demo,mllm_demo",
+    cli("train", f"model_name_or_path=tiny:{arch}", *BASE, "dataset=mllm_video_demo,mllm_demo",
         "video_max_pixels=4096", "finetuning_type=full", "freeze_vision_tower=false", "learning_rate=1e-3",
         "max_steps=4", "per_device_train_batch_size=2", f"output_dir={out}")
     losses = _losses(out)

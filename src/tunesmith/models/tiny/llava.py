@@ -25,7 +25,9 @@ tower sees 56x56, 4x4 patches, 4 tokens per frame). Its chat template writes "<v
 The LLaVA-NeXT releases on other language models keep the architecture and change the language model and the
 chat format: llava_next_mistral (llava-v1.6-mistral: a Mistral LM, "[INST] <image>\n... [/INST]"),
 llava_next_qwen (LLaVA-NeXT on Qwen: a Qwen2 LM, ChatML turns), llava_next_llama3 (llama3-llava-next: a Llama 3
-LM, its header turns) and llava_next_yi (llava-v1.6-34b on Yi: a Llama-architecture LM, ChatML turns).
+LM, its header turns) and llava_next_yi (llava-v1.6-34b on Yi: a Llama-architecture LM, ChatML turns); and
+llava_next_video_mistral / llava_next_video_yi, LLaVA-NeXT-Video on those two (their templates with "<video>\n"
+for each video part).
 """
 
 from __future__ import annotations
@@ -211,3 +213,19 @@ def build_config(spec: dict, tokenizer):
         projector_hidden_act="gelu", tie_word_embeddings=spec["tie_word_embeddings"],
         **extra, **token_ids(tokenizer, image_token_index="<image>"),
     )
+
+
+def _with_video_parts(template: str) -> str:
+    return template.replace("{%- elif part['type'] == 'text' %}",
+                            "{%- elif part['type'] == 'video' %}{{ '<video>\\n' }}{%- elif part['type'] == 'text' %}")
+
+
+for _lm in ("mistral", "yi"):
+    _image_variant = ARCHS[f"llava_next_{_lm}"]
+    ARCHS[f"llava_next_video_{_lm}"] = {
+        **ARCHS["llava_next_video"],
+        **{k: _image_variant[k] for k in ("text_model_type", "text_extra", "split", "roles", "extra_eos",
+                                          "token_attrs") if k in _image_variant},
+        "chat_template_text": _with_video_parts(_image_variant["chat_template_text"]),
+        "special": _image_variant["special"] + [("<video>", True)],
+    }
