@@ -50,5 +50,46 @@ def tiny_for_vllm(name: str, out: Path, cache_dir: Path | None = None) -> Path:
     return out
 
 
+def vllm_rollout_setup(folder, *, dtype: str, device: str, share: float, max_model_len: int, num_seqs: int):
+    """The tiny model in `dtype` on `device`, a vLLM rollout engine of it, two prompts, the stop id and pad id."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tunesmith.rollout.backends import build_rollout
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device)
+    rollout = build_rollout("vllm", model, media=False, world_size=1, vllm_args=lambda: {
+        "model_path": str(folder), "dtype": dtype, "gpu_memory_utilization": share, "max_model_len": max_model_len,
+        "seed": 0, "num_seqs": num_seqs})
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Say hi")["input_ids"]]
+    return model, rollout, prompts, (tokenizer.convert_tokens_to_ids("<|im_end|>"),), tokenizer.pad_token_id
+
+
+def check_weight_push(model, rollout, greedy, prompts, check_gap, *, scale: float, sleep_first: bool = False):
+    """Perturb the model, push its weights: greedy output changes and `check_gap(out)` holds; restore and push
+    again: the original output comes back (a push that does nothing fails here)."""
+    import torch
+
+    before = rollout.generate(prompts, greedy, 1)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    try:
+        if sleep_first:
+            rollout.sleep()  # as between steps: weights and KV cache freed, the push wakes the weights
+        rollout.update_weights(model.state_dict().items())
+        after = rollout.generate(prompts, greedy, 1)
+        assert after.responses != before.responses
+        check_gap(after)
+    finally:
+        model.load_state_dict(original)
+        rollout.update_weights(model.state_dict().items())
+    assert rollout.generate(prompts, greedy, 1).responses == before.responses
+
+
 if __name__ == "__main__":
     print(tiny_qwen3_for_vllm(Path(sys.argv[1])))

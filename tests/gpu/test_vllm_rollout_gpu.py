@@ -22,11 +22,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm")
 
 import yaml  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from tunesmith.rollout.backends import build_rollout  # noqa: E402
 from tunesmith.rollout.engine import Sampling  # noqa: E402
-from vllm_support import tiny_qwen3_for_vllm  # noqa: E402
+from vllm_support import check_weight_push, tiny_qwen3_for_vllm, vllm_rollout_setup  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MEAN_GAP = 0.02  # bf16 on both sides, different kernels: the bound on mean |d log p|
@@ -40,15 +38,8 @@ def folder(tmp_path_factory, tiny_cache):
 
 @pytest.fixture(scope="module")
 def setup(folder):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda()
-    rollout = build_rollout("vllm", model, media=False, world_size=1, vllm_args=lambda: {
-        "model_path": str(folder), "dtype": "bfloat16", "gpu_memory_utilization": SHARE, "max_model_len": 256,
-        "seed": 0, "num_seqs": 32})
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Say hi")["input_ids"]]
-    stop = (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
-    return model, rollout, prompts, stop, tokenizer.pad_token_id
+    return vllm_rollout_setup(folder, dtype="bfloat16", device="cuda", share=SHARE, max_model_len=256,
+                              num_seqs=32)
 
 
 def _trainer_logps(model, prompt, response, temperature):
@@ -79,22 +70,11 @@ def test_vllm_cuda_samples_with_the_trainers_log_probs(setup):
 def test_vllm_cuda_generates_with_the_pushed_weights(setup):
     model, rollout, prompts, stop, pad = setup
     greedy = Sampling(16, greedy=True, stop_ids=stop, pad_id=pad)
-    before = rollout.generate(prompts, greedy, 1)
-    original = {k: v.clone() for k, v in model.state_dict().items()}
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    try:
-        rollout.sleep()  # as between steps: weights and KV cache freed, the push wakes the weights
-        rollout.update_weights(model.state_dict().items())
-        after = rollout.generate(prompts, greedy, 1)
-        assert after.responses != before.responses
-        assert _gaps(model, prompts, after, 1, 1.0).mean() <= MEAN_GAP
-    finally:
-        model.load_state_dict(original)
-        rollout.update_weights(model.state_dict().items())
-    assert rollout.generate(prompts, greedy, 1).responses == before.responses
+
+    def check_gap(out):
+        assert _gaps(model, prompts, out, 1, 1.0).mean() <= MEAN_GAP
+
+    check_weight_push(model, rollout, greedy, prompts, check_gap, scale=0.05, sleep_first=True)
 
 
 @pytest.mark.parametrize("finetuning", ["full", "lora"])

@@ -10,14 +10,12 @@ import torch
 
 pytest.importorskip("vllm")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from conftest import run_config  # noqa: E402
 from test_rollout_backends import RL, _trainer_logps  # noqa: E402
-from tunesmith.rollout.backends import build_rollout  # noqa: E402
 from tunesmith.rollout.engine import Sampling  # noqa: E402
 from tunesmith.train.setup import train  # noqa: E402
-from vllm_support import tiny_for_vllm, tiny_qwen3_for_vllm  # noqa: E402
+from vllm_support import check_weight_push, tiny_for_vllm, tiny_qwen3_for_vllm, vllm_rollout_setup  # noqa: E402
 
 MEDIA_GAP = 0.005  # see the image-prompt test
 GAP = 1e-4  # fp32 on both sides: vLLM's CPU kernels and the trainer's forward agree to ~1e-6 per token
@@ -30,15 +28,7 @@ def folder(tmp_path_factory, tiny_cache):
 
 @pytest.fixture(scope="module")
 def setup(folder):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    rollout = build_rollout("vllm", model, media=False, world_size=1, vllm_args=lambda: {
-        "model_path": str(folder), "dtype": "float32", "gpu_memory_utilization": 0.5, "max_model_len": 128,
-        "seed": 0, "num_seqs": 8})
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Say hi")["input_ids"]]
-    stop = (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
-    return model, rollout, prompts, stop, tokenizer.pad_token_id
+    return vllm_rollout_setup(folder, dtype="float32", device="cpu", share=0.5, max_model_len=128, num_seqs=8)
 
 
 def _check_logps(model, prompts, out, n, temperature):
@@ -59,21 +49,8 @@ def test_vllm_samples_n_per_prompt_with_the_trainers_log_probs(setup):
 def test_pushed_weights_are_the_ones_vllm_generates_with(setup):
     model, rollout, prompts, stop, pad = setup
     greedy = Sampling(8, greedy=True, stop_ids=stop, pad_id=pad)
-    before = rollout.generate(prompts, greedy, 1)
-    original = {k: v.clone() for k, v in model.state_dict().items()}
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    try:
-        rollout.update_weights(model.state_dict().items())
-        after = rollout.generate(prompts, greedy, 1)
-        assert after.responses != before.responses
-        _check_logps(model, prompts, after, 1, 1.0)
-    finally:
-        model.load_state_dict(original)
-        rollout.update_weights(model.state_dict().items())
-    assert rollout.generate(prompts, greedy, 1).responses == before.responses
+    check_weight_push(model, rollout, greedy, prompts, lambda out: _check_logps(model, prompts, out, 1, 1.0),
+                      scale=0.2)
 
 
 @pytest.mark.parametrize("finetuning", ["full", "lora"])
