@@ -216,13 +216,14 @@ class MediaProcessor:
         if any(p["videos"] or p["audios"] for p in plans):
             raise TunesmithError("rollout_backend: vllm takes the images of vision-language prompts, not their "
                                  "videos or audio; use rollout_backend: hf for such prompts")
-        b = self.budget
-        return [[media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in p["images"]]
-                for p in plans]
+        return [[self._load_image(i) for i in p["images"]] for p in plans]
+
+    def _load_image(self, image: dict):
+        """One planned image decoded and resized into the pixel budget."""
+        return media.load_image(image["path"], self.budget.image_max_pixels, self.budget.image_min_pixels)
 
     def _process_images(self, images: list[dict], per_sample: list[int]) -> dict:
-        b = self.budget
-        pil = [media.load_image(i["path"], b.image_max_pixels, b.image_min_pixels) for i in images]
+        pil = [self._load_image(i) for i in images]
         out, _ = self._run_image_processor(_nested(pil, per_sample) if self.family.image_count == "text" else pil)
         if self.family.image_count in ("processor", "fixed", "text"):
             return self._counted_image_inputs(out, images)

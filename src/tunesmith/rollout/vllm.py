@@ -123,8 +123,7 @@ class VllmRollout:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.asleep:
-            _release_cached_memory()
-            self.llm.wake_up(tags=["weights"])  # weights first: their buffers must exist before the load
+            self._wake_up("weights")  # weights first: their buffers must exist before the load
             self.asleep = False
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
@@ -136,13 +135,20 @@ class VllmRollout:
             self.asleep = self.kv_asleep = True
 
     def wake(self) -> None:
-        _release_cached_memory()
         if self.asleep:
-            self.llm.wake_up(tags=["weights"])
+            self._wake_up("weights")
             self.asleep = False
         if self.kv_asleep:
-            self.llm.wake_up(tags=["kv_cache"])
+            self._wake_up("kv_cache")
             self.kv_asleep = False
+
+    def _wake_up(self, tag: str) -> None:
+        """Map one part of vLLM's memory back, after the trainer's cached, unused CUDA blocks (its step's
+        activations) are given back: vLLM's allocator maps outside PyTorch's cache, which would otherwise keep
+        them (out of memory at the second step's wake-up)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.llm.wake_up(tags=[tag])
 
     def generate(self, prompts: list[list[int]], sampling: Sampling, n: int, media: dict | None = None) -> Rollouts:
         """`media`: {"images": one list of PIL images per prompt} for a vision-language model's prompts; their
@@ -162,14 +168,6 @@ class VllmRollout:
                 responses.append(tokens[:length])
                 logps.append(chosen[:length])
         return Rollouts(responses, logps)
-
-
-def _release_cached_memory() -> None:
-    """Give the trainer's cached, unused CUDA blocks (its step's activations) back before vLLM maps its own
-    memory again: vLLM's allocator maps outside PyTorch's cache, which would otherwise keep them (out of memory
-    at the second step's wake-up)."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager

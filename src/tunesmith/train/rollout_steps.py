@@ -102,19 +102,18 @@ class RolloutSteps:
         return picked[dist.rank() :: dist.world()]
 
     # ---- rollouts -------------------------------------------------------------------------------
-    def _generation_media(self, prompts: list[dict], device) -> dict | None:
-        """The prompts' processed media (decoded once per rollout) and token types, for generate()."""
+    def _generation_media(self, prompts: list[dict], rollout, device) -> dict | None:
+        """The prompts' media for generate(), decoded once per rollout: their images for an engine that runs the
+        processor itself (`raw_media`), else the processed inputs and the token types; None for text prompts."""
         if self.media is None or not any(p["mm_plan"] for p in prompts):
             return None
-        inputs, _ = self.media.process(media_plans(prompts))
-        return {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw", "image_sizes",
-                                                                    "pixel_values_videos", "video_grid_thw")}
-
-    def _generation_images(self, prompts: list[dict]) -> dict | None:
-        """Each prompt's images, decoded into the pixel budget, for an engine that runs the processor itself."""
-        if self.media is None or not any(p["mm_plan"] for p in prompts):
-            return None
-        return {"images": self.media.images_of(media_plans(prompts))}
+        plans = media_plans(prompts)
+        if rollout.raw_media:
+            return {"images": self.media.images_of(plans)}
+        inputs, _ = self.media.process(plans)
+        media = {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw", "image_sizes",
+                                                                     "pixel_values_videos", "video_grid_thw")}
+        return {**media, "token_types": self.media.token_ids} if media else media
 
     def _generate(self, engine, prompts: list[dict], greedy: bool, n: int) -> Rollouts:
         self.prepare(engine)
@@ -122,12 +121,7 @@ class RolloutSteps:
         if not rollout.shares_weights:  # its own copy: the trainer's weights of now, then generate
             rollout.wake()
             rollout.update_weights(rollout_weights(engine))
-        if rollout.raw_media:
-            media = self._generation_images(prompts)
-        else:
-            media = self._generation_media(prompts, engine.device)
-            if media:
-                media["token_types"] = self.media.token_ids
+        media = self._generation_media(prompts, rollout, engine.device)
         sampling = self.sampling.greedy_copy() if greedy else self.sampling
         try:
             return rollout.generate([p["ids"] for p in prompts], sampling, n, media=media)
