@@ -37,21 +37,34 @@ from .common import SPLIT_LLAMA, SPLIT_QWEN, text_config, token_ids
 _IMAGE_SIZE, _PATCH = 42, 14
 _IMAGE_TOKENS = (_IMAGE_SIZE // _PATCH) ** 2  # the CLS token is dropped
 
-# Written from the LLaVA-1.5 conversation format: a system message (when given) opens the text, each user
-# turn is "USER: " with its parts in order, each assistant turn "ASSISTANT: " and the answer closed by </s>.
-_LLAVA_TEMPLATE = (
-    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
-    "{{ bos_token }}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}"
-    "{%- elif message['role'] == 'user' %}{{ 'USER: ' }}"
-    "{%- elif message['role'] == 'assistant' %}{{ 'ASSISTANT: ' }}"
-    "{%- else %}{{ raise_exception('LLaVA renders system, user and assistant turns only') }}{%- endif %}"
+# The pieces every tiny LLaVA template shares: no tools, and a message's content as it is or its parts in order
+# ("<image>\n" for each image; _with_video_parts adds "<video>\n" for each video).
+_NO_TOOLS = ("{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}"
+             "{% endif %}")
+_PARTS = (
     "{%- if message['content'] is string %}{{ message['content'] }}"
     "{%- else %}{%- for part in message['content'] %}"
     "{%- if part['type'] == 'image' %}{{ '<image>\\n' }}"
     "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
     "{%- endfor %}{%- endif %}"
+)
+
+
+def _with_video_parts(template: str) -> str:
+    return template.replace("{%- elif part['type'] == 'text' %}",
+                            "{%- elif part['type'] == 'video' %}{{ '<video>\\n' }}{%- elif part['type'] == 'text' %}")
+
+
+# Written from the LLaVA-1.5 conversation format: a system message (when given) opens the text, each user
+# turn is "USER: " with its parts in order, each assistant turn "ASSISTANT: " and the answer closed by </s>.
+_LLAVA_TEMPLATE = (
+    _NO_TOOLS + "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'user' %}{{ 'USER: ' }}"
+    "{%- elif message['role'] == 'assistant' %}{{ 'ASSISTANT: ' }}"
+    "{%- else %}{{ raise_exception('LLaVA renders system, user and assistant turns only') }}{%- endif %}"
+    + _PARTS +
     "{%- if message['role'] == 'assistant' %}{{ eos_token }}{%- else %}{{ ' ' }}{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ 'ASSISTANT:' }}{%- endif %}"
@@ -99,9 +112,7 @@ ARCHS["llava_next"] = {
 
 _VIDEO_TILE = 56
 _VIDEO_PINPOINTS = [[_VIDEO_TILE, 2 * _VIDEO_TILE], [2 * _VIDEO_TILE, _VIDEO_TILE], [2 * _VIDEO_TILE, 2 * _VIDEO_TILE]]
-_VIDEO_TEMPLATE = _LLAVA_TEMPLATE.replace(
-    "{%- elif part['type'] == 'text' %}", "{%- elif part['type'] == 'video' %}{{ '<video>\\n' }}"
-                                        "{%- elif part['type'] == 'text' %}")
+_VIDEO_TEMPLATE = _with_video_parts(_LLAVA_TEMPLATE)
 
 ARCHS["llava_next_video"] = {
     **ARCHS["llava_next"],
@@ -120,49 +131,34 @@ ARCHS["llava_next_video"] = {
 }
 
 
-# "[INST] " + the user's parts ("<image>\n" for each image) + " [/INST]", the answer and </s>; a system message
-# opens the first user turn.
+# "[INST] " + the user's parts + " [/INST]", the answer and </s>; a system message opens the first user turn.
 _MISTRAL_IMAGE_TEMPLATE = (
-    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
-    "{{ bos_token }}"
+    _NO_TOOLS + "{{ bos_token }}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}"
     "{%- elif message['role'] == 'user' %}{{ '[INST] ' }}"
     "{%- if loop.index0 == 1 and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}"
     "{%- endif %}"
-    "{%- if message['content'] is string %}{{ message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'image' %}{{ '<image>\n' }}"
-    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}{{ ' [/INST]' }}"
+    + _PARTS + "{{ ' [/INST]' }}"
     "{%- elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}"
     "{%- else %}{{ raise_exception('LLaVA renders system, user and assistant turns only') }}{%- endif %}"
     "{%- endfor %}"
 )
 
-# ChatML turns; "<image>\n" for each image part.
+# ChatML turns.
 _CHATML_IMAGE_TEMPLATE = (
-    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
+    _NO_TOOLS +
     "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{%- if message['content'] is string %}{{ message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'image' %}{{ '<image>\n' }}"
-    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}{{ '<|im_end|>\n' }}"
+    + _PARTS + "{{ '<|im_end|>\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
-# Llama 3's header turns; "<image>\n" for each image part.
+# Llama 3's header turns.
 _LLAMA3_IMAGE_TEMPLATE = (
-    "{%- if tools %}{{ raise_exception('this LLaVA template renders no tools; drop the tools column') }}{% endif %}"
-    "{{ bos_token }}"
+    _NO_TOOLS + "{{ bos_token }}"
     "{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
-    "{%- if message['content'] is string %}{{ message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'image' %}{{ '<image>\n' }}"
-    "{%- elif part['type'] == 'text' %}{{ part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}{{ '<|eot_id|>' }}"
+    + _PARTS + "{{ '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
 )
@@ -196,6 +192,21 @@ ARCHS["llava_next_yi"] = {
 }
 
 
+def _video_variant(lm: str) -> dict:
+    """LLaVA-NeXT-Video on the language model and chat format of llava_next_<lm>."""
+    image = ARCHS[f"llava_next_{lm}"]
+    return {
+        **ARCHS["llava_next_video"],
+        **{k: image[k] for k in ("text_model_type", "text_extra", "split", "roles", "extra_eos", "token_attrs")
+           if k in image},
+        "chat_template_text": _with_video_parts(image["chat_template_text"]),
+        "special": image["special"] + [("<video>", True)],
+    }
+
+
+ARCHS.update({f"llava_next_video_{lm}": _video_variant(lm) for lm in ("mistral", "yi")})
+
+
 def build_config(spec: dict, tokenizer):
     import transformers
 
@@ -213,19 +224,3 @@ def build_config(spec: dict, tokenizer):
         projector_hidden_act="gelu", tie_word_embeddings=spec["tie_word_embeddings"],
         **extra, **token_ids(tokenizer, image_token_index="<image>"),
     )
-
-
-def _with_video_parts(template: str) -> str:
-    return template.replace("{%- elif part['type'] == 'text' %}",
-                            "{%- elif part['type'] == 'video' %}{{ '<video>\\n' }}{%- elif part['type'] == 'text' %}")
-
-
-for _lm in ("mistral", "yi"):
-    _image_variant = ARCHS[f"llava_next_{_lm}"]
-    ARCHS[f"llava_next_video_{_lm}"] = {
-        **ARCHS["llava_next_video"],
-        **{k: _image_variant[k] for k in ("text_model_type", "text_extra", "split", "roles", "extra_eos",
-                                          "token_attrs") if k in _image_variant},
-        "chat_template_text": _with_video_parts(_image_variant["chat_template_text"]),
-        "special": _image_variant["special"] + [("<video>", True)],
-    }
