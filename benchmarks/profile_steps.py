@@ -51,17 +51,19 @@ def mark_parts(model) -> list:
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
 
+    def blocks(module) -> list:  # the blocks of a ModuleList one by one (they have no forward of their own)
+        return [] if module is None else list(module) if isinstance(module, torch.nn.ModuleList) else [module]
+
     for group in ("vision_tower", "audio_tower"):
         for path in getattr(family, group):
             parent = modules.get(path)
             for child, module in (parent.named_children() if parent is not None else ()):
                 if f"{path}.{child}" in family.projector:
                     continue  # a projector inside the tower (Qwen-VL's merger) counts as the projector
-                for block in (module if isinstance(module, torch.nn.ModuleList) else [module]):
+                for block in blocks(module):
                     ranged(block, f"part:{group}.{child}")
     for path in family.projector:
-        module = modules.get(path)
-        for block in (module if isinstance(module, torch.nn.ModuleList) else [module] if module is not None else []):
+        for block in blocks(modules.get(path)):
             ranged(block, f"part:projector.{path.rsplit('.', 1)[-1]}")
     for path in family.language_model:
         if path in modules and path != "lm_head":
