@@ -3,7 +3,8 @@
     python benchmarks/kernel_micro.py [--out micro.json]
 
 1. the output layer + cross-entropy (8,192 tokens, hidden 2048, vocab 151,936; fp32 weight under bf16
-   autocast, as the YAML's mixed precision runs it): Liger's fused kernel against models/linear_ce.py,
+   autocast, as the YAML's mixed precision runs it): Liger's fused kernel against models/linear_ce.py
+   (with its fused row kernel, models/ce_rows.py, and without it: "chunked_eager"),
    forward + backward time, peak memory, and the loss / gradient agreement;
 2. RMSNorm forward + backward (the decoder's [8192, 2048] and the q/k norms' [8192 x 16, 128]): Liger,
    torch.nn.functional.rms_norm, and the Hugging Face module, GPU time and host time per call.
@@ -46,7 +47,9 @@ def linear_ce(n: int = 8192, hidden: int = 2048, vocab: int = 151936) -> dict:
     liger = LigerFusedLinearCrossEntropyLoss(reduction="sum", ignore_index=-100)
     out = {}
     grads = {}
-    for name, loss in (("liger", lambda: liger(w, x, t)), ("chunked", lambda: linear_cross_entropy_sum(x, w, t))):
+    cases = (("liger", lambda: liger(w, x, t)), ("chunked", lambda: linear_cross_entropy_sum(x, w, t)),
+             ("chunked_eager", lambda: _eager(linear_cross_entropy_sum, x, w, t)))
+    for name, loss in cases:
         def run():
             x.grad = w.grad = None
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -60,11 +63,27 @@ def linear_ce(n: int = 8192, hidden: int = 2048, vocab: int = 151936) -> dict:
         grads[name] = (value.detach().float(), x.grad.float(), w.grad.float())
         out[name] = {**timed(run), "extra_peak_gib": round((torch.cuda.max_memory_allocated() - base) / 2**30, 2),
                      "loss": float(value)}
-    (la, gxa, gwa), (lb, gxb, gwb) = grads["liger"], grads["chunked"]
-    out["agreement"] = {"loss_rel": float((la - lb).abs() / la.abs()),
-                        "grad_hidden_rel": float((gxa - gxb).norm() / gxa.norm()),
-                        "grad_weight_rel": float((gwa - gwb).norm() / gwa.norm())}
+    out["agreement"] = _agreement(grads["liger"], grads["chunked"])
+    out["agreement_fused_vs_eager"] = _agreement(grads["chunked_eager"], grads["chunked"])
     return out
+
+
+def _eager(loss, *args):
+    """The chunked head without the fused row kernel (models/ce_rows.py), as on a machine without Triton."""
+    from tunesmith.models import ce_rows
+
+    available = ce_rows.available
+    ce_rows.available = lambda device: False
+    try:
+        return loss(*args)
+    finally:
+        ce_rows.available = available
+
+
+def _agreement(a, b) -> dict:
+    (la, gxa, gwa), (lb, gxb, gwb) = a, b
+    return {"loss_rel": float((la - lb).abs() / la.abs()), "grad_hidden_rel": float((gxa - gxb).norm() / gxa.norm()),
+            "grad_weight_rel": float((gwa - gwb).norm() / gwa.norm())}
 
 
 def rms_norm(rows: int, width: int) -> dict:

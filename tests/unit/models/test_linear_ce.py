@@ -15,7 +15,7 @@ def _reference(x, w, t):
 
 @pytest.mark.parametrize("rows", [1, 3, 64])  # many chunks, a ragged last chunk, one chunk
 def test_loss_and_gradients_match_plain_cross_entropy(monkeypatch, rows):
-    monkeypatch.setattr(linear_ce, "chunk_rows", lambda vocab, dtype: rows)
+    monkeypatch.setattr(linear_ce, "chunk_rows", lambda vocab, dtype, **kw: rows)
     torch.manual_seed(0)
     x = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(31, 8, dtype=torch.float64, requires_grad=True)
@@ -91,3 +91,34 @@ def test_twenty_training_steps_follow_the_logits_path():
 
     for fast, slow in zip(run(True), run(False), strict=True):
         assert abs(fast - slow) / slow < 0.01
+
+
+_KERNEL_CHECK = """
+import torch
+from tunesmith.models import ce_rows
+from tunesmith.models.linear_ce import _nll_and_grad_eager
+torch.manual_seed(0)
+for dtype in (torch.float32, torch.bfloat16):
+    logits = (torch.randn(5, 9000) * 3).to(dtype)  # 9,000 columns: two full blocks and a ragged third
+    t = torch.tensor([1, 8999, -100, 4096, 0])
+    ref_total, ref_grad = _nll_and_grad_eager(logits.clone(), t, True)
+    nll = ce_rows.nll_and_grad_(logits, t, grad=True)
+    assert nll[2] == 0 and logits[2].abs().max() == 0, "an uncounted row has no loss and no gradient"
+    torch.testing.assert_close(nll.sum(), ref_total, rtol=1e-6, atol=1e-4)
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 1e-6  # rounding of exp() may differ by one unit
+    assert (logits.float() - ref_grad.float()).abs().max() <= ulp
+print("ok")
+"""
+
+
+def test_fused_row_kernel_matches_the_eager_path():
+    """models/ce_rows.py's Triton kernel, run by Triton's interpreter on the CPU, gives the eager path's NLL and
+    gradient (in place), for fp32 and bf16 logits and an uncounted row."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
