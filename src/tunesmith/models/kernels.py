@@ -65,3 +65,34 @@ def linearize_patch_embeds(model) -> int:
                 setattr(parent, name, PatchLinear(child))
                 swapped += 1
     return swapped
+
+
+class _SharedInputCast:
+    """Under autocast, every linear layer casts its fp32 input to the compute dtype itself, so q/k/v (and gate/up)
+    each copy the same normed hidden states, and their backward converts three gradients to fp32 and adds them.
+    This forward pre-hook casts an input once for all the linears that read it in a row (the last input and its
+    cast are kept, by identity) and hands them the cast: the same matmuls on the same values; the gradients of
+    the shared cast are summed in the compute dtype before one conversion back."""
+
+    def __init__(self):
+        self.source: torch.Tensor | None = None
+        self.version = -1
+        self.cast: torch.Tensor | None = None
+
+    def __call__(self, module, args):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not torch.is_autocast_enabled(x.device.type):
+            return None
+        if x is not self.source or x._version != self.version:
+            self.source, self.version = x, x._version
+            self.cast = x.to(torch.get_autocast_dtype(x.device.type))
+        return (self.cast, *args[1:])
+
+
+def share_input_casts(model) -> int:
+    """Install _SharedInputCast on every torch.nn.Linear of `model` (one shared cache); returns how many."""
+    hook = _SharedInputCast()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for linear in linears:
+        linear.register_forward_pre_hook(hook)
+    return len(linears)

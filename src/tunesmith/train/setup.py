@@ -26,6 +26,7 @@ from ..data.templates import stop_tokens
 from ..engines import build_engine, checkpoint_backend, needs_process_group
 from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
+from ..models.kernels import share_input_casts
 from ..models.load import load_config, load_model, load_preprocessing, pick_device
 from ..stages import STAGES
 from . import checkpoint as ckpt
@@ -215,6 +216,7 @@ def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int], layers:
         model.config.pad_token_id = pad_id
         _set_stop_tokens(model, stop_ids)
         model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
+        share_input_casts(model)
         if cfg.model.enable_liger_kernel and method.outputs == "nll":
             from ..models.kernels import install_fused_ce
 

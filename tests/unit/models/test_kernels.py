@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForMultimodalLM
 
-from tunesmith.models.kernels import PatchLinear, linearize_patch_embeds
+from tunesmith.models.kernels import PatchLinear, linearize_patch_embeds, share_input_casts
 from tunesmith.models.tiny import build_tiny
 
 
@@ -58,3 +58,66 @@ def test_a_loss_head_returns_the_nll_sum_inside_the_models_forward(tiny_qwen3):
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, grads[name], atol=1e-6), name
     assert model(**model_inputs(model, batch)).logits.shape[-1] == model.config.vocab_size  # plain forward again
+
+
+def _casts_and_grads(model, x, shared: bool):
+    """The number of fp32 -> bf16 copies in a bf16-autocast forward, the output, and the gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountCasts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32 \
+                    and out.dtype == torch.bfloat16:
+                CountCasts.count += 1
+            return out
+
+    if shared:
+        assert share_input_casts(model) == 4
+    x = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16), CountCasts():
+        out = model(x)
+    out.float().sum().backward()
+    return CountCasts.count, out, x.grad, [p.grad for p in model.parameters()]
+
+
+def test_shared_input_casts_cast_a_shared_input_once_with_the_same_results():
+    """q/k/v-style linears reading one fp32 input: one cast instead of three, the same outputs and weight
+    gradients; the input's gradient differs only by summing three bf16 gradients in bf16."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(16, 8, bias=False) for _ in range(3))
+            self.o = torch.nn.Linear(8, 16, bias=False)
+
+        def forward(self, x):
+            h = x * 1.5
+            return self.o(self.q(h) * self.k(h) + self.v(h))
+
+    torch.manual_seed(0)
+    plain, shared = Block(), Block()
+    shared.load_state_dict(plain.state_dict())
+    x = torch.randn(4, 16)
+    casts_plain, out_plain, gx_plain, gw_plain = _casts_and_grads(plain, x, shared=False)
+    casts_shared, out_shared, gx_shared, gw_shared = _casts_and_grads(shared, x, shared=True)
+    assert casts_shared == casts_plain - 2
+    torch.testing.assert_close(out_shared, out_plain, rtol=0, atol=0)
+    for a, b in zip(gw_shared, gw_plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(gx_shared, gx_plain, rtol=2**-7, atol=1e-3)
+
+
+def test_shared_input_casts_do_nothing_without_autocast():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 4)
+    share_input_casts(linear)
+    x = torch.randn(2, 4)
+    assert linear(x).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x.add_(1.0)  # an input changed in place is cast again
+        torch.testing.assert_close(linear(x), torch.nn.functional.linear(x.bfloat16(), linear.weight.bfloat16(),
+                                                                         linear.bias.bfloat16()))
