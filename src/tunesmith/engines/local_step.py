@@ -17,7 +17,7 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
     if scaler:
         scaler.unscale_(optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grad_norm = _clip(params, optimizer, max_norm, fold_into_step=scaler is None)
     lr = scheduler.get_last_lr()[0]
     if (nonfinite_loss or not math.isfinite(grad_norm)) and scaler is None:
         optimizer.zero_grad(set_to_none=True)
@@ -29,9 +29,29 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
         scaler.update()
     else:
         optimizer.step()
+        optimizer.grad_scale = None
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(grad_norm, False, lr)
+
+
+def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool) -> float:
+    """The gradients' total norm, and the gradients scaled to at most max_norm, as clip_grad_norm_ does. The norm
+    is read on the host anyway (logging, the non-finite check), so nothing is scaled when it is within the bound,
+    and a fused AdamW divides by the clipping factor inside its own update (its `grad_scale`, the hook AMP uses)
+    rather than in a separate pass over every gradient."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads)
+    grad_norm = float(total)
+    if not math.isfinite(grad_norm) or grad_norm <= max_norm:
+        return grad_norm
+    if fold_into_step and optimizer.defaults.get("fused") and type(total) is torch.Tensor:  # not FSDP2's DTensors
+        optimizer.grad_scale = (total + 1e-6) / max_norm
+    else:
+        torch._foreach_mul_(grads, max_norm / (grad_norm + 1e-6))
+    return grad_norm
 
 
 def autocast(precision: str, device: torch.device):

@@ -1,0 +1,32 @@
+"""engines/local_step.py: clipping folded into a fused AdamW's update gives clip_grad_norm_'s update."""
+
+import pytest
+import torch
+
+from tunesmith.engines.local_step import clip_and_step
+
+
+def _model_and_optimizer(fused: bool, grad_scale: float):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * grad_scale
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("grad_scale", [10.0, 0.01])  # clipped, and within the bound (nothing scaled)
+def test_clip_and_step_equals_clip_grad_norm_then_step(fused, grad_scale):
+    model, optimizer = _model_and_optimizer(fused, grad_scale)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    result = clip_and_step(model, optimizer, scheduler, None, max_grad_norm=1.0, skip_nonfinite=False,
+                           nonfinite_loss=False)
+    reference, ref_optimizer = _model_and_optimizer(fused, grad_scale)
+    norm = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0)
+    ref_optimizer.step()
+    assert result.grad_norm == pytest.approx(float(norm), rel=1e-6) and not result.skipped
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    assert getattr(optimizer, "grad_scale", None) is None  # never left for the next step
+    assert all(p.grad is None for p in model.parameters())
