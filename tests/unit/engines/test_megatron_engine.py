@@ -2,8 +2,6 @@
 GPTModel gives the Hugging Face model's logits on a packed batch, its weights go back to identical HF tensors,
 and the micro-batch schedule's division by the micro-batch count is undone. Skipped without megatron-core."""
 
-import types
-
 import pytest
 import torch
 import transformers
@@ -38,11 +36,12 @@ def _megatron(hf):
 
 
 def _packed_batch():
-    # row 0: samples of 5 and 4 tokens, then padding; row 1: one sample of 11 tokens
-    segments = torch.tensor([[0] * 5 + [1] * 4 + [-1] * 3, [2] * 11 + [-1]])
-    positions = torch.tensor([list(range(5)) + list(range(4)) + [0] * 3, list(range(11)) + [0]])
-    ids = torch.randint(0, 128, segments.shape, generator=torch.Generator().manual_seed(1))
-    return types.SimpleNamespace(input_ids_BT=ids, position_ids_BT=positions, segment_ids_BT=segments)
+    """row 0: samples of 5 and 4 tokens, then 3 of padding; row 1: one sample of 11 tokens, then 1 of padding."""
+    from tunesmith.data.collate import collate_rows
+
+    ids = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    sample = lambda part: {"input_ids": part, "labels": part}  # noqa: E731
+    return collate_rows([[sample(ids[:5]), sample(ids[5:9])], [sample(ids[9:])]], pad_id=0, length=12)
 
 
 @pytest.mark.parametrize("config_class, extra", [(transformers.Qwen3Config, {"tie_word_embeddings": False}),
@@ -141,3 +140,62 @@ def test_a_reward_model_gives_the_sequence_classifiers_rewards_and_its_weights_b
     assert set(back) == set(hf.state_dict())
     for key, tensor in hf.state_dict().items():
         assert torch.equal(back[key], tensor), key
+
+
+def test_varlen_attention_is_chosen_on_cuda_in_half_precision_for_batches_with_boundaries():
+    from tunesmith.engines.megatron.forward import varlen_fits
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert varlen_fits(cuda, torch.bfloat16, True) and varlen_fits(cuda, torch.float16, True)
+    assert not varlen_fits(cpu, torch.bfloat16, True)  # the CPU has no FlashAttention kernel: SDPA
+    assert not varlen_fits(cuda, torch.float32, True)  # FlashAttention takes half precision only
+    assert not varlen_fits(cuda, torch.bfloat16, False)  # no boundaries: the dense mask
+
+
+def test_the_collators_boundaries_delimit_the_packed_masks_blocks(world_of_one):
+    from tunesmith.engines.megatron.forward import packed_seq_params
+
+    batch = _packed_batch()
+    packed = packed_seq_params(batch)
+    assert packed.qkv_format == "sbhd" and packed.cu_seqlens_q.dtype == torch.int32
+    assert packed.cu_seqlens_q.tolist() == [0, 5, 9, 12, 23, 24] and packed.max_seqlen_q == 11
+    # the varlen kernel's causal blocks over the flattened batch, row after row ...
+    segment_N = torch.repeat_interleave(torch.arange(5), packed.cu_seqlens_q.diff())
+    index = torch.arange(24)
+    allowed_NN = (segment_N[:, None] == segment_N[None, :]) & (index[None, :] <= index[:, None])
+    # ... are the dense mask's for every real token (padding rows only feed ignored positions)
+    for row in range(2):
+        cols = slice(row * 12, (row + 1) * 12)
+        real = batch.segment_ids_BT[row] >= 0
+        dense = ~packed_causal_mask(batch.segment_ids_BT)[row, 0]
+        assert torch.equal(allowed_NN[cols, cols][real], dense[real])
+
+
+def _segment_sdpa(q, k, v, cu_seqlens, max_seqlen, *, dropout, scale):
+    """FlashAttention's varlen contract on the CPU, one segment at a time (a reference for the layout test)."""
+    out = torch.empty_like(q)
+    repeat = q.shape[1] // k.shape[1]
+    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                                          scale=scale).transpose(0, 1)
+    return out
+
+
+def test_the_varlen_path_hands_the_kernel_the_batch_row_after_row(world_of_one, monkeypatch):
+    from tunesmith.engines.megatron import attention
+    from tunesmith.engines.megatron.forward import packed_seq_params
+
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+    core = attention.PackedCoreAttention(transformer_config(hf.config, MegatronConfig(), params_dtype=torch.float32),
+                                         1, None, "self")
+    monkeypatch.setattr(attention, "flash_varlen", _segment_sdpa)
+    batch = _packed_batch()
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(12, 2, 4, 16, generator=generator)  # [T, B, heads, D]
+    key, value = (torch.randn(12, 2, 2, 16, generator=generator) for _ in range(2))
+    varlen = core(query, key, value, None, packed_seq_params=packed_seq_params(batch))
+    dense = core(query, key, value, packed_causal_mask(batch.segment_ids_BT))
+    real_TB = (batch.segment_ids_BT >= 0).T
+    torch.testing.assert_close(varlen[real_TB], dense[real_TB], rtol=1e-5, atol=1e-6)

@@ -46,6 +46,14 @@ def _check_vision_language(cfg, hf_model) -> None:
                              "on backend: megatron; use backend: single or fsdp2")
 
 
+def _attention_kernel(device: torch.device, precision: str) -> str:
+    from .forward import varlen_fits
+
+    half = torch.float32 if precision == "fp32" else torch.bfloat16
+    return ("PyTorch's variable-length FlashAttention on packed rows" if varlen_fits(device, half, True) else
+            "SDPA with a block-diagonal packed mask")
+
+
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
@@ -106,8 +114,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
                              "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
                              "false) or use pure_bf16: true")
-    log.info("Megatron-Core engine: %s, TP=PP=1, %s%s", hf_config.model_type, precision,
-             f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
+    log.info("Megatron-Core engine: %s, TP=PP=1, %s, attention: %s%s", hf_config.model_type, precision,
+             _attention_kernel(device, precision), f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                           skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)

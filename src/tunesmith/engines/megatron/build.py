@@ -90,16 +90,16 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
 
 
 def layer_spec(config):
-    """megatron-core's local spec, its core attention replaced by SDPA (attention.py)."""
+    """megatron-core's local spec, its core attention replaced by attention.py's (varlen FlashAttention or SDPA)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from .attention import SDPACoreAttention
+    from .attention import PackedCoreAttention
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed": the local spec's torch norm is the intended one
         spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
                                         qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     return spec
 
 

@@ -1,7 +1,8 @@
 """One forward of a megatron-core GPTModel on a collated batch, outputs as models/forward.py's.
 
-Packed rows keep their samples apart with a block-diagonal causal mask built from the segment
-ids (megatron-core's local attention takes a boolean mask, True = masked) and per-sample rotary
+Packed rows keep their samples apart in attention (attention.py): on CUDA in half precision by the
+collator's sample boundaries (cu_seqlens) for PyTorch's variable-length FlashAttention, elsewhere by a
+block-diagonal causal mask built from the segment ids (True = masked); and by per-sample rotary
 angles (rotary.py); a vision-language model's media features enter on the first stage (vision.py). The pieces of GPTModel are called in its own order — embedding, decoder
 (its last norm included), output layer — so that the angles can be passed in; a pipeline stage
 without the embedding or the head runs only the part it holds.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import TunesmithError
+from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
 from .vision import deepstack_added, merged_embeddings
 
@@ -26,16 +28,48 @@ def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
     return ~keep_BTT[:, None]
 
 
+def varlen_fits(device: torch.device, dtype: torch.dtype, has_boundaries: bool) -> bool:
+    """Whether attention runs PyTorch's variable-length FlashAttention: CUDA, bf16/fp16 compute and the batch's
+    sample boundaries (collate_rows gives every batch them); otherwise SDPA with the packed mask."""
+    return has_boundaries and dtype in (torch.bfloat16, torch.float16) and varlen_available(device)
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype the matmuls run in: autocast's on CUDA, else the weights' (pure_bf16: bf16)."""
+    if torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return next(model.parameters()).dtype
+
+
+def attention_inputs(model, batch) -> dict:
+    """The decoder's attention keyword arguments for this batch: the boundaries as megatron-core's PackedSeqParams
+    (`sbhd`: the rows keep their layout, so megatron-core's rotary and layers treat them as unpacked) for the
+    varlen kernel, or the dense mask for SDPA."""
+    if not varlen_fits(batch.input_ids_BT.device, compute_dtype(model), batch.cu_seqlens is not None):
+        return {"attention_mask": packed_causal_mask(batch.segment_ids_BT)}
+    return {"attention_mask": None, "packed_seq_params": packed_seq_params(batch)}
+
+
+def packed_seq_params(batch):
+    """The collator's boundaries (every sample and padding run of the flattened batch, row after row) as
+    megatron-core's PackedSeqParams, on the batch's device."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu_seqlens = batch.cu_seqlens.to(device=batch.input_ids_BT.device, dtype=torch.int32)
+    return PackedSeqParams(qkv_format="sbhd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=int(batch.max_seqlen), max_seqlen_kv=int(batch.max_seqlen))
+
+
 def _decoder(model, batch, angles) -> torch.Tensor:
     """The decoder's output [T, B, H] (its final norm included on the last stage)."""
-    mask = packed_causal_mask(batch.segment_ids_BT)
+    attention = attention_inputs(model, batch)
     rotary = angles.for_batch(batch)
     hidden, deepstack = None, None
     if model.pre_process:
         hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)
         hidden, deepstack = merged_embeddings(model, batch, hidden)  # a vision-language model's media features
     with deepstack_added(model, deepstack):
-        return model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
+        return model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
 
 
 def lm_forward(model, batch, angles) -> torch.Tensor:
