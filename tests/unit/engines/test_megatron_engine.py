@@ -65,10 +65,10 @@ def test_weights_through_the_megatron_modules_come_back_identical(world_of_one):
         assert torch.equal(back[key], tensor), key
 
 
-def test_the_packed_mask_keeps_samples_causal_and_apart():
+def test_the_packed_mask_keeps_samples_and_padding_causal_and_apart():
     mask = packed_causal_mask(torch.tensor([[0, 0, 1, 1, -1]]))[0, 0]
     allowed = (~mask).int().tolist()
-    assert allowed == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+    assert allowed == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]
 
 
 def test_the_schedule_leaves_the_gradient_the_plain_sum_of_the_micro_batch_losses():
@@ -99,8 +99,10 @@ def test_the_engine_refuses_what_it_does_not_run_by_name(world_of_one):
         build_megatron_engine(_engine_config(bf16=True), dense, torch.device("cpu"), 1)
     moe = lambda device, on_meta: transformers.AutoModelForCausalLM.from_config(  # noqa: E731
         transformers.Qwen3MoeConfig(**SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
-    with pytest.raises(TunesmithError, match="mixture-of-experts training on backend: megatron is not available"):
-        build_megatron_engine(_engine_config(), moe, torch.device("cpu"), 1)
+    with pytest.raises(TunesmithError, match="finetuning_type: lora for a mixture-of-experts model is not available"):
+        build_megatron_engine(_engine_config(finetuning_type="lora"), moe, torch.device("cpu"), 1)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        build_megatron_engine(_engine_config(expert_model_parallel_size=2), moe, torch.device("cpu"), 1)
     with pytest.raises(TunesmithError, match="recompute_granularity: full needs a CUDA GPU"):
         build_megatron_engine(_engine_config(recompute_granularity="full"), dense, torch.device("cpu"), 1)
     with pytest.raises(ConfigError, match="tensor_model_parallel_size x pipeline_model_parallel_size"):
@@ -163,12 +165,10 @@ def test_the_collators_boundaries_delimit_the_packed_masks_blocks(world_of_one):
     segment_N = torch.repeat_interleave(torch.arange(5), packed.cu_seqlens_q.diff())
     index = torch.arange(24)
     allowed_NN = (segment_N[:, None] == segment_N[None, :]) & (index[None, :] <= index[:, None])
-    # ... are the dense mask's for every real token (padding rows only feed ignored positions)
-    for row in range(2):
-        cols = slice(row * 12, (row + 1) * 12)
-        real = batch.segment_ids_BT[row] >= 0
-        dense = ~packed_causal_mask(batch.segment_ids_BT)[row, 0]
-        assert torch.equal(allowed_NN[cols, cols][real], dense[real])
+    # ... are the dense mask's, padding included (its own causal segment)
+    dense = ~packed_causal_mask(batch.segment_ids_BT)[:, 0]
+    assert torch.equal(allowed_NN[:12, :12], dense[0]) and torch.equal(allowed_NN[12:, 12:], dense[1])
+    assert not allowed_NN[12:, :12].any()  # no token sees the row before
 
 
 def _segment_sdpa(q, k, v, cu_seqlens, max_seqlen, *, dropout, scale):
@@ -197,5 +197,45 @@ def test_the_varlen_path_hands_the_kernel_the_batch_row_after_row(world_of_one, 
     key, value = (torch.randn(12, 2, 2, 16, generator=generator) for _ in range(2))
     varlen = core(query, key, value, None, packed_seq_params=packed_seq_params(batch))
     dense = core(query, key, value, packed_causal_mask(batch.segment_ids_BT))
-    real_TB = (batch.segment_ids_BT >= 0).T
-    torch.testing.assert_close(varlen[real_TB], dense[real_TB], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(varlen, dense, rtol=1e-5, atol=1e-6)
+
+
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, router_aux_loss_coef=0.01)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_moe_logits_and_router_loss_equal_the_single_engines(world_of_one, norm_topk_prob):
+    """megatron-core's MoE layers with the HF router, on the CPU, on a packed batch with padding: the single
+    engine's training forward (models/forward.py: logits and transformers' aux_loss) against the GPTModel's logits
+    and the loss over its recorded router logits, with transformers' gradients (routers, embedding)."""
+    from tunesmith.engines.megatron.moe import HFRouter, RouterBalancing, recorded_router_logits
+    from tunesmith.models.forward import run_forward
+
+    hf = _hf(transformers.Qwen3MoeConfig, tie_word_embeddings=False, norm_topk_prob=norm_topk_prob, pad_token_id=0,
+             **MOE)
+    model = _megatron(hf).train()
+    model.padding_idx = hf.get_input_embeddings().padding_idx  # as build_megatron_engine sets it
+    assert isinstance(model.decoder.layers[0].mlp.router, HFRouter)
+    assert model.config.moe_router_load_balancing_type == "none" and model.config.moe_aux_loss_coeff == 0.0
+    batch = _packed_batch()
+    single = run_forward(hf.train(), batch, "logits")
+    balancing = RouterBalancing.of(hf)
+    assert single.aux_loss is not None and balancing.coef == single.aux_loss_coef == 0.01
+    with recorded_router_logits(model) as router_logits:
+        logits = lm_forward(model, batch, RotaryAngles.of(hf))
+    assert len(router_logits) == 2 and router_logits[0].shape == (24, 4)  # every position, padding included
+    torch.testing.assert_close(logits, single.logits_BTV, rtol=1e-5, atol=1e-5)
+    aux = balancing.loss(router_logits)
+    torch.testing.assert_close(aux, single.aux_loss, rtol=1e-6, atol=1e-6)
+    aux.backward()
+    single.aux_loss.backward()
+    router = model.decoder.layers[1].mlp.router.weight.grad
+    assert router.abs().sum() > 0
+    torch.testing.assert_close(router, hf.model.layers[1].mlp.gate.weight.grad, rtol=1e-5, atol=1e-7)
+    # the padding positions route too, but their embedding row stays untrained (nn.Embedding's padding_idx)
+    embedding = model.embedding.word_embeddings.weight.grad
+    assert batch.input_ids_BT.eq(0).any() and not embedding[0].any()
+    torch.testing.assert_close(embedding, hf.model.embed_tokens.weight.grad, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():  # outside the context nothing is recorded
+        lm_forward(model, batch, RotaryAngles.of(hf))
+    assert len(router_logits) == 2

@@ -19,13 +19,14 @@ from .vision import deepstack_added, merged_embeddings
 
 
 def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool, True where a query must not see a key: another sample, a later token, or padding."""
+    """[B, 1, T, T] bool, True where a query must not see a key: another sample or a later token. A row's padding
+    (segment -1, one run at its end) is a causal segment of its own, as in the collator's cu_seqlens and in
+    transformers' packed masks from the position ids: its hidden states never reach a loss, except through a
+    mixture-of-experts model's router statistics, which count every position on every engine."""
     same_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
     length = segment_ids_BT.shape[1]
     causal_TT = torch.ones(length, length, dtype=torch.bool, device=segment_ids_BT.device).tril()
-    real_BT = segment_ids_BT >= 0
-    keep_BTT = same_BTT & causal_TT & real_BT[:, None, :]
-    return ~keep_BTT[:, None]
+    return ~(same_BTT & causal_TT)[:, None]
 
 
 def varlen_fits(device: torch.device, dtype: torch.dtype, has_boundaries: bool) -> bool:
@@ -60,6 +61,17 @@ def packed_seq_params(batch):
                            max_seqlen_q=int(batch.max_seqlen), max_seqlen_kv=int(batch.max_seqlen))
 
 
+def padding_lookups_untrained(hidden_TBH: torch.Tensor, input_ids_BT: torch.Tensor, padding_idx: int | None):
+    """nn.Embedding's padding_idx rule, which transformers' embeddings follow (padding_idx = pad_token_id): a lookup
+    of the padding id gives its row no gradient. megatron-core's embedding has no padding_idx (the engine sets
+    `model.padding_idx` from the Hugging Face embedding). It matters where a padding position reaches a loss: a
+    mixture-of-experts model's router statistics count every position, and a pad id inside a sample."""
+    if padding_idx is None or not hidden_TBH.requires_grad:
+        return hidden_TBH
+    lookup_TB1 = (input_ids_BT == padding_idx).transpose(0, 1)[..., None]
+    return torch.where(lookup_TB1, hidden_TBH.detach(), hidden_TBH)
+
+
 def _decoder(model, batch, angles) -> torch.Tensor:
     """The decoder's output [T, B, H] (its final norm included on the last stage)."""
     attention = attention_inputs(model, batch)
@@ -67,6 +79,7 @@ def _decoder(model, batch, angles) -> torch.Tensor:
     hidden, deepstack = None, None
     if model.pre_process:
         hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)
+        hidden = padding_lookups_untrained(hidden, batch.input_ids_BT, getattr(model, "padding_idx", None))
         hidden, deepstack = merged_embeddings(model, batch, hidden)  # a vision-language model's media features
     with deepstack_added(model, deepstack):
         return model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
