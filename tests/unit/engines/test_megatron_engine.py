@@ -58,8 +58,12 @@ def test_megatron_logits_equal_the_hf_models_on_a_packed_batch(world_of_one, con
             torch.testing.assert_close(ours[row, sample_cols], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_weights_through_the_megatron_modules_come_back_identical(world_of_one):
-    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+@pytest.mark.parametrize("config_class, extra", [(transformers.Qwen3Config, {}),
+                                                 (transformers.Qwen3MoeConfig, {"num_experts": 4,
+                                                                                "num_experts_per_tok": 2,
+                                                                                "moe_intermediate_size": 32})])
+def test_weights_through_the_megatron_modules_come_back_identical(world_of_one, config_class, extra):
+    hf = _hf(config_class, tie_word_embeddings=False, **extra)
     back = hf_state_of(_megatron(hf), hf.config)
     for key, tensor in hf.state_dict().items():
         assert torch.equal(back[key], tensor), key
