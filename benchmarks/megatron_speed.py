@@ -1,6 +1,6 @@
 """Issue 14 item 7: the Megatron engine against the single engine, same model, data and batch, one GPU.
 
-    source .device-wheels/activate.sh && python benchmarks/megatron_speed.py --work /tmp/mspeed --out $OUT/megatron_speed
+    source .device-wheels/activate.sh && python benchmarks/megatron_speed.py --work /tmp/mspeed --out $OUT/mspeed
     python benchmarks/megatron_speed.py --work /tmp/mspeed-tiny --out /tmp/mspeed-tiny/out --tiny   # CPU harness check
 
 For each shape (random-initialised Qwen3-1.7B and Qwen3-4B; `tunesmith bench`'s shapes and tokenizer) the

@@ -49,8 +49,8 @@ def _check_vision_language(cfg, hf_model) -> None:
 def _attention_kernel(device: torch.device, precision: str) -> str:
     from .forward import varlen_fits
 
-    half = torch.float32 if precision == "fp32" else torch.bfloat16
-    return ("PyTorch's variable-length FlashAttention on packed rows" if varlen_fits(device, half, True) else
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16  # bf16 autocast or pure_bf16 weights
+    return ("PyTorch's variable-length FlashAttention on packed rows" if varlen_fits(device, dtype, True) else
             "SDPA with a block-diagonal packed mask")
 
 
