@@ -46,6 +46,22 @@ def test_megatron_engine_trains_sft_with_the_single_engines_losses_and_resumes_e
 
 
 @pytest.mark.slow
+def test_megatron_engine_trains_qwen3_moe_with_the_single_engines_losses_and_router_loss(tmp_path):
+    moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe") for c in COMMON] + ["save_strategy=no"]
+    single, mega = tmp_path / "single", tmp_path / "megatron"
+    cli("train", *moe, "backend=single", f"output_dir={single}")
+    cli("train", *moe, f"output_dir={mega}", env=MCA)
+    ours, theirs = ([m for m in metrics(out) if "loss" in m] for out in (mega, single))
+    assert len(ours) == 4 and [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
+    assert all(m["aux_loss"] > 0 for m in ours)  # transformers' load-balancing loss, logged as on the single engine
+    assert [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
+    a, b = load_file(mega / "model.safetensors"), load_file(single / "model.safetensors")
+    assert set(a) == set(b) and "model.layers.0.mlp.gate.weight" in a
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_megatron_engine_trains_dpo_with_a_frozen_reference_as_the_single_engine(tmp_path):
     dpo = [*BASE, "stage=dpo", "dataset=dpo_demo", "finetuning_type=full", "max_samples=32", "logging_steps=1",
            "learning_rate=1e-4", "max_steps=3", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",

@@ -9,6 +9,9 @@ Skipped without CUDA or megatron-core. On the device machine:
 
 With MEGATRON_PARITY_OUT=<file.json> the per-step losses and timings are written there too.
 
+The MoE test (`-k moe`) does the same with a random-initialised Qwen3-MoE: Qwen3-30B-A3B's attention and expert
+shapes cut to 4 layers and 32 experts (top-8), its router load-balancing loss included (MEGATRON_PARITY_MOE_OUT).
+
 The vision-language test does the same with a random-initialised Qwen3-VL: the Qwen3-VL-2B language shape cut
 to 4 layers, a 4-block vision tower of its width (1024, 16 heads, 16-pixel patches, deepstack after blocks 1 and
 2), on the shipped image demo with every part trained (MEGATRON_PARITY_VL_OUT for its report).
@@ -94,10 +97,35 @@ def _init_vl_model(folder: Path) -> Path:
     return folder
 
 
+# Qwen3-30B-A3B's attention and expert shapes (hidden 2048, 32 heads, 4 KV heads, experts of 768, top-8 routing,
+# renormalised), cut to 4 layers and 32 experts so that it builds and trains in seconds
+MOE_SHAPE = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 4,
+             "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 32, "num_experts_per_tok": 8,
+             "norm_topk_prob": True, "router_aux_loss_coef": 0.001, "vocab_size": 151936,
+             "max_position_embeddings": 40960, "tie_word_embeddings": False,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+
+
+def _init_moe_model(folder: Path) -> Path:
+    """The tiny Qwen3-MoE folder (tokenizer, template) with MOE_SHAPE and random weights saved once."""
+    import transformers
+
+    from tunesmith.models.tiny import build_tiny
+
+    shutil.copytree(build_tiny("qwen3_moe"), folder)
+    values = transformers.AutoConfig.from_pretrained(folder).to_dict()
+    values.pop("layer_types", None)
+    if not DRY_RUN:
+        values.update(MOE_SHAPE)
+    config = transformers.Qwen3MoeConfig(**{k: v for k, v in values.items() if k != "model_type"})
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
 def _speed(out: Path) -> dict:
     """Tokens/s over the steps after the first two (compilation, allocator warm-up), and the peak memory."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and "loss" in r][2:]  # logging_steps=1
+    rates = [r["tokens_per_s"] for r in _rows(out) if "tokens_per_s" in r and "loss" in r][2:]  # logging_steps=1
     summary = json.loads((out / "train_summary.json").read_text())
     return {"tokens_per_s": sum(rates) / max(len(rates), 1), "peak_memory_gib": summary.get("peak_memory_gib")}
 
@@ -108,18 +136,19 @@ def _train(model: Path, out: Path, *extra, env=None, common=COMMON) -> tuple[lis
                            f"output_dir={out}", *extra], cwd=REPO, capture_output=True, text=True, timeout=400,
                           env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r], time.perf_counter() - started
+    return [r["loss"] for r in _rows(out) if "loss" in r], time.perf_counter() - started
 
 
-def _compare(model: Path, tmp_path: Path, common: list, report_env: str, **facts) -> None:
+def _compare(model: Path, tmp_path: Path, common: list, report_env: str, **facts) -> dict:
     """Both engines from the same folder and data: every step's loss within 1% relative; the report to stdout and
     to the file named by `report_env`."""
     extra = ("max_steps=3", "bf16=false") if DRY_RUN else ()
     single, single_s = _train(model, tmp_path / "single", "backend=single", *extra, common=common)
     mega, mega_s = _train(model, tmp_path / "megatron", *extra, env={"USE_MCA": "1"}, common=common)
     rel = [abs(a - b) / abs(b) for a, b in zip(mega, single)]
+    aux = {name: [r["aux_loss"] for r in _rows(tmp_path / name) if "aux_loss" in r] for name in ("single", "megatron")}
     report = {"steps": STEPS, "single": single, "megatron": mega, "max_rel_diff": max(rel), "rel_diff": rel,
+              **({"aux_loss": aux} if aux["single"] else {}),
               "single_seconds": single_s, "megatron_seconds": mega_s, **facts,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
               "torch": torch.__version__,
@@ -129,6 +158,11 @@ def _compare(model: Path, tmp_path: Path, common: list, report_env: str, **facts
         Path(os.environ[report_env]).write_text(json.dumps(report, indent=1))
     assert len(mega) == len(single) == (3 if DRY_RUN else STEPS)
     assert max(rel) < 0.01, rel
+    return report
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_megatron_matches_the_single_engine_for_20_steps(tmp_path):
@@ -139,3 +173,13 @@ def test_megatron_matches_the_single_engine_for_20_steps(tmp_path):
 def test_megatron_qwen3_vl_matches_the_single_engine_for_20_steps(tmp_path):
     _compare(_init_vl_model(tmp_path / "qwen3_vl"), tmp_path, VL_COMMON, "MEGATRON_PARITY_VL_OUT", text=VL_TEXT,
              vision=VL_VISION)
+
+
+def test_megatron_qwen3_moe_matches_the_single_engine_for_20_steps(tmp_path):
+    """Routing and transformers' load-balancing loss on the Megatron engine (moe.py) against the single engine's
+    Qwen3-MoE: every step's loss within 1%, and the logged aux_loss within 1% too."""
+    report = _compare(_init_moe_model(tmp_path / "qwen3_moe"), tmp_path, COMMON, "MEGATRON_PARITY_MOE_OUT",
+                      shape=MOE_SHAPE)
+    ours, theirs = report["aux_loss"]["megatron"], report["aux_loss"]["single"]
+    assert len(ours) == len(theirs) == len(report["single"])
+    assert max(abs(a - b) / b for a, b in zip(ours, theirs)) < 0.01

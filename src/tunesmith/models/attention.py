@@ -57,13 +57,21 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     batch, heads, length, dim = query.shape
-    dtype = _half_dtype(value)
-    q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], dim).to(dtype) for t in (query, key, value))
-    out = torch.ops.aten._flash_attention_forward(
-        q, k, v, packed_cu_seqlens, packed_cu_seqlens, packed_max_seqlen, packed_max_seqlen,
-        dropout if module.training else 0.0, True, False, scale=scaling,
-    )[0]
+    q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], dim) for t in (query, key, value))
+    out = flash_varlen(q, k, v, packed_cu_seqlens, packed_max_seqlen, dropout=dropout if module.training else 0.0,
+                       scale=scaling)
     return out.view(batch, length, heads, dim), None
+
+
+def flash_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor, cu_seqlens: torch.Tensor,
+                 max_seqlen: int, *, dropout: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """Causal FlashAttention within each segment of the flattened batch (N = B x T tokens, row after row):
+    q [N, H, D], k/v [N, Hkv, D] (grouped-query heads are not repeated), cu_seqlens [segments + 1] int32 ->
+    [N, H, D] in FlashAttention's half dtype. CUDA only (varlen_available)."""
+    dtype = _half_dtype(v_NHD)
+    q, k, v = (t.to(dtype) for t in (q_NHD, k_NHD, v_NHD))
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout,
+                                                   True, False, scale=scale)[0]
 
 
 def _half_dtype(value: torch.Tensor) -> torch.dtype:

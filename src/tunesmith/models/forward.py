@@ -88,6 +88,24 @@ def router_aux_loss_coef(model) -> float | None:
     return float(coef)
 
 
+def load_balancing_loss(model, router_logits: tuple) -> torch.Tensor:
+    """The router load-balancing loss that `model`'s own forward returns (`aux_loss`), computed by its modeling
+    module's load_balancing_loss_func over `router_logits` (one [tokens, experts] tensor per layer), without an
+    attention mask as run_forward's training forwards: for an engine that runs the layers itself (Megatron)."""
+    import sys
+
+    from ..errors import ModelError
+
+    base = base_model(model)
+    fn = getattr(sys.modules[type(base).__module__], "load_balancing_loss_func", None)
+    config = base.config.get_text_config()
+    num_experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if fn is None or not num_experts:
+        raise ModelError(f"{type(base).__name__}'s module has no load_balancing_loss_func (or its config no expert "
+                         "count), so its router loss cannot be computed outside its forward; use backend: single")
+    return fn(router_logits, num_experts, config.num_experts_per_tok, None)
+
+
 def _with_aux(outputs: ModelOutputs, model_output, coef: float | None) -> ModelOutputs:
     aux = getattr(model_output, "aux_loss", None) if coef is not None else None
     if aux is not None:

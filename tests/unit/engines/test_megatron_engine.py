@@ -2,8 +2,6 @@
 GPTModel gives the Hugging Face model's logits on a packed batch, its weights go back to identical HF tensors,
 and the micro-batch schedule's division by the micro-batch count is undone. Skipped without megatron-core."""
 
-import types
-
 import pytest
 import torch
 import transformers
@@ -38,11 +36,12 @@ def _megatron(hf):
 
 
 def _packed_batch():
-    # row 0: samples of 5 and 4 tokens, then padding; row 1: one sample of 11 tokens
-    segments = torch.tensor([[0] * 5 + [1] * 4 + [-1] * 3, [2] * 11 + [-1]])
-    positions = torch.tensor([list(range(5)) + list(range(4)) + [0] * 3, list(range(11)) + [0]])
-    ids = torch.randint(0, 128, segments.shape, generator=torch.Generator().manual_seed(1))
-    return types.SimpleNamespace(input_ids_BT=ids, position_ids_BT=positions, segment_ids_BT=segments)
+    """row 0: samples of 5 and 4 tokens, then 3 of padding; row 1: one sample of 11 tokens, then 1 of padding."""
+    from tunesmith.data.collate import collate_rows
+
+    ids = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    sample = lambda part: {"input_ids": part, "labels": part}  # noqa: E731
+    return collate_rows([[sample(ids[:5]), sample(ids[5:9])], [sample(ids[9:])]], pad_id=0, length=12)
 
 
 @pytest.mark.parametrize("config_class, extra", [(transformers.Qwen3Config, {"tie_word_embeddings": False}),
@@ -59,17 +58,21 @@ def test_megatron_logits_equal_the_hf_models_on_a_packed_batch(world_of_one, con
             torch.testing.assert_close(ours[row, sample_cols], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_weights_through_the_megatron_modules_come_back_identical(world_of_one):
-    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+@pytest.mark.parametrize("config_class, extra", [(transformers.Qwen3Config, {}),
+                                                 (transformers.Qwen3MoeConfig, {"num_experts": 4,
+                                                                                "num_experts_per_tok": 2,
+                                                                                "moe_intermediate_size": 32})])
+def test_weights_through_the_megatron_modules_come_back_identical(world_of_one, config_class, extra):
+    hf = _hf(config_class, tie_word_embeddings=False, **extra)
     back = hf_state_of(_megatron(hf), hf.config)
     for key, tensor in hf.state_dict().items():
         assert torch.equal(back[key], tensor), key
 
 
-def test_the_packed_mask_keeps_samples_causal_and_apart():
+def test_the_packed_mask_keeps_samples_and_padding_causal_and_apart():
     mask = packed_causal_mask(torch.tensor([[0, 0, 1, 1, -1]]))[0, 0]
     allowed = (~mask).int().tolist()
-    assert allowed == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+    assert allowed == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]
 
 
 def test_the_schedule_leaves_the_gradient_the_plain_sum_of_the_micro_batch_losses():
@@ -100,8 +103,10 @@ def test_the_engine_refuses_what_it_does_not_run_by_name(world_of_one):
         build_megatron_engine(_engine_config(bf16=True), dense, torch.device("cpu"), 1)
     moe = lambda device, on_meta: transformers.AutoModelForCausalLM.from_config(  # noqa: E731
         transformers.Qwen3MoeConfig(**SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
-    with pytest.raises(TunesmithError, match="mixture-of-experts training on backend: megatron is not available"):
-        build_megatron_engine(_engine_config(), moe, torch.device("cpu"), 1)
+    with pytest.raises(TunesmithError, match="finetuning_type: lora for a mixture-of-experts model is not available"):
+        build_megatron_engine(_engine_config(finetuning_type="lora"), moe, torch.device("cpu"), 1)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        build_megatron_engine(_engine_config(expert_model_parallel_size=2), moe, torch.device("cpu"), 1)
     with pytest.raises(TunesmithError, match="recompute_granularity: full needs a CUDA GPU"):
         build_megatron_engine(_engine_config(recompute_granularity="full"), dense, torch.device("cpu"), 1)
     with pytest.raises(ConfigError, match="tensor_model_parallel_size x pipeline_model_parallel_size"):
@@ -141,3 +146,100 @@ def test_a_reward_model_gives_the_sequence_classifiers_rewards_and_its_weights_b
     assert set(back) == set(hf.state_dict())
     for key, tensor in hf.state_dict().items():
         assert torch.equal(back[key], tensor), key
+
+
+def test_varlen_attention_is_chosen_on_cuda_in_half_precision_for_batches_with_boundaries():
+    from tunesmith.engines.megatron.forward import varlen_fits
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert varlen_fits(cuda, torch.bfloat16, True) and varlen_fits(cuda, torch.float16, True)
+    assert not varlen_fits(cpu, torch.bfloat16, True)  # the CPU has no FlashAttention kernel: SDPA
+    assert not varlen_fits(cuda, torch.float32, True)  # FlashAttention takes half precision only
+    assert not varlen_fits(cuda, torch.bfloat16, False)  # no boundaries: the dense mask
+
+
+def test_the_collators_boundaries_delimit_the_packed_masks_blocks(world_of_one):
+    from tunesmith.engines.megatron.forward import packed_seq_params
+
+    batch = _packed_batch()
+    packed = packed_seq_params(batch)
+    assert packed.qkv_format == "sbhd" and packed.cu_seqlens_q.dtype == torch.int32
+    assert packed.cu_seqlens_q.tolist() == [0, 5, 9, 12, 23, 24] and packed.max_seqlen_q == 11
+    # the varlen kernel's causal blocks over the flattened batch, row after row ...
+    segment_N = torch.repeat_interleave(torch.arange(5), packed.cu_seqlens_q.diff())
+    index = torch.arange(24)
+    allowed_NN = (segment_N[:, None] == segment_N[None, :]) & (index[None, :] <= index[:, None])
+    # ... are the dense mask's, padding included (its own causal segment)
+    dense = ~packed_causal_mask(batch.segment_ids_BT)[:, 0]
+    assert torch.equal(allowed_NN[:12, :12], dense[0]) and torch.equal(allowed_NN[12:, 12:], dense[1])
+    assert not allowed_NN[12:, :12].any()  # no token sees the row before
+
+
+def _segment_sdpa(q, k, v, cu_seqlens, max_seqlen, *, dropout, scale):
+    """FlashAttention's varlen contract on the CPU, one segment at a time (a reference for the layout test)."""
+    out = torch.empty_like(q)
+    repeat = q.shape[1] // k.shape[1]
+    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                                          scale=scale).transpose(0, 1)
+    return out
+
+
+def test_the_varlen_path_hands_the_kernel_the_batch_row_after_row(world_of_one, monkeypatch):
+    from tunesmith.engines.megatron import attention
+    from tunesmith.engines.megatron.forward import packed_seq_params
+
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+    core = attention.PackedCoreAttention(transformer_config(hf.config, MegatronConfig(), params_dtype=torch.float32),
+                                         1, None, "self")
+    monkeypatch.setattr(attention, "flash_varlen", _segment_sdpa)
+    batch = _packed_batch()
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(12, 2, 4, 16, generator=generator)  # [T, B, heads, D]
+    key, value = (torch.randn(12, 2, 2, 16, generator=generator) for _ in range(2))
+    varlen = core(query, key, value, None, packed_seq_params=packed_seq_params(batch))
+    dense = core(query, key, value, packed_causal_mask(batch.segment_ids_BT))
+    torch.testing.assert_close(varlen, dense, rtol=1e-5, atol=1e-6)
+
+
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, router_aux_loss_coef=0.01)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_moe_logits_and_router_loss_equal_the_single_engines(world_of_one, norm_topk_prob):
+    """megatron-core's MoE layers with the HF router, on the CPU, on a packed batch with padding: the single
+    engine's training forward (models/forward.py: logits and transformers' aux_loss) against the GPTModel's logits
+    and the loss over its recorded router logits, with transformers' gradients (routers, embedding)."""
+    from tunesmith.engines.megatron.moe import HFRouter, RouterBalancing, recorded_router_logits
+    from tunesmith.models.forward import run_forward
+
+    hf = _hf(transformers.Qwen3MoeConfig, tie_word_embeddings=False, norm_topk_prob=norm_topk_prob, pad_token_id=0,
+             **MOE)
+    model = _megatron(hf).train()
+    model.padding_idx = hf.get_input_embeddings().padding_idx  # as build_megatron_engine sets it
+    assert isinstance(model.decoder.layers[0].mlp.router, HFRouter)
+    assert model.config.moe_router_load_balancing_type == "none" and model.config.moe_aux_loss_coeff == 0.0
+    batch = _packed_batch()
+    single = run_forward(hf.train(), batch, "logits")
+    balancing = RouterBalancing.of(hf)
+    assert single.aux_loss is not None and balancing.coef == single.aux_loss_coef == 0.01
+    with recorded_router_logits(model) as router_logits:
+        logits = lm_forward(model, batch, RotaryAngles.of(hf))
+    assert len(router_logits) == 2 and router_logits[0].shape == (24, 4)  # every position, padding included
+    torch.testing.assert_close(logits, single.logits_BTV, rtol=1e-5, atol=1e-5)
+    aux = balancing.loss(router_logits)
+    torch.testing.assert_close(aux, single.aux_loss, rtol=1e-6, atol=1e-6)
+    aux.backward()
+    single.aux_loss.backward()
+    router = model.decoder.layers[1].mlp.router.weight.grad
+    assert router.abs().sum() > 0
+    torch.testing.assert_close(router, hf.model.layers[1].mlp.gate.weight.grad, rtol=1e-5, atol=1e-7)
+    # the padding positions route too, but their embedding row stays untrained (nn.Embedding's padding_idx)
+    embedding = model.embedding.word_embeddings.weight.grad
+    assert batch.input_ids_BT.eq(0).any() and not embedding[0].any()
+    torch.testing.assert_close(embedding, hf.model.embed_tokens.weight.grad, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():  # outside the context nothing is recorded
+        lm_forward(model, batch, RotaryAngles.of(hf))
+    assert len(router_logits) == 2

@@ -8,6 +8,8 @@ Modules, one concern each:
   build.py     Hugging Face config -> TransformerConfig -> GPTModel (local layer spec)
   rotary.py    rotary angles from per-sample position ids (3-D for mRoPE), as the Hugging Face model computes them
   vision.py    a vision-language model's vision tower on the first stage, its features in the decoder input
+  moe.py       mixture-of-experts: transformers' router logits and load-balancing loss
+  attention.py core attention: varlen FlashAttention on packed rows (CUDA, half precision), else SDPA
   forward.py   one forward on a collated (packed) batch
   schedule.py  the micro-batch schedule and the loss scale it needs
   engine.py    MegatronEngine (the Engine interface)
@@ -30,10 +32,8 @@ _ONE_PROCESS = ("this release's Megatron engine runs on one process (tensor, pip
                 "training")
 
 
-_MOE = ("mixture-of-experts training on backend: megatron is not available yet: the weights map (Qwen3-MoE), but "
-        "megatron-core's router computes its own load-balancing loss (not transformers' formula, so the losses would "
-        "differ from the other engines) and runs only on CUDA; train MoE models with backend: single, fsdp2 or "
-        "deepspeed")
+_MOE_LORA = ("finetuning_type: lora for a mixture-of-experts model is not available on backend: megatron yet (full "
+             "fine-tuning is); use finetuning_type: full, or backend: single / fsdp2 for LoRA")
 
 
 def _check_vision_language(cfg, hf_model) -> None:
@@ -44,6 +44,14 @@ def _check_vision_language(cfg, hf_model) -> None:
     if getattr(hf_model, "score", None) is not None:
         raise TunesmithError(f"stage {cfg.finetune.stage} (a reward model) for a vision-language model is not available "
                              "on backend: megatron; use backend: single or fsdp2")
+
+
+def _attention_kernel(device: torch.device, precision: str) -> str:
+    from .forward import varlen_fits
+
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16  # bf16 autocast or pure_bf16 weights
+    return ("PyTorch's variable-length FlashAttention on packed rows" if varlen_fits(device, dtype, True) else
+            "SDPA with a block-diagonal packed mask")
 
 
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
@@ -66,14 +74,14 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     vision_language = language_config(hf_config) is not hf_config
     if vision_language:
         _check_vision_language(cfg, hf_model)
+    facts = ModelFacts.of(language_config(hf_config))
+    if facts.num_experts and cfg.finetune.finetuning_type == "lora":
+        raise TunesmithError(_MOE_LORA)
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
-    facts = ModelFacts.of(language_config(hf_config))
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
     if dist.world() > 1:
         raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
-    if facts.num_experts:
-        raise TunesmithError(_MOE)
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
@@ -86,6 +94,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
 
     def built():
         model = build_gpt(hf_config, config, reward_head=reward_head)
+        model.padding_idx = base_model(hf_model).get_input_embeddings().padding_idx  # forward.py
         attach_vision_tower(model, hf_model)
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model
@@ -106,8 +115,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
                              "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
                              "false) or use pure_bf16: true")
-    log.info("Megatron-Core engine: %s, TP=PP=1, %s%s", hf_config.model_type, precision,
-             f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
+    log.info("Megatron-Core engine: %s, TP=PP=1, %s, attention: %s%s", hf_config.model_type, precision,
+             _attention_kernel(device, precision), f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                           skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)

@@ -1,10 +1,17 @@
-"""Core attention for megatron-core's local layer spec through PyTorch's scaled_dot_product_attention.
+"""Core attention for megatron-core's local layer spec: PyTorch's variable-length FlashAttention on packed rows
+on CUDA in bf16/fp16, PyTorch SDPA with a block-diagonal mask otherwise.
 
 megatron-core's local DotProductAttention materialises the [B x heads, T, T] scores in a buffer it
-allocates on CUDA (so it cannot run on the CPU) and softmaxes them explicitly. SDPA computes the
-same attention in fused kernels on any device, with the boolean mask of forward.py (True = masked
-in megatron-core's convention; SDPA's is the opposite). It takes the place of `core_attention` in
-the layer spec (build.py), with DotProductAttention's constructor and forward signature.
+allocates on CUDA (so it cannot run on the CPU) and softmaxes them explicitly. This module takes the
+place of `core_attention` in the layer spec (build.py), with DotProductAttention's constructor and
+forward signature, and runs one of two kernels, chosen per batch by forward.py (`attention_inputs`):
+
+- packed rows on CUDA with half-precision inputs: the sample boundaries arrive as megatron-core's own
+  PackedSeqParams (cu_seqlens over the flattened batch, `sbhd` layout so that megatron-core changes
+  nothing else), and the single engine's kernel (models/attention.py's flash_varlen) computes only the
+  blocks inside each sample, with no mask;
+- otherwise (the CPU, fp32): SDPA with the boolean mask of forward.py (True = masked in megatron-core's
+  convention; SDPA's is the opposite).
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
+from ...models.attention import flash_varlen
 
-class SDPACoreAttention(MegatronModule):
+
+class PackedCoreAttention(MegatronModule):
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None, cp_comm_type=None,
                  pg_collection=None, **_unused):
@@ -30,17 +39,28 @@ class SDPACoreAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **_unused):
-        """query [T, B, heads, D], key/value [T, B, groups, D], mask [B, 1, T, T] (True = masked) ->
-        context [T, B, heads x D]."""
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("SDPACoreAttention takes a mask, not packed_seq_params or an attention bias")
+        """query [T, B, heads, D], key/value [T, B, groups, D]; a mask [B, 1, T, T] (True = masked) or
+        packed_seq_params -> context [T, B, heads x D]."""
+        if attention_bias is not None:
+            raise ValueError("PackedCoreAttention takes a mask or packed_seq_params, not an attention bias")
+        dropout = self.dropout if self.training else 0.0
+        if packed_seq_params is not None:
+            return self._varlen(query, key, value, packed_seq_params, dropout)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, T, D]
         if self.num_heads != self.num_groups:
             repeat = self.num_heads // self.num_groups
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         allowed = None if attention_mask is None else ~attention_mask
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=attention_mask is None,
-                                                 dropout_p=self.dropout if self.training else 0.0,
-                                                 scale=self.softmax_scale)
+                                                 dropout_p=dropout, scale=self.softmax_scale)
         length, batch = query.shape[0], query.shape[1]
         return context.permute(2, 0, 1, 3).reshape(length, batch, self.num_heads * self.head_dim)
+
+    def _varlen(self, query, key, value, packed, dropout: float) -> torch.Tensor:
+        """cu_seqlens number the tokens row after row (batch-major), as the collator counts them. The context stays
+        in the kernel's half dtype, as SDPA's does under autocast."""
+        length, batch = query.shape[0], query.shape[1]
+        q, k, v = (t.transpose(0, 1).reshape(batch * length, t.shape[2], t.shape[3]) for t in (query, key, value))
+        out = flash_varlen(q, k, v, packed.cu_seqlens_q, packed.max_seqlen_q, dropout=dropout,
+                           scale=self.softmax_scale)
+        return out.view(batch, length, self.num_heads * self.head_dim).transpose(0, 1).contiguous()

@@ -58,9 +58,11 @@ def _moe_kwargs(hf, m) -> dict:  # hf: the language config
     return dict(num_moe_experts=num_experts(hf), moe_router_topk=hf.num_experts_per_tok,
                 moe_ffn_hidden_size=hf.moe_intermediate_size,
                 # HF: softmax over all experts, top-k, renormalised when norm_topk_prob; megatron-core's default
-                # (top-k, then softmax over the k) is the renormalised form.
-                moe_router_pre_softmax=not hf.norm_topk_prob, moe_router_load_balancing_type="aux_loss",
-                moe_aux_loss_coeff=float(getattr(hf, "router_aux_loss_coef", 0.0)),
+                # (top-k, then softmax over the k) is the renormalised form. No token dropping (capacity None).
+                moe_router_score_function="softmax", moe_router_pre_softmax=not hf.norm_topk_prob,
+                moe_expert_capacity_factor=None,
+                # transformers' load-balancing loss is added by the engine (moe.py), megatron-core's own is off
+                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
                 moe_token_dispatcher_type=m.moe_token_dispatcher_type, moe_grouped_gemm=False)
 
 
@@ -90,17 +92,31 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
 
 
 def layer_spec(config):
-    """megatron-core's local spec, its core attention replaced by SDPA (attention.py)."""
+    """megatron-core's local spec, its core attention replaced by attention.py's (varlen FlashAttention or SDPA),
+    an MoE layer's router by moe.py's."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from .attention import SDPACoreAttention
+    from .attention import PackedCoreAttention
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed": the local spec's torch norm is the intended one
         spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
                                         qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
+    if config.num_moe_experts:
+        spec.submodules.mlp = _with_hf_router(spec.submodules.mlp)
     return spec
+
+
+def _with_hf_router(moe_builder):
+    """The local spec's MoE layer (a partial of MoELayer with its MoESubmodules) with moe.py's HFRouter."""
+    import dataclasses
+    import functools
+
+    from .moe import HFRouter
+
+    submodules = dataclasses.replace(moe_builder.keywords["submodules"], router=HFRouter)
+    return functools.partial(moe_builder.func, *moe_builder.args, **{**moe_builder.keywords, "submodules": submodules})
 
 
 def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = False):

@@ -30,6 +30,7 @@ from ..local_step import autocast, step_of
 from ..optim import realign_schedule
 from .forward import run_megatron_forward
 from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
+from .moe import RouterBalancing
 from .schedule import run_forward_backward
 from .weights import family_map
 from .weights.layers import Shape
@@ -96,6 +97,7 @@ class MegatronEngine:
         self.reference_model = reference
         self._on_reference = False
         self._nonfinite_loss = False
+        self.balancing = RouterBalancing.of(hf_model)  # MoE: transformers' load-balancing loss (moe.py); dense: None
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return run_forward_backward(self, micro_batches, loss_fn)

@@ -1,7 +1,8 @@
 """One forward of a megatron-core GPTModel on a collated batch, outputs as models/forward.py's.
 
-Packed rows keep their samples apart with a block-diagonal causal mask built from the segment
-ids (megatron-core's local attention takes a boolean mask, True = masked) and per-sample rotary
+Packed rows keep their samples apart in attention (attention.py): on CUDA in half precision by the
+collator's sample boundaries (cu_seqlens) for PyTorch's variable-length FlashAttention, elsewhere by a
+block-diagonal causal mask built from the segment ids (True = masked); and by per-sample rotary
 angles (rotary.py); a vision-language model's media features enter on the first stage (vision.py). The pieces of GPTModel are called in its own order — embedding, decoder
 (its last norm included), output layer — so that the angles can be passed in; a pipeline stage
 without the embedding or the head runs only the part it holds.
@@ -12,30 +13,76 @@ from __future__ import annotations
 import torch
 
 from ...errors import TunesmithError
+from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
 from .vision import deepstack_added, merged_embeddings
 
 
 def packed_causal_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool, True where a query must not see a key: another sample, a later token, or padding."""
+    """[B, 1, T, T] bool, True where a query must not see a key: another sample or a later token. A row's padding
+    (segment -1, one run at its end) is a causal segment of its own, as in the collator's cu_seqlens and in
+    transformers' packed masks from the position ids: its hidden states never reach a loss, except through a
+    mixture-of-experts model's router statistics, which count every position on every engine."""
     same_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
     length = segment_ids_BT.shape[1]
     causal_TT = torch.ones(length, length, dtype=torch.bool, device=segment_ids_BT.device).tril()
-    real_BT = segment_ids_BT >= 0
-    keep_BTT = same_BTT & causal_TT & real_BT[:, None, :]
-    return ~keep_BTT[:, None]
+    return ~(same_BTT & causal_TT)[:, None]
+
+
+def varlen_fits(device: torch.device, dtype: torch.dtype, has_boundaries: bool) -> bool:
+    """Whether attention runs PyTorch's variable-length FlashAttention: CUDA, bf16/fp16 compute and the batch's
+    sample boundaries (collate_rows gives every batch them); otherwise SDPA with the packed mask."""
+    return has_boundaries and dtype in (torch.bfloat16, torch.float16) and varlen_available(device)
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype the matmuls run in: autocast's on CUDA, else the weights' (pure_bf16: bf16)."""
+    if torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return next(model.parameters()).dtype
+
+
+def attention_inputs(model, batch) -> dict:
+    """The decoder's attention keyword arguments for this batch: the boundaries as megatron-core's PackedSeqParams
+    (`sbhd`: the rows keep their layout, so megatron-core's rotary and layers treat them as unpacked) for the
+    varlen kernel, or the dense mask for SDPA."""
+    if not varlen_fits(batch.input_ids_BT.device, compute_dtype(model), batch.cu_seqlens is not None):
+        return {"attention_mask": packed_causal_mask(batch.segment_ids_BT)}
+    return {"attention_mask": None, "packed_seq_params": packed_seq_params(batch)}
+
+
+def packed_seq_params(batch):
+    """The collator's boundaries (every sample and padding run of the flattened batch, row after row) as
+    megatron-core's PackedSeqParams, on the batch's device."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu_seqlens = batch.cu_seqlens.to(device=batch.input_ids_BT.device, dtype=torch.int32)
+    return PackedSeqParams(qkv_format="sbhd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=int(batch.max_seqlen), max_seqlen_kv=int(batch.max_seqlen))
+
+
+def padding_lookups_untrained(hidden_TBH: torch.Tensor, input_ids_BT: torch.Tensor, padding_idx: int | None):
+    """nn.Embedding's padding_idx rule, which transformers' embeddings follow (padding_idx = pad_token_id): a lookup
+    of the padding id gives its row no gradient. megatron-core's embedding has no padding_idx (the engine sets
+    `model.padding_idx` from the Hugging Face embedding). It matters where a padding position reaches a loss: a
+    mixture-of-experts model's router statistics count every position, and a pad id inside a sample."""
+    if padding_idx is None or not hidden_TBH.requires_grad:
+        return hidden_TBH
+    lookup_TB1 = (input_ids_BT == padding_idx).transpose(0, 1)[..., None]
+    return torch.where(lookup_TB1, hidden_TBH.detach(), hidden_TBH)
 
 
 def _decoder(model, batch, angles) -> torch.Tensor:
     """The decoder's output [T, B, H] (its final norm included on the last stage)."""
-    mask = packed_causal_mask(batch.segment_ids_BT)
+    attention = attention_inputs(model, batch)
     rotary = angles.for_batch(batch)
     hidden, deepstack = None, None
     if model.pre_process:
         hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)
+        hidden = padding_lookups_untrained(hidden, batch.input_ids_BT, getattr(model, "padding_idx", None))
         hidden, deepstack = merged_embeddings(model, batch, hidden)  # a vision-language model's media features
     with deepstack_added(model, deepstack):
-        return model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
+        return model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
 
 
 def lm_forward(model, batch, angles) -> torch.Tensor:

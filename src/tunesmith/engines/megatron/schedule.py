@@ -10,6 +10,10 @@ On CUDA the engine runs megatron-core's own schedule (get_forward_backward_func:
 at PP=1, 1F1B or interleaved beyond). megatron-core's schedules allocate on CUDA, so on the CPU
 the same forward-step and loss functions run through `local_schedule`, which does what the
 no-pipelining schedule does: forward, divide by the micro-batch count, backward.
+
+A mixture-of-experts model's router load-balancing loss (transformers' formula, moe.py) is computed in
+the forward step from the routers' logits and handed to the loss with the model's coefficient, as the
+single engine's forward hands it (one process: every layer is on this stage).
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
     return loss * num_microbatches
 
 
-def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, output):
+def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, aux_loss, output):
     # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
     with autocast(engine.precision, engine.device):
-        out = loss_fn.fn(as_outputs(output, loss_fn.outputs), batch)
+        outputs = as_outputs(output, loss_fn.outputs)
+        if aux_loss is not None:
+            outputs.aux_loss, outputs.aux_loss_coef = aux_loss, engine.balancing.coef
+        out = loss_fn.fn(outputs, batch)
     engine._nonfinite_loss = nonfinite(engine._nonfinite_loss, out)
     total.add(out)
     return scheduled_loss(out.loss, num_microbatches), {}
@@ -42,9 +49,22 @@ def forward_step_func(engine, loss_fn: LossFn, total: StepOutput, num_microbatch
     def forward_step(data_iterator, model):
         batch = next(data_iterator).to(engine.device)
         with autocast(engine.precision, engine.device):
-            output = stage_forward(model, batch, loss_fn.outputs, engine.angles)  # logits, or a reward model's [B]
-        return output, functools.partial(_loss_func, engine, loss_fn, batch, total, num_microbatches)
+            output, aux_loss = _forward_with_aux(engine, model, batch, loss_fn.outputs)
+        return output, functools.partial(_loss_func, engine, loss_fn, batch, total, num_microbatches, aux_loss)
     return forward_step
+
+
+def _forward_with_aux(engine, model, batch, kind: str):
+    """The stage's output (logits, or a reward model's [B]) and, for a mixture-of-experts model, transformers'
+    load-balancing loss over this forward's router logits (moe.py), as the single engine's training forward
+    returns it (reward forwards ask for none there either)."""
+    if engine.balancing is None or kind == "rewards":
+        return stage_forward(model, batch, kind, engine.angles), None
+    from .moe import recorded_router_logits
+
+    with recorded_router_logits(model) as router_logits:
+        output = stage_forward(model, batch, kind, engine.angles)
+    return output, engine.balancing.loss(router_logits)
 
 
 def local_schedule(forward_step, data_iterator, model, num_microbatches: int) -> None:
