@@ -2,6 +2,8 @@
 GPTModel gives the Hugging Face model's logits on a packed batch, its weights go back to identical HF tensors,
 and the micro-batch schedule's division by the micro-batch count is undone. Skipped without megatron-core."""
 
+import types
+
 import pytest
 import torch
 import transformers
@@ -203,6 +205,23 @@ def test_the_varlen_path_hands_the_kernel_the_batch_row_after_row(world_of_one, 
     dense = core(query, key, value, packed_causal_mask(batch.segment_ids_BT))
     torch.testing.assert_close(varlen, dense, rtol=1e-5, atol=1e-6)
 
+
+
+def test_the_varlen_context_of_one_row_folds_into_one_matmul(world_of_one, monkeypatch):
+    """With one packed row the context [T, 1, width] must have the strides torch.matmul folds into [T, width]
+    (a transposed [1, T, width] counts as contiguous but ran the next linear as T matrix-vector products)."""
+    from tunesmith.engines.megatron import attention
+
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+    core = attention.PackedCoreAttention(transformer_config(hf.config, MegatronConfig(), params_dtype=torch.float32),
+                                         1, None, "self")
+    monkeypatch.setattr(attention, "flash_varlen", _segment_sdpa)
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(12, 1, 4, 16, generator=generator)
+    key, value = (torch.randn(12, 1, 2, 16, generator=generator) for _ in range(2))
+    packed = types.SimpleNamespace(cu_seqlens_q=torch.tensor([0, 5, 12], dtype=torch.int32), max_seqlen_q=7)
+    context = core(query, key, value, None, packed_seq_params=packed)
+    assert context.shape == (12, 1, 64) and context.stride() == (64, 64, 1)
 
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, router_aux_loss_coef=0.01)
 
