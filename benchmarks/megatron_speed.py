@@ -189,7 +189,7 @@ def run_shape(shape: str, plan: dict, args, report: dict, data: Path, mean_len: 
 
     model = build_weights(shape, args.work / "models", on_gpu=not args.tiny and _cuda())
     config = AutoConfig.from_pretrained(model)
-    for engine in ("single", "megatron"):
+    for engine in args.engines.split(","):
         left = plan["budget_s"] - (time.perf_counter() - started)
         if left < 60:
             report["results"].append({"shape": shape, "engine": engine, "returncode": "skipped",
@@ -205,6 +205,19 @@ def run_shape(shape: str, plan: dict, args, report: dict, data: Path, mean_len: 
     shutil.rmtree(model, ignore_errors=True)
 
 
+def profile(shape: str, plan: dict, args, data: Path) -> None:
+    """benchmarks/profile_steps.py on one engine with the benchmark's keys: where that engine's step time goes."""
+    model = build_weights(shape, args.work / "models", on_gpu=not args.tiny and _cuda())
+    keys = train_keys(model, data, args.work / "runs" / f"{shape}-profile", plan, shape, args.tiny)
+    empty = args.work / "empty.yaml"
+    empty.write_text("{}\n")
+    env = {"PROFILE_TOTAL": "12", "PROFILE_STEPS": "2", **os.environ}
+    with open(args.out / f"{shape}-{args.profile}-profile.txt", "w") as log:
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_steps.py"), str(empty), *keys,
+                        *engine_keys(args.profile, args.tiny)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                       cwd=ROOT)
+
+
 def _cuda() -> bool:
     import torch
 
@@ -218,6 +231,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen3 on the CPU: a check of this harness")
     parser.add_argument("--steps", type=int, help="optimiser steps per run (default 30, --tiny 6)")
     parser.add_argument("--shapes", help="comma-separated `tunesmith bench` shapes (default qwen3-1.7b,qwen3-4b)")
+    parser.add_argument("--engines", default="single,megatron", help="comma-separated engines to run")
+    parser.add_argument("--profile", metavar="ENGINE", choices=("single", "megatron"),
+                        help="instead: profile a few steps of this engine on the first shape (profile_steps.py)")
     args = parser.parse_args()
     started = time.perf_counter()
     plan = dict(TINY if args.tiny else FULL)
@@ -226,6 +242,9 @@ def main() -> None:
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     data, mean_len = build_data(args.work, plan)
+    if args.profile:
+        profile(plan["shapes"][0], plan, args, data)
+        return
     report = {"plan": {**plan, "rows_and_accumulation": {s: PLANS[s] for s in plan["shapes"]},
                        "mean_sample_tokens": mean_len}, "versions": versions(), "results": []}
     for shape in plan["shapes"]:

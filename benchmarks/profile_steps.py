@@ -3,6 +3,8 @@
     python benchmarks/profile_steps.py cfg.yaml [key=value ...]     (same keys as `tunesmith train`)
     PROFILE_STEPS=2 python benchmarks/profile_steps.py ...          (profile fewer of the last steps: a VLM step of
                                                                      8 micro-batches makes a large trace)
+    PROFILE_TOTAL=12 python benchmarks/profile_steps.py ...         (run 12 optimiser steps instead of 48; the first
+                                                                     third are warm-up, not timed)
 
 For vision/audio-language models the forward passes of the model's parts are profiled as ranges of their own
 ("part:<group>.<child>", e.g. part:vision_tower.patch_embed, part:vision_tower.blocks, part:projector.merger,
@@ -72,18 +74,20 @@ def mark_parts(model) -> list:
 
 
 def main() -> None:
-    """Drives the Runner's engine and step source by hand, timing each part of 48 optimiser steps."""
+    """Drives the Runner's engine and step source by hand, timing each part of PROFILE_TOTAL (48) optimiser steps."""
     yaml_path, overrides = parse_cli_items(sys.argv[1:])
     runner = set_up(build_config(yaml_path, {"overwrite_output_dir": True, **overrides}))
     engine, method, source = runner.engine, runner.method, runner.source
     mark_parts(engine.model)
     profiled = int(os.environ.get("PROFILE_STEPS", "8"))
+    total = int(os.environ.get("PROFILE_TOTAL", "48"))
+    warm_up = min(8, total // 3)
     waits, computes, steps, tokens = 0.0, 0.0, 0.0, 0
-    for i in range(48):
+    for i in range(total):
         t0 = time.perf_counter()
         step = source.next_step(engine)
         t1 = time.perf_counter()
-        if i == 48 - profiled:
+        if i == total - profiled:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
@@ -95,10 +99,10 @@ def main() -> None:
         engine.step()
         _sync()
         t3 = time.perf_counter()
-        if i >= 8:  # skip warm-up
+        if i >= warm_up:
             waits, computes, steps, tokens = waits + t1 - t0, computes + t2 - t1, steps + t3 - t2, tokens + step.num_tokens
     prof.__exit__(None, None, None)
-    n = 40
+    n = total - warm_up
     print(f"per optimiser step over {n}: data wait {1e3 * waits / n:.1f} ms, forward+backward {1e3 * computes / n:.1f} ms, "
           f"optimiser {1e3 * steps / n:.1f} ms; {tokens / n:.0f} tokens; {tokens / (waits + computes + steps):.0f} tokens/s")
     averages = prof.key_averages()

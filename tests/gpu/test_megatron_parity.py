@@ -98,9 +98,11 @@ def _init_vl_model(folder: Path) -> Path:
 
 
 # Qwen3-30B-A3B's attention and expert shapes (hidden 2048, 32 heads, 4 KV heads, experts of 768, top-8 routing,
-# renormalised), cut to 4 layers and 32 experts so that it builds and trains in seconds
+# renormalised), cut to 4 layers and 32 experts so that it builds and trains in seconds. Both spellings of the
+# expert count: transformers 5.25 reads num_local_experts, 5.17 num_experts
 MOE_SHAPE = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 4,
-             "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 32, "num_experts_per_tok": 8,
+             "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 32, "num_local_experts": 32,
+             "num_experts_per_tok": 8,
              "norm_topk_prob": True, "router_aux_loss_coef": 0.001, "vocab_size": 151936,
              "max_position_embeddings": 40960, "tie_word_embeddings": False,
              "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
