@@ -99,7 +99,7 @@ def load_balancing_loss(model, router_logits: tuple) -> torch.Tensor:
     base = base_model(model)
     fn = getattr(sys.modules[type(base).__module__], "load_balancing_loss_func", None)
     config = base.config.get_text_config()
-    num_experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    num_experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)  # 5.25, older
     if fn is None or not num_experts:
         raise ModelError(f"{type(base).__name__}'s module has no load_balancing_loss_func (or its config no expert "
                          "count), so its router loss cannot be computed outside its forward; use backend: single")
