@@ -172,7 +172,7 @@ _ROWS = (
     _no("kimi_vl", "Kimi-VL", _REMOTE),
     _no("lfm2", "LFM2"),
     _no("lfm2_vl", "LFM2-VL"),
-    _no("llama4", "Llama 4"),
+    _own("llama4", "Llama 4", "llama4", tokens=("<|header_start|>", "<|header_end|>", "<|eot|>", "<|image|>")),
     _no("mllama", "Llama 3.2 Vision (Mllama)"),
     _no("moonlight", "Moonlight", _REMOTE),
     _own("llava", "LLaVA-1.5", "llava", tokens=("<image>",)),

@@ -119,10 +119,16 @@ def _lora_targets(model, cfg: FinetuneConfig, frozen: set[str]):
         return "all-linear"
     output = model.get_output_embeddings()
     names = [name for name, module in model.named_modules()
-             if isinstance(module, torch.nn.Linear) and module is not output and f"{name}.weight" not in frozen]
+             if _plain_linear(module) and module is not output and f"{name}.weight" not in frozen]
     if not names:
         raise ConfigError(["lora_target: all found no linear layer outside the frozen parts; unfreeze one"])
     return names
+
+
+def _plain_linear(module) -> bool:
+    """A linear layer PEFT can wrap: a Linear subclass with a forward of its own (Llama 4's router returns scores
+    and logits) is left out, as its output is not the layer's product."""
+    return isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
 
 
 def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: set[str]):

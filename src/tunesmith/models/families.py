@@ -241,6 +241,14 @@ FAMILIES: dict[str, Family] = {
         # ending each row, [IMG_END] the last.
         Family("mistral3", ("mistral3",), **{**_LLAVA, "image_token": "[IMG]", "markers": (("image", "[IMG]"),),
                                             "image_count": "text"}),
+        # Llama 4 (Llama4ForConditionalGeneration: Scout, Maverick): a ViT with a pixel-shuffle adapter, a one-matrix
+        # projector, a mixture-of-experts Llama 4 language model (chunked-attention RoPE layers, global NoPE layers).
+        # The template writes <|image|>; the processor writes an image's tiles of <|patch|> tokens with separators,
+        # then <|image|> and the whole image's patches, between <|image_start|> and <|image_end|>.
+        Family("llama4", ("llama4",), vision_tower=("vision_model",), projector=("multi_modal_projector",),
+               language_model=("language_model",), audio_tower=(), image_token="<|image|>", video_token=None,
+               audio_token=None, uses_mrope=False, markers=(("image", "<|image|>"),), image_count="text",
+               image_embed_token="<|patch|>"),
         # GLM-4.1V (Glm4vForConditionalGeneration): a ViT whose 2x2 downsampling conv and merger project into a GLM-4
         # language model with mRoPE; images as Qwen2-VL's (a patch grid, one <|image|> per merged patch).
         Family("glm4v", ("glm4v",), **_GLM4V),
@@ -498,17 +506,39 @@ def remote_code_refusal(model_path) -> str | None:
             f"load it, with or without trust_remote_code: {family.instead}.")
 
 
-# --- Families transformers cannot train yet ----------------------------------------------------------
+# --- Families older transformers releases cannot train ------------------------------------------------
 
-# model_type -> (the family in words, why it cannot train, what to use instead); tests/unit/models/
-# test_refused_families.py checks each claim and fails once transformers fixes it.
-TRANSFORMERS_BUGS: dict[str, tuple[str, str, str]] = {
-    "llama4": ("Llama 4 (Llama4ForConditionalGeneration)",
-               "in transformers 5.24 its forward always fails (it reads image_outputs from the language model's "
-               "output, which has none), with or without images",
-               "fine-tune another supported vision-language family (docs/models.md), or a transformers release that "
-               "fixes Llama4ForConditionalGeneration.forward"),
+@dataclass(frozen=True)
+class TransformersBug:
+    """A family whose forward fails in transformers releases before `fixed_in` (what is refused, and why)."""
+
+    family: str
+    why: str
+    fixed_in: str
+
+
+# model_type -> the bug; tests/unit/models/test_refused_families.py checks each claim on the installed release.
+TRANSFORMERS_BUGS: dict[str, TransformersBug] = {
+    "llama4": TransformersBug("Llama 4 (Llama4ForConditionalGeneration)",
+                              "before transformers 5.25 its forward always fails (it reads image_outputs from the "
+                              "language model's output, which has none), with or without images", "5.25.0"),
 }
+
+
+def transformers_bug(model_type: str | None, installed: str | None = None) -> TransformersBug | None:
+    """The bug that stops `model_type` from training with the installed transformers (or `installed`), or None."""
+    bug = TRANSFORMERS_BUGS.get(model_type or "")
+    if bug is None:
+        return None
+    from packaging.version import Version
+
+    return bug if Version(installed or installed_transformers()) < Version(bug.fixed_in) else None
+
+
+def installed_transformers() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def load_refusal(model_path) -> str | None:
@@ -518,7 +548,9 @@ def load_refusal(model_path) -> str | None:
     if remote:
         return remote
     model_type = _model_type_in(model_path)
-    if model_type not in TRANSFORMERS_BUGS:
+    bug = transformers_bug(model_type)
+    if bug is None:
         return None
-    family, why, instead = TRANSFORMERS_BUGS[model_type]
-    return f"{model_path} holds a checkpoint of {family} (model_type {model_type}): {why}; {instead}."
+    return (f"{model_path} holds a checkpoint of {bug.family} (model_type {model_type}): {bug.why}; upgrade "
+            f"transformers (pip install 'transformers>={bug.fixed_in}'), or fine-tune another supported "
+            "vision-language family (docs/models.md).")

@@ -67,6 +67,7 @@ def forward_inputs(model, batch) -> dict:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     params = inspect.signature(base.forward).parameters
     inputs = {k: v for k, v in batch.media.items() if k in params}
+    widen_half_pixels(base, inputs)
     if "use_audio_in_video" in params:
         inputs["use_audio_in_video"] = any(g.get("use_audio_in_video") for g in batch.media_per_sample)
     family = family_of(base.config)
@@ -75,6 +76,16 @@ def forward_inputs(model, batch) -> dict:
         inputs["token_type_ids"] = (batch.token_types_BT == 1).long()
     if family is not None and family.prefix_lm:
         inputs["token_type_ids"] = prefix_suffix_types(batch)
+    return inputs
+
+
+def widen_half_pixels(model, inputs: dict) -> dict:
+    """Llama 4's image processor returns bf16 pixels; an fp32 model (fp32 on the CPU, or fp32 master weights under
+    autocast) takes them widened, which loses nothing (autocast casts them back for its matmuls)."""
+    half = [k for k, v in inputs.items() if k.startswith("pixel_values") and torch.is_tensor(v)
+            and v.dtype in (torch.bfloat16, torch.float16)]
+    if half and next(model.parameters()).dtype == torch.float32:
+        inputs.update({k: inputs[k].float() for k in half})
     return inputs
 
 

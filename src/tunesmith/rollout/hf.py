@@ -14,6 +14,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogit
                           TopPLogitsWarper)
 
 from ..data.mm import media_token_types
+from ..models.inputs import widen_half_pixels
 from ..models.families import family_of
 from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
@@ -65,7 +66,7 @@ class HFRollout(OnTrainingModel):
         for row, prompt in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
-        extra = {k: v for k, v in (media or {}).items() if k != "token_types"}
+        extra = widen_half_pixels(model, {k: v for k, v in (media or {}).items() if k != "token_types"})
         if sampling.suppress_ids:
             extra["suppress_tokens"] = list(sampling.suppress_ids)
         if media and media.get("token_types"):

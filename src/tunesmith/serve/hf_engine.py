@@ -11,6 +11,7 @@ from transformers import LogitsProcessor, StoppingCriteria
 
 from ..infer.load import load_for_inference, resolve_sources
 from ..infer.options import ChatOptions
+from ..models.inputs import widen_half_pixels
 from ..models.load import pick_device
 from .adapters import AdapterGate, NoGate, attach
 from .engine import CancelToken, Engine, Finished, Prepared, ServedModel
@@ -88,6 +89,7 @@ class HFEngine(Engine):
     def _generate_kwargs(self, prepared: Prepared, cancel: CancelToken, streamer=None) -> dict:
         sampling = prepared.sampling
         inputs = {k: v.to(self.model.device) if hasattr(v, "to") else v for k, v in prepared.prompt.inputs.items()}
+        widen_half_pixels(self.model, inputs)
         kwargs = {**inputs, "eos_token_id": self._stop_ids(prepared.served),
                   "pad_token_id": self.tokenizer.pad_token_id, "streamer": streamer,
                   **sampling.generation.generate_kwargs(),

@@ -40,6 +40,9 @@ EXPECTED = {
     "qwen3_omni": ("Qwen3OmniMoeProcessor", "Qwen3OmniMoeThinkerForConditionalGeneration",
                    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|>"
                    "<|vision_end|>Describe it.<|im_end|>\n<|im_start|>assistant\nA cat.<|im_end|>\n"),
+    "llama4": ("Llama4Processor", "Llama4ForConditionalGeneration",
+               "<|begin_of_text|><|header_start|>system<|header_end|>\n\nBe brief.<|eot|><|header_start|>user"
+               "<|header_end|>\n\n<|image|>Describe it.<|eot|><|header_start|>assistant<|header_end|>\n\nA cat.<|eot|>"),
     "glm4v": ("Glm4vProcessor", "Glm4vForConditionalGeneration",
               "[gMASK]<sop><|system|>\nBe brief.<|user|>\n<|begin_of_image|><|image|><|end_of_image|>Describe it."
               "<|assistant|>\nA cat.<|endoftext|>"),
@@ -48,7 +51,7 @@ EXPECTED = {
                   "<|assistant|>\nA cat.<|endoftext|>"),
 }
 ARCHS = sorted(EXPECTED)
-TILED = ["idefics3", "internvl", "llava_onevision", "mistral3", "smolvlm"]  # image_count "text": the processor writes the text
+TILED = ["idefics3", "internvl", "llama4", "llava_onevision", "mistral3", "smolvlm"]  # image_count "text": the processor writes the text
 # image tokens of a (height, width) image after the default budget, as the processor's own call counts them: tiles
 # at the aspect ratio (plus a thumbnail); Idefics3 first resizes the longest edge to 112 (2 tiles); Pixtral rounds
 # each side up to whole 28-pixel merged patches
@@ -56,6 +59,7 @@ COUNTS = {"internvl": {(56, 84): 12, (100, 30): 16, (40, 40): 4},
           "idefics3": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
           "smolvlm": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
           "mistral3": {(56, 84): 4, (100, 30): 2, (40, 40): 4},
+          "llama4": {(56, 84): 12, (100, 30): 12, (40, 40): 4},  # 2 tiles and the whole image; one tile alone
           "llava_onevision": {(56, 84): 14, (100, 30): 16, (40, 40): 24}}
 
 
@@ -87,7 +91,9 @@ def test_folder_loads_and_the_template_is_the_familys_format(arch, built, loaded
     assert type(processor).__name__ == processor_class and type(model).__name__ == model_class
     assert AutoTokenizer.from_pretrained(built[arch]).chat_template == MM_ARCHS[arch]["chat_template_text"]
     assert processor.apply_chat_template(_messages(system=True), tokenize=False) == rendered
-    assert model.config.image_token_id == processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_token)
+    family = FAMILIES[arch]
+    embed = family.image_embed_token or family.image_token  # Llama 4: the template's <|image|>, embeddings <|patch|>
+    assert model.config.image_token_id == processor.tokenizer.convert_tokens_to_ids(embed)
     assert processor.image_token == FAMILIES[arch].image_token
     assert model.config.get_text_config().vocab_size == len(processor.tokenizer)
     assert processor.tokenizer.eos_token_id in model.generation_config.eos_token_id
@@ -104,9 +110,11 @@ def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss
     assert set(groups) == set(GROUPS)  # no "other"
     names = [n for group in groups.values() for n in group]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters()) and len(names) == len(set(names))
-    assert groups["vision_tower"] and groups["projector"] and "lm_head.weight" in groups["language_model"]
+    assert groups["vision_tower"] and groups["projector"]
+    assert any(n.endswith("lm_head.weight") for n in groups["language_model"])  # Llama 4's is language_model.lm_head
     text = processor.apply_chat_template(_messages(), tokenize=False)
     inputs = processor(text=[text], images=[_image(56, 84)], add_special_tokens=False, return_tensors="pt")
+    inputs["pixel_values"] = inputs["pixel_values"].float()  # Llama 4's processor gives bf16 pixels
     out = model(**inputs, labels=inputs["input_ids"])
     out.loss.backward()
     params = dict(model.named_parameters())
@@ -127,10 +135,13 @@ def test_plan_counts_follow_the_image_shape_and_the_workers_check_them(arch, loa
         [expansion], plans[h, w] = media.plan({"images": [str(path)]})
         assert expansion.token_id == processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_token)
         [image] = json.loads(plans[h, w])["images"]
-        assert image["tokens"] == count == expansion.replacements[0].count(expansion.token_id)
+        embed = processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].image_embed_token or FAMILIES[arch].image_token)
+        assert image["tokens"] == count == expansion.replacements[0].count(embed)
         inputs, _ = media.process([json.loads(plans[h, w])])
         assert "pixel_values" in inputs
-    _image(56, 84).save(tmp_path / "1.png")  # the 100x30 image's file changed after tokenization: the workers say so
+    # the 100x30 image's file changed after tokenization (to a size of another count): the workers say so
+    other = next(size for size, count in COUNTS[arch].items() if count != COUNTS[arch][100, 30])
+    _image(*other).save(tmp_path / "1.png")
     with pytest.raises(Exception, match="differ from the tokenization plan"):
         media.process([json.loads(plans[100, 30])])
 

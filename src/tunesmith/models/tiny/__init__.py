@@ -30,8 +30,7 @@ build; `common.py` the shared constants, corpus and building steps; one module
 per family holds its specs (qwen3.py, llama.py, gemma3.py, mistral.py, phi4.py, glm4.py,
 deepseek_v3.py, qwen3_moe.py, gpt_oss.py, qwen3_5.py, qwen4_exp.py; qwen_vl.py for Qwen2-VL /
 Qwen2.5-VL / Qwen3-VL, qwen2_audio.py, qwen2_5_omni.py, gemma3_vl.py, llava.py, internvl.py,
-llava_onevision.py, idefics3.py, mistral3.py, glm4v.py (GLM-4.1V, GLM-4.5V), qwen3_omni.py, paligemma.py; llama4.py, whose family is refused, for the test
-of the refusal's claim).
+llava_onevision.py, idefics3.py, mistral3.py, glm4v.py (GLM-4.1V, GLM-4.5V), qwen3_omni.py, paligemma.py, llama4.py).
 """
 
 from .build import ARCHS, MM_ARCHS, TINY_PREFIX, build_tiny, is_multimodal, is_tiny, recipe_hash, resolve_model_path
