@@ -150,6 +150,21 @@ def expand_in_text(text: str, spans: list[tuple[int, int]], expansions: list[Exp
     return "".join(pieces) + text[last:], [(moved(a), moved(b)) for a, b in spans]
 
 
+def collapse_markers(text: str, spans: list[tuple[int, int]], collapsed: dict[str, str]):
+    """`text` with each marker the processor collapses (MediaProcessor.collapsed_markers) replaced by its bare media
+    token, as the processor's own call does before expanding it, and `spans` moved with it."""
+    if not collapsed:
+        return text, spans
+    shifts, pieces, last = [], [], 0
+    for match in re.finditer("|".join(re.escape(m) for m in collapsed), text):
+        token = collapsed[match.group(0)]
+        pieces += [text[last:match.start()], token]
+        shifts.append((match.end(), len(token) - len(match.group(0))))
+        last = match.end()
+    moved = lambda at: at + sum(delta for end, delta in shifts if end <= at)  # noqa: E731
+    return "".join(pieces) + text[last:], [(moved(a), moved(b)) for a, b in spans]
+
+
 def with_markers(text: str, markers: dict[str, str]) -> str:
     """Plain text (pt stage): each placeholder becomes the family's media marker, e.g.
     <|vision_start|><|image_pad|><|vision_end|>, which the expansion then fills."""
@@ -188,6 +203,7 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         spans = [(0, len(text))]
     else:
         text, spans = spans_fn(tokenizer, to_content_parts(messages), opts)
+    text, spans = collapse_markers(text, spans, getattr(media, "collapsed_markers", {}))
     in_text = getattr(media, "expand_in_text", False)
     if in_text:
         try:

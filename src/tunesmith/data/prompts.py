@@ -13,7 +13,7 @@ import json
 
 from ..errors import DataError
 from .budget import cut_messages
-from .mm import (check_placeholders, expand_in_text, expand_media_tokens, has_media, plan_and_check,
+from .mm import (check_placeholders, collapse_markers, expand_in_text, expand_media_tokens, has_media, plan_and_check,
                  to_content_parts)
 from .render import IGNORE_INDEX, RenderOptions, bad_record, message_budget, render_text
 from .sample import where
@@ -63,11 +63,12 @@ def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts: RenderOptio
         expansions, plan = plan_and_check(sample, media)
     cut_msgs, cut = cut_messages(messages, message_budget(tokenizer, opts))
     text = render_text(tokenizer, to_content_parts(cut_msgs) if has else cut_msgs, opts, add_generation_prompt=True)
+    collapsed = collapse_markers(text, [], getattr(media, "collapsed_markers", {}))[0] if has else text
     if has and getattr(media, "expand_in_text", False):  # Gemma 3: its newlines merge as in the processor's call
-        expanded, _ = expand_in_text(text, [], expansions, tokenizer)
+        expanded, _ = expand_in_text(collapsed, [], expansions, tokenizer)
         return {"ids": tokenizer(expanded, add_special_tokens=False)["input_ids"], "text": text, "mm_plan": plan,
                 "cut": cut}
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(collapsed, add_special_tokens=False)["input_ids"]
     if not has:
         return {"ids": ids, "text": text, "mm_plan": "", "cut": cut}
     ids, _ = expand_media_tokens(ids, list(ids), expansions, IGNORE_INDEX)

@@ -47,6 +47,24 @@ class MediaBudget:
         )
 
 
+def _collapsed_markers(processor, family: Family) -> dict[str, str]:
+    """The markers the processor's own text replacement turns into the bare media token before expanding it, marker
+    -> token: transformers 5.25's Qwen3-VL collapses <|vision_start|><|video_pad|><|vision_end|>, since each frame's
+    replacement carries its own pair (earlier releases expand inside the marker). Found by asking the processor
+    (`get_text_with_replacements`), so either release renders as its own call does."""
+    replace = getattr(processor, "get_text_with_replacements", None)
+    collapsed = {}
+    for kind, marker in family.markers if replace is not None else ():
+        token = getattr(processor, f"{kind}_token", None)
+        if not token or marker == token or token not in marker:
+            continue
+        probe = "\x00"
+        key = {"image": "images_replacements", "video": "videos_replacements", "audio": "audio_replacements"}[kind]
+        if replace([marker], **{key: [probe]})[0][0] == probe:
+            collapsed[marker] = token
+    return collapsed
+
+
 class MediaProcessor:
     """Wraps a Hugging Face processor with tunesmith's budgets. Picklable: it travels to data workers."""
 
@@ -65,6 +83,7 @@ class MediaProcessor:
             self.token_ids["image"] = tok.convert_tokens_to_ids(family.image_embed_token)
         # a sequence with text around its tokens is expanded in the text (data.mm.expand_in_text)
         self.expand_in_text = family.image_count in ("fixed", "text")
+        self.collapsed_markers = _collapsed_markers(processor, family)  # data.mm.collapse_markers
         self._image_texts: dict[tuple, list[str]] = {}  # "text" families: a record's image sizes -> expansions
         if family.image_count == "fixed" and getattr(processor.image_processor, "do_pan_and_scan", False):
             raise DataError(f"{family.name}: the image processor has do_pan_and_scan on (crops whose number depends on "

@@ -163,3 +163,17 @@ def test_the_character_budget_keeps_media_and_changes_no_kept_token():
                           sample["messages"][-1]]
     batch = {k: [v] for k, v in sample.items()}
     assert render_batch(batch, processor.tokenizer, opts, media=mp)["too_long"] == [1]
+
+
+def test_collapsed_markers_follow_the_installed_processor():
+    """A marker is collapsed exactly when the installed processor's own text replacement collapses it (Qwen3-VL's
+    video wrapper from transformers 5.25 on), and spans move with the text."""
+    from tunesmith.data.mm import collapse_markers
+
+    processor, mp = _media("qwen3_vl")
+    for marker, token in mp.collapsed_markers.items():
+        assert processor.get_text_with_replacements([marker], videos_replacements=["R"])[0][0] == "R"
+    marker = "<|vision_start|><|video_pad|><|vision_end|>"
+    text = f"a{marker}b{marker}c"
+    out, spans = collapse_markers(text, [(0, 1), (len(text) - 1, len(text))], {marker: "<|video_pad|>"})
+    assert out == "a<|video_pad|>b<|video_pad|>c" and [out[a:b] for a, b in spans] == ["a", "c"]
