@@ -1,6 +1,6 @@
 """The tiled vision-language families end to end through the real CLI, on the shipped image demos:
 InternVL 3 (tiny:internvl), Idefics3 / SmolVLM (tiny:idefics3), SmolVLM2 (tiny:smolvlm), Mistral 3 (tiny:mistral3), LLaVA-OneVision
-(tiny:llava_onevision), Llama 4 (tiny:llama4, MoE), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM), Qwen3-VL MoE (tiny:qwen3_vl_moe) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
+(tiny:llava_onevision), Llama 4 (tiny:llama4, MoE), Phi-4-multimodal (tiny:phi4_multimodal, images here), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM), Qwen3-VL MoE (tiny:qwen3_vl_moe) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
 
 Default run, per family: full SFT with the vision tower and projector trained too, and the saved folder loads in
 plain transformers (AutoModelForImageTextToText + AutoProcessor), whose processor expands the image as the
@@ -24,16 +24,17 @@ MODEL_CLASS = {"internvl": "InternVLForConditionalGeneration", "idefics3": "Idef
                "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration", "paligemma": "PaliGemmaForConditionalGeneration",
                "llava_onevision": "LlavaOnevisionForConditionalGeneration",
                "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration",
-               "llama4": "Llama4ForConditionalGeneration"}
+               "llama4": "Llama4ForConditionalGeneration", "phi4_multimodal": "Phi4MultimodalForCausalLM"}
 # the 128x96 demo image: 4 tiles of 4 tokens and the thumbnail; 2x2 tiles and the global image, 4 tokens each;
 # 2x2 merged patches; a 3x5 grid of merged patches; the whole image and 2x2 tiles with their newlines
 NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "smolvlm": 20, "mistral3": 4, "glm4v": 15, "glm4v_moe": 15, "paligemma": 4, "qwen3_vl_moe": 12, "llava_onevision": 24,
                     "qwen3_omni": 12,  # 4x3 merged 16-pixel patches
-                    "llama4": 20}  # 2x2 tiles and the whole image, 4 <|patch|> tokens each
+                    "llama4": 20,  # 2x2 tiles and the whole image, 4 <|patch|> tokens each
+                    "phi4_multimodal": 477}  # the global crop (16x16 and separators) and the used part of one sub-crop
 ARCHS = sorted(MODEL_CLASS)
 # LLaMA-Factory's template names for these families (LLaMA-Factory has none for Idefics3 / SmolVLM, OneVision)
 TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "smolvlm": "auto", "mistral3": "mistral_small", "glm4v": "glm4v", "glm4v_moe": "glm4_5v", "paligemma": "paligemma", "qwen3_vl_moe": "qwen3_vl",
-            "llava_onevision": "auto", "qwen3_omni": "qwen3_omni", "llama4": "llama4"}
+            "llava_onevision": "auto", "qwen3_omni": "qwen3_omni", "llama4": "llama4", "phi4_multimodal": "phi4_mini"}
 PROMPT = "Describe the image."
 
 
@@ -50,15 +51,19 @@ def _plain_transformers_run(out, arch):
     model = AutoModelForMultimodalLM.from_pretrained(out).eval()
     processor = AutoProcessor.from_pretrained(out)
     assert type(model).__name__ == MODEL_CLASS[arch] and model.config.model_type in FAMILIES[arch].model_types
-    text = processor.apply_chat_template(
+    # transformers 5.25 loads Phi-4-multimodal's processor without its saved template: the tokenizer has it
+    templated = processor if processor.chat_template else processor.tokenizer
+    text = templated.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}],
         tokenize=False, add_generation_prompt=True)
     if arch == "paligemma":  # its processor writes <bos> and the newline itself: given its own prompt format
         text = "<image>" + PROMPT
     inputs = processor(text=[text], images=[Image.open(IMAGE).convert("RGB")], add_special_tokens=False,
                        return_tensors="pt")
-    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == NUM_IMAGE_TOKENS[arch]
-    inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)  # Llama 4's processor gives bf16 pixels
+    image_token_id = getattr(model.config, "image_token_id", None) or model.config.vision_config.image_token_id
+    assert int((inputs["input_ids"] == image_token_id).sum()) == NUM_IMAGE_TOKENS[arch]
+    for key in [k for k in inputs if "pixel_values" in k]:  # Llama 4's processor gives bf16 pixels
+        inputs[key] = inputs[key].to(model.dtype)
     with torch.no_grad():
         ids = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     assert ids.shape[1] > inputs["input_ids"].shape[1]
@@ -107,11 +112,13 @@ def test_paligemma_one_grpo_step_on_image_prompts(tmp_path):
 
 
 @pytest.mark.slow
-def test_llama4_one_grpo_step_on_image_prompts(tmp_path):
-    """Rollouts from image prompts through Llama 4's tiles and its MoE language model: the sampler's log-probs
-    match the trainer's recompute."""
+@pytest.mark.parametrize("arch", ["llama4", "phi4_multimodal", "idefics3"])
+def test_one_grpo_step_on_image_prompts(tmp_path, arch):
+    """Rollouts from image prompts (Llama 4's tiles and MoE, Phi-4-multimodal's image_pixel_values and
+    Idefics3's pixel_attention_mask: every input the model's forward takes reaches generate()): the sampler's
+    log-probs match the trainer's recompute."""
     out = tmp_path / "grpo"
-    cli("train", "model_name_or_path=tiny:llama4", *BASE[:1], "cutoff_len=2048", "stage=grpo",
+    cli("train", f"model_name_or_path=tiny:{arch}", *BASE[:1], "cutoff_len=2048", "stage=grpo",
         "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
         "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
         f"output_dir={out}")

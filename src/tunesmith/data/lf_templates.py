@@ -118,7 +118,7 @@ _ROWS = (
     _own("ministral", "Ministral", "mistral"),
     _own("phi", "Phi-3", "phi3"),
     _own("phi4", "Phi-4", "phi3", tokens=("<|im_start|>", "<|im_sep|>", "<|im_end|>")),
-    _own("phi4_mini", "Phi-4-mini", "phi3"),
+    _own("phi4_mini", "Phi-4-mini / Phi-4-multimodal", "phi3", "phi4_multimodal"),
     _own("glm4", "GLM-4 (GLM-4-0414)", "glm4", tokens=("[gMASK]", "<sop>", "<|user|>", "<|assistant|>")),
     _own("glmz1", "GLM-Z1 (GLM-4-0414 architecture, reasoning)", "glm4",
          tokens=("[gMASK]", "<sop>", "<|user|>", "<|assistant|>")),

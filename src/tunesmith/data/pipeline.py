@@ -109,7 +109,8 @@ def _media_fingerprint(media) -> dict | None:
     if media is None:
         return None
     proc = media.processor
-    subs = {name: getattr(proc, name).to_dict() for name in ("image_processor", "video_processor", "feature_extractor")
+    subs = {name: getattr(proc, name).to_dict() for name in ("image_processor", "video_processor", "feature_extractor",
+                                                               "audio_processor")
             if getattr(proc, name, None) is not None}
     return {"family": media.family.name, "budget": media.budget.__dict__, "processors": subs}
 

@@ -27,13 +27,14 @@ def generate(model, preprocessor, messages: list[dict], *, generation: Generatio
     return finish_reply("".join(e.text for e in engine.run(prepared) if not isinstance(e, Finished)))
 
 
-_NEEDS = {"images": "image_processor", "videos": "video_processor", "audios": "feature_extractor"}
+_NEEDS = {"images": ("image_processor",), "videos": ("video_processor",),
+          "audios": ("feature_extractor", "audio_processor")}  # Phi-4-multimodal's is its audio_processor
 
 
 def _check_media_kinds(preprocessor, media: dict) -> None:
     """--image/--video/--audio only for a model whose processor takes that kind of input."""
-    for kind, part in _NEEDS.items():
-        if media.get(kind) and getattr(preprocessor, part, None) is None:
+    for kind, parts in _NEEDS.items():
+        if media.get(kind) and all(getattr(preprocessor, part, None) is None for part in parts):
             what = "a text-only model" if not hasattr(preprocessor, "tokenizer") else "this model"
             raise DataError(f"--{kind[:-1]} given, but {what} takes no {kind[:-1]} input")
 

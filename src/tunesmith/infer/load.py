@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ModelError
 from ..models.families import family_of
-from ..models.load import auto_model_class
+from ..models.load import auto_model_class, with_chat_template
 from ..models.tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")
@@ -88,7 +88,7 @@ def _load_preprocessor(sources: list[str], multimodal: bool, **kwargs):
     for i, source in enumerate(sources):
         has_own = not Path(source).is_dir() or (Path(source) / "tokenizer_config.json").exists()
         if has_own or i == len(sources) - 1:
-            return loader.from_pretrained(source, **kwargs)
+            return with_chat_template(loader.from_pretrained(source, **kwargs))
     raise AssertionError("unreachable")
 
 

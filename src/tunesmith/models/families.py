@@ -249,6 +249,18 @@ FAMILIES: dict[str, Family] = {
                language_model=("language_model",), audio_tower=(), image_token="<|image|>", video_token=None,
                audio_token=None, uses_mrope=False, markers=(("image", "<|image|>"),), image_count="text",
                image_embed_token="<|patch|>"),
+        # Phi-4-multimodal (Phi4MultimodalForCausalLM, transformers' native class; the remote-code "phi4mm" checkpoints
+        # are refused below): a SigLIP-style image encoder with dynamic high-resolution crops and a Conformer audio
+        # encoder, each with its own projection, inside model.embed_tokens_extend, over a Phi-3 language model. The
+        # processor repeats <|image|> / <|audio|> once per embedding.
+        Family("phi4_multimodal", ("phi4_multimodal",), vision_tower=("model.embed_tokens_extend.image_embed",),
+               projector=tuple(f"model.embed_tokens_extend.{part}" for part in (
+                   "image_embed.img_projection_up", "image_embed.img_projection_down",
+                   "audio_embed.up_proj_for_speech", "audio_embed.down_proj_for_speech",
+                   "audio_embed.up_proj_for_vision_speech", "audio_embed.down_proj_for_vision_speech")),
+               language_model=("model", "lm_head"), audio_tower=("model.embed_tokens_extend.audio_embed",),
+               image_token="<|image|>", video_token=None, audio_token="<|audio|>", uses_mrope=False,
+               markers=(("image", "<|image|>"), ("audio", "<|audio|>")), image_count="processor"),
         # GLM-4.1V (Glm4vForConditionalGeneration): a ViT whose 2x2 downsampling conv and merger project into a GLM-4
         # language model with mRoPE; images as Qwen2-VL's (a patch grid, one <|image|> per merged patch).
         Family("glm4v", ("glm4v",), **_GLM4V),
@@ -464,8 +476,9 @@ REMOTE_CODE_FAMILIES: dict[str, RemoteCodeFamily] = {
                          "use Qwen2.5 / Qwen3 for text or Qwen2.5-VL / Qwen3-VL for images (model_type qwen2, qwen3, "
                          "qwen2_5_vl, qwen3_vl), which tunesmith supports"),
         RemoteCodeFamily("Phi-4-multimodal (its remote-code repository)", ("phi4mm",),
-                         "transformers' own Phi4MultimodalForCausalLM (model_type phi4_multimodal) is not "
-                         "supported by tunesmith yet; fine-tune a supported family instead (docs/models.md)"),
+                         "use the transformers-native checkpoint (Phi4MultimodalForCausalLM, model_type "
+                         "phi4_multimodal: microsoft/Phi-4-multimodal-instruct's converted revision), which tunesmith "
+                         "trains"),
         RemoteCodeFamily("ChatGLM / GLM-4-9B / GLM-4V-9B (the original repositories)", ("chatglm",),
                          "use a transformers-native GLM-4 checkpoint (e.g. THUDM/glm-4-9b-chat-hf or GLM-4-0414, "
                          "model_type glm4) for text, GLM-4.1V (model_type glm4v) for images"),

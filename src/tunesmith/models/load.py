@@ -150,6 +150,15 @@ def load_processor(cfg: ModelConfig):
             from None
     if processor.tokenizer.pad_token_id is None:
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return with_chat_template(processor)
+
+
+def with_chat_template(processor):
+    """The processor with its chat template: transformers 5.25 drops a saved processor's template when the
+    processor's __init__ does not name the argument (Phi-4-multimodal's); the tokenizer holds the same one."""
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None and getattr(processor, "chat_template", None) is None and tokenizer.chat_template:
+        processor.chat_template = tokenizer.chat_template
     return processor
 
 

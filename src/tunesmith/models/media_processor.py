@@ -188,7 +188,8 @@ class MediaProcessor:
             image_inputs = {"image_grid_thw": torch.tensor([_grid(i["patches"], 1, merge) for i in images])}
             texts["image"] = [proc.replace_image_token(image_inputs, image_idx=k) for k in range(len(images))]
         texts["video"] = self._video_replacements(videos) if videos else []
-        audio_inputs = {"num_audio_tokens": [a["tokens"] for a in audios]}
+        tokens = [a["tokens"] for a in audios]
+        audio_inputs = {"num_audio_tokens": tokens, "audio_embed_sizes": tokens}  # Qwen's key, Phi-4-multimodal's
         texts["audio"] = [proc.replace_audio_token(audio_inputs, audio_idx=k) for k in range(len(audios))]
         return texts
 
@@ -317,8 +318,13 @@ class MediaProcessor:
     def _process_audio(self, audios: list[dict]) -> dict:
         rate = self.budget.sampling_rate
         waves = [_fit(media.load_audio(a["path"], rate), a["samples"]) for a in audios]
-        out = self.processor.feature_extractor(waves, sampling_rate=rate, return_attention_mask=True,
-                                               padding="max_length", return_tensors="pt")
+        extractor = audio_extractor(self.processor)
+        if _counts_embeddings(extractor):  # Phi-4-multimodal: its inputs as they are, once its counts match the plan
+            out = extractor(waves, sampling_rate=rate, return_tensors="pt")
+            _check_planned("audio tokens", [int(n) for n in out["audio_embed_sizes"]], [a["tokens"] for a in audios])
+            return dict(out)
+        out = extractor(waves, sampling_rate=rate, return_attention_mask=True, padding="max_length",
+                        return_tensors="pt")
         return {"input_features": out["input_features"], "feature_attention_mask": out["attention_mask"]}
 
 
@@ -337,11 +343,24 @@ def _check_placeholders(processor, family: Family, placeholders) -> None:
                 "checkpoint with a Pixtral tower); use a checkpoint of a supported family (docs/multimodal.md)")
 
 
+def audio_extractor(processor):
+    """The processor's audio feature extractor (Phi-4-multimodal's processor calls it audio_processor)."""
+    return getattr(processor, "feature_extractor", None) or processor.audio_processor
+
+
+def _counts_embeddings(extractor) -> bool:
+    return "audio_embed_sizes" in getattr(extractor, "model_input_names", ())
+
+
 def audio_tokens(processor, num_samples: int) -> int:
-    """Audio placeholder tokens for a clip, from the processor's own formula where it has one."""
+    """Audio placeholder tokens for a clip, from the processor's own formula where it has one, or its extractor's
+    own count of a silent clip of that length (Phi-4-multimodal's)."""
     if hasattr(processor, "_get_num_audio_tokens"):
         return int(processor._get_num_audio_tokens(num_samples))
-    fe = processor.feature_extractor
+    fe = audio_extractor(processor)
+    if _counts_embeddings(fe):
+        silence = np.zeros(num_samples, dtype=np.float32)
+        return int(fe(silence, sampling_rate=fe.sampling_rate, return_tensors="pt")["audio_embed_sizes"][0])
     frames = min(math.ceil(num_samples / fe.hop_length), fe.nb_max_frames)
     # Qwen2-Audio: two stride-2 stages after the mel frames (its processor computes this inline).
     return (((frames - 1) // 2 + 1) - 2) // 2 + 1
@@ -413,7 +432,7 @@ def _per_sample(plans: list[dict], inputs: dict) -> list[dict]:
         if nv and "video_grid_thw" in inputs:
             item["video_grid_thw"] = inputs["video_grid_thw"][v : v + nv]
             item["second_per_grid_ts"] = inputs["second_per_grid_ts"][v : v + nv]
-        if na:
+        if na and audio_lengths is not None:  # Qwen's mRoPE counts audio positions; Phi-4-mm's 1-D ones do not
             item["audio_feature_lengths"] = audio_lengths[a : a + na].sum(-1)
             item["use_audio_in_video"] = any("audio" in video for video in plan["videos"])
         i, v, a = i + ni, v + nv, a + na

@@ -9,13 +9,16 @@ next step, so memory does not grow with the response length (output_scores would
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 
 from ..data.mm import media_token_types
-from ..models.inputs import widen_half_pixels
 from ..models.families import family_of
+from ..models.forward import base_model
+from ..models.inputs import widen_half_pixels
 from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
 
@@ -66,7 +69,8 @@ class HFRollout(OnTrainingModel):
         for row, prompt in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
-        extra = widen_half_pixels(model, {k: v for k, v in (media or {}).items() if k != "token_types"})
+        takes = inspect.signature(base_model(model).forward).parameters  # Phi-4-mm: image_pixel_values, ...
+        extra = widen_half_pixels(model, {k: v for k, v in (media or {}).items() if k in takes})
         if sampling.suppress_ids:
             extra["suppress_tokens"] = list(sampling.suppress_ids)
         if media and media.get("token_types"):

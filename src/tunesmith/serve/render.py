@@ -26,7 +26,7 @@ def tokenizer_of(preprocessor):
 
 
 def takes_media(preprocessor) -> bool:
-    return hasattr(preprocessor, "image_processor") or hasattr(preprocessor, "feature_extractor")
+    return any(hasattr(preprocessor, part) for part in ("image_processor", "feature_extractor", "audio_processor"))
 
 
 def stop_ids_of(eos_ids, tokenizer, template: str = "auto") -> list[int]:

@@ -111,8 +111,8 @@ class RolloutSteps:
         if rollout.raw_media:
             return {"images": self.media.images_of(plans)}
         inputs, _ = self.media.process(plans)
-        media = {k: v.to(device) for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw", "image_sizes",
-                                                                     "pixel_values_videos", "video_grid_thw")}
+        # every tensor the processing gave; the rollout engine keeps those its model's forward takes
+        media = {k: v.to(device) for k, v in inputs.items() if torch.is_tensor(v)}
         return {**media, "token_types": self.media.token_ids} if media else media
 
     def _generate(self, engine, prompts: list[dict], greedy: bool, n: int) -> Rollouts:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
-from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import AutoModelForMultimodalLM, AutoProcessor, AutoTokenizer
 
 from conftest import DATA_DIR, run_config
 from tunesmith.config.schema import DataConfig
@@ -40,6 +40,8 @@ EXPECTED = {
     "qwen3_omni": ("Qwen3OmniMoeProcessor", "Qwen3OmniMoeThinkerForConditionalGeneration",
                    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|>"
                    "<|vision_end|>Describe it.<|im_end|>\n<|im_start|>assistant\nA cat.<|im_end|>\n"),
+    "phi4_multimodal": ("Phi4MultimodalProcessor", "Phi4MultimodalForCausalLM",
+                        "<|system|>Be brief.<|end|><|user|><|image|>Describe it.<|end|><|assistant|>A cat.<|end|>"),
     "llama4": ("Llama4Processor", "Llama4ForConditionalGeneration",
                "<|begin_of_text|><|header_start|>system<|header_end|>\n\nBe brief.<|eot|><|header_start|>user"
                "<|header_end|>\n\n<|image|>Describe it.<|eot|><|header_start|>assistant<|header_end|>\n\nA cat.<|eot|>"),
@@ -80,8 +82,11 @@ def built(tiny_cache):
 
 @pytest.fixture(scope="module")
 def loaded(built):
-    return {arch: (AutoProcessor.from_pretrained(path), AutoModelForImageTextToText.from_pretrained(path))
-            for arch, path in built.items()}
+    from tunesmith.config.schema import ModelConfig
+    from tunesmith.models.load import load_processor
+
+    return {arch: (load_processor(ModelConfig(model_name_or_path=str(path))),
+                   AutoModelForMultimodalLM.from_pretrained(path)) for arch, path in built.items()}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -93,7 +98,8 @@ def test_folder_loads_and_the_template_is_the_familys_format(arch, built, loaded
     assert processor.apply_chat_template(_messages(system=True), tokenize=False) == rendered
     family = FAMILIES[arch]
     embed = family.image_embed_token or family.image_token  # Llama 4: the template's <|image|>, embeddings <|patch|>
-    assert model.config.image_token_id == processor.tokenizer.convert_tokens_to_ids(embed)
+    image_token_id = getattr(model.config, "image_token_id", None) or model.config.vision_config.image_token_id
+    assert image_token_id == processor.tokenizer.convert_tokens_to_ids(embed)  # Phi-4-mm: in its vision config
     assert processor.image_token == FAMILIES[arch].image_token
     assert model.config.get_text_config().vocab_size == len(processor.tokenizer)
     assert processor.tokenizer.eos_token_id in model.generation_config.eos_token_id
@@ -104,7 +110,7 @@ def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss
     processor, model = loaded[arch]
     family = family_of(model)
     assert family is FAMILIES[arch] and family.uses_mrope == (arch in ("glm4v", "glm4v_moe", "qwen3_omni"))
-    assert family.modalities == (("image", "audio") if arch == "qwen3_omni" else ("image",))
+    assert family.modalities == (("image", "audio") if arch in ("qwen3_omni", "phi4_multimodal") else ("image",))
     assert packing_leak(model.config) is None
     groups = module_groups(model, family)
     assert set(groups) == set(GROUPS)  # no "other"
@@ -114,7 +120,8 @@ def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss
     assert any(n.endswith("lm_head.weight") for n in groups["language_model"])  # Llama 4's is language_model.lm_head
     text = processor.apply_chat_template(_messages(), tokenize=False)
     inputs = processor(text=[text], images=[_image(56, 84)], add_special_tokens=False, return_tensors="pt")
-    inputs["pixel_values"] = inputs["pixel_values"].float()  # Llama 4's processor gives bf16 pixels
+    for key in [k for k in inputs if "pixel_values" in k]:  # Llama 4's processor gives bf16 pixels
+        inputs[key] = inputs[key].float()
     out = model(**inputs, labels=inputs["input_ids"])
     out.loss.backward()
     params = dict(model.named_parameters())
@@ -212,7 +219,7 @@ def test_packed_equals_unpacked_per_sample(arch, built):
     rows, tokenizer, media = _prepared(arch, max_samples=8)
     rows = rows[5:10]  # records 6-8 of mllm_demo (the 8th has two images), then two identity records
     assert sum(bool(r["mm_plan"]) for r in rows) == 3
-    model = AutoModelForImageTextToText.from_pretrained(built[arch], attn_implementation="sdpa").eval()
+    model = AutoModelForMultimodalLM.from_pretrained(built[arch], attn_implementation="sdpa").eval()
 
     def per_sample(batch_rows):
         batch = collate_rows(batch_rows, tokenizer.pad_token_id, media=media)
@@ -231,7 +238,7 @@ def test_glm4v_packed_rows_carry_each_samples_own_3d_positions(built):
 
     rows, tokenizer, media = _prepared("glm4v", max_samples=8)
     rows = [r for r in rows if r["mm_plan"]][5:8]  # the third has two images
-    model = AutoModelForImageTextToText.from_pretrained(built["glm4v"]).eval()
+    model = AutoModelForMultimodalLM.from_pretrained(built["glm4v"]).eval()
     packed = collate_rows([rows], tokenizer.pad_token_id, media=media)
     positions = mrope_position_ids(model, packed)[:, 0]  # [4, T]: the text row, then temporal, height, width
     for seg, row in enumerate(rows):
@@ -250,13 +257,13 @@ def test_freezing_and_lora_targets(arch, built):
     from tunesmith.models.adapters import apply_finetuning
 
     family = FAMILIES[arch]
-    full = apply_finetuning(AutoModelForImageTextToText.from_pretrained(built[arch]),
+    full = apply_finetuning(AutoModelForMultimodalLM.from_pretrained(built[arch]),
                             build_config(None, {"dataset": "x", "finetuning_type": "full"}).finetune)
     groups = module_groups(full, family)
     trainable = {n for n, p in full.named_parameters() if p.requires_grad}
     assert trainable and trainable == set(groups["language_model"])  # tower and projector frozen by default
     lora_cfg = build_config(None, {"dataset": "x", "finetuning_type": "lora", "freeze_vision_tower": False}).finetune
-    lora = apply_finetuning(AutoModelForImageTextToText.from_pretrained(built[arch]), lora_cfg)
+    lora = apply_finetuning(AutoModelForMultimodalLM.from_pretrained(built[arch]), lora_cfg)
     names = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n for n in names)
     tower, language = f".{family.vision_tower[0]}.", f".{family.language_model[0]}."
@@ -284,16 +291,21 @@ def test_a_checkpoint_whose_processor_writes_other_image_tokens_is_refused(tiny_
         MediaProcessor(processor, FAMILIES["llava"], MediaBudget.from_config(DataConfig()))
 
 
-def test_qwen3_omni_audio_record_ids_are_the_processors_own(loaded):
-    """The thinker's audio: the rendered ids of an audio demo record equal the processor's own call."""
+@pytest.mark.parametrize("arch", ["qwen3_omni", "phi4_multimodal"])
+def test_audio_record_ids_are_the_processors_own_and_the_audio_reaches_the_loss(arch, loaded):
+    """The audio demo's first record: the rendered ids equal the processor's own call, and the collated batch's audio
+    inputs (Qwen3-Omni's features, Phi-4-multimodal's extractor outputs as they are) give the audio tower a
+    gradient through the model's forward."""
     from tunesmith.data import media as M
+    from tunesmith.data.collate import collate_rows
     from tunesmith.data.loader import load_samples
     from tunesmith.data.mm import to_content_parts
     from tunesmith.data.render import RenderOptions, render_batch
+    from tunesmith.models.forward import run_forward
 
-    processor, model = loaded["qwen3_omni"]
+    processor, model = loaded[arch]
     cfg = DataConfig()
-    media = MediaProcessor(processor, FAMILIES["qwen3_omni"], MediaBudget.from_config(cfg))
+    media = MediaProcessor(processor, FAMILIES[arch], MediaBudget.from_config(cfg))
     [sample], _ = load_samples(["mllm_audio_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=1)
     opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=8192)
     out = render_batch({k: [v] for k, v in sample.items()}, processor.tokenizer, opts, media=media)
@@ -302,4 +314,13 @@ def test_qwen3_omni_audio_record_ids_are_the_processors_own(loaded):
     reference = processor(text=[text], audio=audios, sampling_rate=cfg.audio_sampling_rate,
                           add_special_tokens=False)["input_ids"][0]
     assert out["input_ids"][0] == list(reference)
-    assert out["input_ids"][0].count(model.config.audio_token_id) > 0
+    audio_id = processor.tokenizer.convert_tokens_to_ids(FAMILIES[arch].audio_token)
+    assert out["input_ids"][0].count(audio_id) > 0
+    row = {"input_ids": out["input_ids"][0], "labels": out["labels"][0], "mm_plan": out["mm_plan"][0]}
+    batch = collate_rows([[row]], processor.tokenizer.pad_token_id, media=media)
+    outputs = run_forward(model, batch, "logits")
+    outputs.logits_BTV.float().sum().backward()
+    audio_tower = module_groups(model, FAMILIES[arch])["audio_tower"]
+    params = dict(model.named_parameters())
+    assert any(params[n].grad is not None and params[n].grad.abs().sum() > 0 for n in audio_tower)
+    model.zero_grad(set_to_none=True)

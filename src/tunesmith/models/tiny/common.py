@@ -169,7 +169,7 @@ def build_processor(spec: dict, tokenizer):
     import transformers
 
     parts = {}
-    for key in ("image_processor", "video_processor", "feature_extractor"):
+    for key in ("image_processor", "video_processor", "feature_extractor", "audio_processor"):
         if key in spec:
             kwargs = dict(spec[key])
             component = getattr(transformers, kwargs.pop("class"))
