@@ -48,7 +48,6 @@ STAGES_OF_TEST = {
     "test_llava_one_grpo_step_on_image_prompts": ("grpo",),
     "test_vlm_family_full_sft_then_the_folder_runs_in_plain_transformers": ("sft full",),
     "test_vlm_family_lora_sft_with_text_records_chat_then_a_dpo_step": ("sft LoRA", "dpo"),
-    "test_paligemma_one_grpo_step_on_image_prompts": ("grpo",),
     "test_one_grpo_step_on_image_prompts": ("grpo",),
 }
 # The tiny arch of the tests that take no parameter (test_cli.py's BASE).
@@ -60,7 +59,6 @@ ARCH_OF_TEST.update({name: "gemma3_vl" for name in (
     "test_gemma3_vl_full_sft_chat_and_the_folder_loads_in_transformers",
     "test_gemma3_vl_lora_sft_on_padded_batches_then_a_dpo_step",
     "test_gemma3_vl_one_grpo_step_samples_with_the_training_attention")})
-ARCH_OF_TEST.update(test_paligemma_one_grpo_step_on_image_prompts="paligemma")
 STAGE_ORDER = ("pt", "sft full", "sft LoRA", "rm", "dpo", "grpo")
 
 # No engine has family-specific code (engines/ never looks at the family), so every family runs on each.

@@ -32,6 +32,17 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def grpo_step_on_image_prompts(out: Path, arch: str) -> dict:
+    """One GRPO step of tiny `arch` (LoRA) on the click demo's screenshots; its logged metrics (the sampler /
+    trainer log-prob gap among them)."""
+    cli("train", f"model_name_or_path=tiny:{arch}", f"dataset_dir={DATA}", "cutoff_len=2048", "stage=grpo",
+        "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
+        "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
+        f"output_dir={out}")
+    [step] = [m for m in metrics(out) if "rollout_kl" in m]
+    return step
+
+
 @pytest.mark.slow
 def test_quickstart_learns_identity_and_answers(tmp_path):
     out = tmp_path / "quick"

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from test_cli import DATA, cli, metrics
+from test_cli import DATA, cli, grpo_step_on_image_prompts, metrics
 
 IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
@@ -97,12 +97,7 @@ def test_llava_lora_sft_with_text_records_chat_then_a_dpo_step(tmp_path, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_llava_one_grpo_step_on_image_prompts(tmp_path, arch):
     """Rollouts see the images (and LLaVA-NeXT's image_sizes): their log-probs match the training forward's."""
-    out = tmp_path / "grpo"
-    cli("train", f"model_name_or_path=tiny:{arch}", *BASE[:1], "cutoff_len=2048", "stage=grpo",
-        "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
-        "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
-        f"output_dir={out}")
-    [step] = [m for m in metrics(out) if "rollout_kl" in m]
+    step = grpo_step_on_image_prompts(tmp_path / "grpo", arch)
     assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01
 
 

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from test_cli import DATA, cli, metrics
+from test_cli import DATA, cli, grpo_step_on_image_prompts, metrics
 
 IMAGE = f"{DATA}/mllm_demo_data/image_000.png"
 BASE = [f"dataset_dir={DATA}", "cutoff_len=1024", "logging_steps=1"]
@@ -99,28 +99,11 @@ def test_vlm_family_lora_sft_with_text_records_chat_then_a_dpo_step(tmp_path, ar
 
 
 @pytest.mark.slow
-def test_paligemma_one_grpo_step_on_image_prompts(tmp_path):
-    """Rollouts give the whole prompt PaliGemma's two-way prefix (token_type_ids 0), as the training forward does
-    for the prompt before the response: the sampler's log-probs match the trainer's."""
-    out = tmp_path / "grpo"
-    cli("train", "model_name_or_path=tiny:paligemma", *BASE[:1], "cutoff_len=2048", "stage=grpo",
-        "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
-        "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
-        f"output_dir={out}")
-    [step] = [m for m in metrics(out) if "rollout_kl" in m]
-    assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama4", "phi4_multimodal", "idefics3"])
+@pytest.mark.parametrize("arch", ["paligemma", "llama4", "phi4_multimodal", "idefics3"])
 def test_one_grpo_step_on_image_prompts(tmp_path, arch):
-    """Rollouts from image prompts (Llama 4's tiles and MoE, Phi-4-multimodal's image_pixel_values and
-    Idefics3's pixel_attention_mask: every input the model's forward takes reaches generate()): the sampler's
-    log-probs match the trainer's recompute."""
-    out = tmp_path / "grpo"
-    cli("train", f"model_name_or_path=tiny:{arch}", *BASE[:1], "cutoff_len=2048", "stage=grpo",
-        "dataset=gui_click_demo", "finetuning_type=lora", "reward_funcs=grounding", "max_samples=8", "max_steps=1",
-        "num_generations=4", "prompts_per_step=2", "max_new_tokens=6", "per_device_train_batch_size=8",
-        f"output_dir={out}")
-    [step] = [m for m in metrics(out) if "rollout_kl" in m]
+    """Rollouts from image prompts see what the training forward sees (PaliGemma's two-way prefix over the whole
+    prompt, token_type_ids 0; Llama 4's tiles and MoE; Phi-4-multimodal's image_pixel_values and Idefics3's
+    pixel_attention_mask: every input the model's forward takes reaches generate()): the sampler's log-probs match
+    the trainer's recompute."""
+    step = grpo_step_on_image_prompts(tmp_path / "grpo", arch)
     assert math.isfinite(step["loss"]) and step["rollout_logp_diff_max"] < 0.01
