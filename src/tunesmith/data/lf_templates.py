@@ -197,7 +197,7 @@ _ROWS = (
     _no("minimax2", "MiniMax-M2"),
     _own("mistral_small", "Mistral Small 3.1 / 3.2 (vision)", "mistral3", tokens=_MISTRAL3),
     _own("ministral3", "Ministral 3 (vision)", "mistral3", tokens=_MISTRAL3),
-    _no("pixtral", "Pixtral"),
+    _own("pixtral", "Pixtral-12B", "pixtral", tokens=_MISTRAL3),
     _no("moss_vl", "MOSS-VL", _REMOTE),
     _no("olmo", "OLMo"),
     _no("openchat", "OpenChat 3.5"),

@@ -66,6 +66,8 @@ class Family:
     video_count: how a video's token count is known. "grid": from its patch grid (Qwen's video_grid_thw,
         frames paired by the temporal patch); "frames": the same tokens for every frame (each cropped to the
         video processor's crop size, pooled), frames sampled one by one (LLaVA-NeXT-Video).
+    vision_model_type: the family is the checkpoints of `model_types` whose vision tower is this one (Pixtral-12B
+        is a LLaVA checkpoint with a Pixtral tower and processor); None: every checkpoint of `model_types`.
     """
 
     name: str
@@ -86,6 +88,7 @@ class Family:
     video_count: str = "grid"
     prefix_lm: bool = False
     first_position: int = 0
+    vision_model_type: str | None = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -261,6 +264,10 @@ FAMILIES: dict[str, Family] = {
                language_model=("model", "lm_head"), audio_tower=("model.embed_tokens_extend.audio_embed",),
                image_token="<|image|>", video_token=None, audio_token="<|audio|>", uses_mrope=False,
                markers=(("image", "<|image|>"), ("audio", "<|audio|>")), image_count="processor"),
+        # Pixtral-12B (LlavaForConditionalGeneration with a Pixtral tower and PixtralProcessor): LLaVA's parts with
+        # Mistral 3's images ([IMG] per patch, [IMG_BREAK] ending each row, [IMG_END] the last).
+        Family("pixtral", ("llava",), **{**_LLAVA, "image_token": "[IMG]", "markers": (("image", "[IMG]"),),
+                                         "image_count": "text"}, vision_model_type="pixtral"),
         # GLM-4.1V (Glm4vForConditionalGeneration): a ViT whose 2x2 downsampling conv and merger project into a GLM-4
         # language model with mRoPE; images as Qwen2-VL's (a patch grid, one <|image|> per merged patch).
         Family("glm4v", ("glm4v",), **_GLM4V),
@@ -308,13 +315,18 @@ FAMILIES: dict[str, Family] = {
     )
 }
 
-_BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types}
+_BY_MODEL_TYPE = {model_type: family for family in FAMILIES.values() for model_type in family.model_types
+                  if family.vision_model_type is None}
+_BY_VISION_TOWER = {(model_type, family.vision_model_type): family for family in FAMILIES.values()
+                    for model_type in family.model_types if family.vision_model_type is not None}
 
 
 def family_of(model_or_config) -> Family | None:
     """The family of a model or config (by `config.model_type`); None for text-only and unknown models."""
     config = getattr(model_or_config, "config", model_or_config)
-    return _BY_MODEL_TYPE.get(getattr(config, "model_type", None))
+    model_type = getattr(config, "model_type", None)
+    tower = getattr(getattr(config, "vision_config", None), "model_type", None)
+    return _BY_VISION_TOWER.get((model_type, tower)) or _BY_MODEL_TYPE.get(model_type)
 
 
 def _group_of(name: str, paths: list[tuple[str, str]]) -> str | None:

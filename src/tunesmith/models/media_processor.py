@@ -330,8 +330,7 @@ class MediaProcessor:
 
 def _check_placeholders(processor, family: Family, placeholders) -> None:
     """The checkpoint's processor must write the media tokens the family's facts name, each one known token: a
-    variant with other tokens (Pixtral-12B is a LLaVA checkpoint whose processor writes [IMG], not <image>) would
-    otherwise train on images that never reach the model."""
+    variant with other tokens would otherwise train on images that never reach the model."""
     tok = processor.tokenizer
     for kind, token in placeholders:
         own = getattr(processor, f"{kind}_token", None)
@@ -339,8 +338,8 @@ def _check_placeholders(processor, family: Family, placeholders) -> None:
                       != token):
             raise DataError(
                 f"{family.name}: this checkpoint's processor writes {own!r} for each {kind} where the {family.name} "
-                f"family takes {token!r} (a variant tunesmith does not support yet, e.g. Pixtral-12B, a LLaVA "
-                "checkpoint with a Pixtral tower); use a checkpoint of a supported family (docs/multimodal.md)")
+                f"family takes {token!r} (a variant tunesmith does not support yet); use a checkpoint of a supported "
+                "family (docs/multimodal.md)")
 
 
 def audio_extractor(processor):

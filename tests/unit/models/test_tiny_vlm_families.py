@@ -34,6 +34,8 @@ EXPECTED = {
                 "Assistant: A cat.<end_of_utterance>\n"),
     "mistral3": ("PixtralProcessor", "Mistral3ForConditionalGeneration",
                  "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
+    "pixtral": ("PixtralProcessor", "LlavaForConditionalGeneration",
+                "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
     "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionForConditionalGeneration",
                         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image>\nDescribe it.<|im_end|>\n"
                         "<|im_start|>assistant\nA cat.<|im_end|>\n"),
@@ -53,7 +55,7 @@ EXPECTED = {
                   "<|assistant|>\nA cat.<|endoftext|>"),
 }
 ARCHS = sorted(EXPECTED)
-TILED = ["idefics3", "internvl", "llama4", "llava_onevision", "mistral3", "smolvlm"]  # image_count "text": the processor writes the text
+TILED = ["idefics3", "internvl", "llama4", "llava_onevision", "mistral3", "pixtral", "smolvlm"]  # image_count "text": the processor writes the text
 # image tokens of a (height, width) image after the default budget, as the processor's own call counts them: tiles
 # at the aspect ratio (plus a thumbnail); Idefics3 first resizes the longest edge to 112 (2 tiles); Pixtral rounds
 # each side up to whole 28-pixel merged patches
@@ -61,6 +63,7 @@ COUNTS = {"internvl": {(56, 84): 12, (100, 30): 16, (40, 40): 4},
           "idefics3": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
           "smolvlm": {(56, 84): 20, (100, 30): 12, (40, 40): 20},
           "mistral3": {(56, 84): 4, (100, 30): 2, (40, 40): 4},
+          "pixtral": {(56, 84): 12, (100, 30): 8, (40, 40): 9},  # Mistral 3's rows without the 2x2 merge
           "llama4": {(56, 84): 12, (100, 30): 12, (40, 40): 4},  # 2 tiles and the whole image; one tile alone
           "llava_onevision": {(56, 84): 14, (100, 30): 16, (40, 40): 24}}
 
@@ -282,8 +285,10 @@ def test_same_recipe_gives_identical_builds(arch, built, tmp_path):
 
 
 def test_a_checkpoint_whose_processor_writes_other_image_tokens_is_refused(tiny_cache):
-    """Pixtral-12B is a LLaVA checkpoint whose processor writes [IMG]: the llava family's <image> would never be
-    found, so the media processor refuses it, naming the family and the tokens."""
+    """A LLaVA checkpoint whose processor writes other image tokens than the family's facts (a variant with no family
+    of its own): the llava family's <image> would never be found, so the media processor refuses it, naming the
+    family and the tokens. (Pixtral-12B, a LLaVA checkpoint with [IMG], has its own family: family_of tells it by
+    its vision tower.)"""
     processor = AutoProcessor.from_pretrained(build_tiny("llava", tiny_cache))
     processor.image_token = "[IMG]"
     with pytest.raises(Exception, match=r"llava: this checkpoint's processor writes '\[IMG\]' for each image "

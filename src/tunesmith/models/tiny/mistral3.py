@@ -1,5 +1,5 @@
 """Tiny Mistral 3 (Mistral3ForConditionalGeneration: Mistral Small 3.1 / 3.2 vision): a Pixtral vision tower, the
-patch-merging projector and a tiny Mistral language model.
+patch-merging projector and a tiny Mistral language model; and tiny Pixtral-12B (below).
 
 The real model resizes each image so its longest edge is at most 1540 pixels, in multiples of 28 (14-pixel
 patches, merged 2x2 by the projector), one [IMG] token per merged patch, each row closed by [IMG_BREAK] and the
@@ -58,12 +58,21 @@ ARCHS: dict[str, dict] = {
 }
 
 
-def build_config(spec: dict, tokenizer):
-    from transformers import Mistral3Config
+# Pixtral-12B: a LLaVA checkpoint (LlavaForConditionalGeneration) with the same Pixtral tower, processor, tokens and
+# format, and LLaVA's two-layer projector without patch merging (one [IMG] per 14-pixel patch).
+ARCHS["pixtral"] = {**ARCHS["mistral3"], "config_class": "LlavaConfig", "model_class": "LlavaForConditionalGeneration",
+                    "processor_kwargs": {"patch_size": _PATCH, "spatial_merge_size": 1}}
 
-    return Mistral3Config(
+
+def build_config(spec: dict, tokenizer):
+    import transformers
+
+    # Mistral 3 merges 2x2 patches; Pixtral-12B's LLaVA keeps every patch feature (no CLS token to drop)
+    merging = ({"spatial_merge_size": _MERGE} if spec["config_class"] == "Mistral3Config"
+               else {"vision_feature_select_strategy": "full"})
+    return getattr(transformers, spec["config_class"])(
         text_config={"model_type": "mistral", **text_config(spec, tokenizer), "sliding_window": None},
-        vision_config={"model_type": "pixtral", **spec["vision"]}, spatial_merge_size=_MERGE,
+        vision_config={"model_type": "pixtral", **spec["vision"]}, **merging,
         vision_feature_layer=-1, tie_word_embeddings=spec["tie_word_embeddings"],
         **token_ids(tokenizer, image_token_index="[IMG]"),
     )
