@@ -13,9 +13,6 @@ import torch
 import torch.distributed as dist
 
 _OWN_GROUP = False  # init() made the default process group
-# (group, rank in it, its size) when model parallelism (Megatron's tensor/pipeline degrees) splits the world: the
-# data-parallel ranks are the ones that see different data; None: every rank is one
-_DATA: tuple | None = None
 
 
 def is_distributed() -> bool:
@@ -57,47 +54,25 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def set_data_parallel(group, group_rank: int, size: int) -> None:
-    """Name the data-parallel group: this rank's data share and the sums below go by it (the tensor-parallel ranks
-    of one replica see the same micro-batches, and their statistics count once)."""
-    global _DATA
-    _DATA = (group, group_rank, size) if size != world() else None
-
-
-def data_rank() -> int:
-    """This rank's index among the ranks that see different data."""
-    return _DATA[1] if _DATA else rank()
-
-
-def data_world() -> int:
-    """How many ranks see different data."""
-    return _DATA[2] if _DATA else world()
-
-
-def _data_group():
-    return _DATA[0] if _DATA else None
-
-
 def sum_int(value: int) -> int:
-    """The sum of an integer over the data-parallel ranks (the loop's global normalisers)."""
+    """The sum of an integer over all ranks (the loop's global normalisers)."""
     if not dist.is_initialized():
         return value
     t = torch.tensor([value], dtype=torch.long, device=_device())
-    dist.all_reduce(t, group=_data_group())
+    dist.all_reduce(t)
     return int(t.item())
 
 
-def _reduce_float(value: float, op, group=None) -> float:
+def _reduce_float(value: float, op) -> float:
     if not dist.is_initialized():
         return value
     t = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=op, group=group)
+    dist.all_reduce(t, op=op)
     return float(t.item())
 
 
 def sum_float(value: float) -> float:
-    """The sum of a float over the data-parallel ranks."""
-    return _reduce_float(value, dist.ReduceOp.SUM, _data_group())
+    return _reduce_float(value, dist.ReduceOp.SUM)
 
 
 def max_float(value: float) -> float:
@@ -122,10 +97,10 @@ def barrier() -> None:
 def shutdown() -> None:
     """Destroy the group init() made; one another library made in this process (an in-process vLLM rollout
     engine makes its own one-process group) is that library's to destroy at its shutdown."""
-    global _OWN_GROUP, _DATA
+    global _OWN_GROUP
     if _OWN_GROUP and dist.is_initialized():
         dist.destroy_process_group()
-    _OWN_GROUP, _DATA = False, None
+    _OWN_GROUP = False
 
 
 def _device():

@@ -103,16 +103,6 @@ def _deepspeed(cfg, model, device, num_optimizer_steps: int):
                                 reference_mode=cfg.finetune.pref_reference)
 
 
-def join_data_parallel(cfg, device: torch.device) -> None:
-    """Before the data is split: which ranks see different data. Megatron's tensor/pipeline ranks of one replica
-    share their micro-batches (its parallel groups are made here); every other backend's ranks are all data
-    parallel."""
-    if cfg.train.backend == "megatron":
-        from .megatron.runtime import join_megatron_data_parallel
-
-        join_megatron_data_parallel(cfg.megatron, cfg.train.seed, device)
-
-
 def needs_process_group(cfg) -> bool:
     """Sharded engines need torch.distributed initialised even on one process."""
     return cfg.train.backend in ("fsdp2", "deepspeed", "megatron")

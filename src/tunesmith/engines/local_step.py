@@ -11,15 +11,13 @@ from .base import LossFn, NonFiniteError, StepOutput, StepResult, eval_mode, for
 
 
 def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, skip_nonfinite: bool,
-                  nonfinite_loss: bool, grad_norm_fn=None) -> StepResult:
-    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients.
-    grad_norm_fn(params) -> the total norm as a tensor, for an engine whose parameters are shards (Megatron's
-    tensor parallelism); torch's get_total_norm otherwise."""
+                  nonfinite_loss: bool) -> StepResult:
+    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients."""
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler:
         scaler.unscale_(optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = _clip(params, optimizer, max_norm, fold_into_step=scaler is None, grad_norm_fn=grad_norm_fn)
+    grad_norm = _clip(params, optimizer, max_norm, fold_into_step=scaler is None)
     lr = scheduler.get_last_lr()[0]
     if (nonfinite_loss or not math.isfinite(grad_norm)) and scaler is None:
         optimizer.zero_grad(set_to_none=True)
@@ -37,7 +35,7 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
     return StepResult(grad_norm, False, lr)
 
 
-def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool, grad_norm_fn=None) -> float:
+def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool) -> float:
     """The gradients' total norm, and the gradients scaled to at most max_norm, as clip_grad_norm_ does. The norm
     is read on the host anyway (logging, the non-finite check), so nothing is scaled when it is within the bound,
     and a fused AdamW divides by the clipping factor inside its own update (its `grad_scale`, the hook AMP uses)
@@ -45,7 +43,7 @@ def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool, grad_n
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    total = grad_norm_fn(params) if grad_norm_fn else torch.nn.utils.get_total_norm(grads)
+    total = torch.nn.utils.get_total_norm(grads)
     grad_norm = float(total)
     if not math.isfinite(grad_norm) or grad_norm <= max_norm:
         return grad_norm
@@ -93,8 +91,8 @@ def forward_each(engine, micro_batches: list, fn: LossFn) -> list:
     return results
 
 
-def step_of(engine, grad_norm_fn=None) -> StepResult:
+def step_of(engine) -> StepResult:
     bad_loss, engine._nonfinite_loss = bool(engine._nonfinite_loss), False
     return clip_and_step(engine.model, engine.optimizer, engine.scheduler, engine.scaler,
                          max_grad_norm=engine.max_grad_norm, skip_nonfinite=engine.skip_nonfinite,
-                         nonfinite_loss=bad_loss, grad_norm_fn=grad_norm_fn)
+                         nonfinite_loss=bad_loss)

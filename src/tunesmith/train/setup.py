@@ -23,7 +23,7 @@ from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.pipeline import prepare_data, render_options, write_skipped_records
 from ..data.prompts import prompt_records
 from ..data.templates import stop_tokens
-from ..engines import build_engine, checkpoint_backend, join_data_parallel, needs_process_group
+from ..engines import build_engine, checkpoint_backend, needs_process_group
 from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.kernels import share_input_casts
@@ -86,7 +86,6 @@ def set_up(cfg) -> Runner:
     dist.barrier()
     seed_everything(cfg.train.seed)
     device = pick_device()
-    join_data_parallel(cfg, device)
     tokenizer, saver, media = load_preprocessing(cfg)
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))

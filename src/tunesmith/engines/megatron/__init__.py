@@ -27,22 +27,9 @@ from ...errors import TunesmithError
 
 log = logging.getLogger("tunesmith")
 
-_NOT_YET = "is not available on backend: megatron yet; use backend: fsdp2 or deepspeed for multi-GPU training"
-
-
-def _check_processes(m, world: int, *, lora: bool, vision_language: bool, moe: bool) -> None:
-    """Tensor and data parallelism run over several processes; what does not yet, refused by name."""
-    tp = m.tensor_model_parallel_size
-    refused = [(m.pipeline_model_parallel_size > 1, f"pipeline_model_parallel_size: {m.pipeline_model_parallel_size}"),
-               (m.expert_model_parallel_size > 1, f"expert_model_parallel_size: {m.expert_model_parallel_size}"),
-               (m.sequence_parallel, "sequence_parallel: true"),
-               (tp > 1 and lora, f"tensor_model_parallel_size: {tp} with finetuning_type: lora"),
-               (tp > 1 and vision_language, f"tensor_model_parallel_size: {tp} for a vision-language model"),
-               (tp > 1 and moe, f"tensor_model_parallel_size: {tp} for a mixture-of-experts model")]
-    for hit, what in refused:
-        if hit:
-            raise TunesmithError(f"{what} {_NOT_YET} (tensor and data parallelism of dense text models run; "
-                                 f"{world} processes were launched)")
+_ONE_PROCESS = ("this release's Megatron engine runs on one process (tensor, pipeline, context and expert degrees 1); "
+                "runs over several processes are not available yet; use backend: fsdp2 or deepspeed for multi-GPU "
+                "training")
 
 
 _MOE_LORA = ("finetuning_type: lora for a mixture-of-experts model is not available on backend: megatron yet (full "
@@ -93,8 +80,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
-    _check_processes(cfg.megatron, dist.world(), lora=bool(lora_linears), vision_language=vision_language,
-                     moe=bool(facts.num_experts))
+    if dist.world() > 1:
+        raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
@@ -128,9 +115,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
                              "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
                              "false) or use pure_bf16: true")
-    log.info("Megatron-Core engine: %s, TP=%d, data parallel %d, %s, attention: %s%s", hf_config.model_type,
-             cfg.megatron.tensor_model_parallel_size, dist.data_world(), precision, _attention_kernel(device, precision),
-             f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
+    log.info("Megatron-Core engine: %s, TP=PP=1, %s, attention: %s%s", hf_config.model_type, precision,
+             _attention_kernel(device, precision), f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                           skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)

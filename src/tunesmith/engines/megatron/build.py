@@ -137,7 +137,6 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         vp_stage=vp_stage)
-    model.hf_vocab_size = hf.vocab_size  # the logits past it are the tensor-parallel padding (forward.py cuts them)
     if reward_head and model.post_process:
         model.output_layer = None
         model.score = torch.nn.Linear(hf.hidden_size, 1, bias=False, dtype=config.params_dtype)

@@ -31,10 +31,8 @@ from ..optim import realign_schedule
 from .forward import run_megatron_forward
 from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
 from .moe import RouterBalancing
-from .parallel import (gathered, local_shards, sum_gradients_over_data_parallel,
-                       sum_head_norm_gradients_over_tensor_parallel, total_grad_norm)
 from .schedule import run_forward_backward
-from .weights import family_map, language_config
+from .weights import family_map
 from .weights.layers import Shape
 
 log = logging.getLogger("tunesmith")
@@ -54,12 +52,11 @@ def hf_base_state(hf_model) -> dict:
 
 
 def load_hf_state(model, hf_state: dict, hf_config) -> None:
-    """Hugging Face weights (full, by HF name) into the GPTModel (this rank's tensor-parallel shards); every megatron
-    weight must be filled. A reward model's score head keeps its name."""
+    """Hugging Face weights (full, by HF name) into the GPTModel; every megatron weight must be filled. A reward
+    model's score head keeps its name."""
     mapped = family_map(hf_config).to_megatron(hf_state, hf_config)
     if "score.weight" in hf_state:
         mapped["score.weight"] = hf_state["score.weight"]
-    mapped = local_shards(mapped)
     ours = megatron_state(model)
     missing = sorted(set(ours) - set(mapped))
     unexpected = sorted(set(mapped) - set(ours))
@@ -75,10 +72,8 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
 
 
 def hf_state_of(model, hf_config) -> dict:
-    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head); with
-    tensor parallelism every rank calls it (the shards are gathered)."""
-    local = {k: v.detach() for k, v in megatron_state(model).items()}
-    state = {k: v.cpu() for k, v in gathered(local, language_config(hf_config).vocab_size).items()}
+    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head)."""
+    state = {k: v.detach().cpu() for k, v in megatron_state(model).items()}
     hf = family_map(hf_config).to_hf(state, hf_config)
     if "score.weight" in state:
         hf.pop("lm_head.weight", None)
@@ -105,10 +100,7 @@ class MegatronEngine:
         self.balancing = RouterBalancing.of(hf_model)  # MoE: transformers' load-balancing loss (moe.py); dense: None
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
-        out = run_forward_backward(self, micro_batches, loss_fn)
-        sum_head_norm_gradients_over_tensor_parallel(self.model)
-        sum_gradients_over_data_parallel([p for p in self.model.parameters() if p.requires_grad])
-        return out
+        return run_forward_backward(self, micro_batches, loss_fn)
 
     def _forward_module(self):
         """A context giving the module forward() runs: the policy, or inside reference() the frozen copy or the
@@ -136,13 +128,11 @@ class MegatronEngine:
         return switched_to_reference(self)
 
     def step(self) -> StepResult:
-        # every rank skips or steps together: a non-finite loss on one data-parallel replica stops them all
-        self._nonfinite_loss = bool(dist.max_int(int(bool(self._nonfinite_loss))))
-        return step_of(self, grad_norm_fn=total_grad_norm)
+        return step_of(self)
 
     def save(self, path: Path) -> None:
         write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                         Path(path) / engine_state_file())
+                         Path(path) / "engine_state.pt")
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))
@@ -154,7 +144,7 @@ class MegatronEngine:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
         (weights_only)."""
         self._load_hf_weights(path)
-        state = read_torch_file(Path(path) / engine_state_file(), map_location=self.device)
+        state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         realign_schedule(self.optimizer, self.scheduler)
@@ -168,24 +158,17 @@ class MegatronEngine:
         schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
-        """The trained weights back under their Hugging Face names, written by transformers itself (rank 0; every
-        rank takes part in gathering the tensor-parallel shards)."""
-        full = None if self.lora_linears else hf_state_of(self.model, self.hf_config)
+        """The trained weights back under their Hugging Face names, written by transformers itself."""
         if dist.is_main():
             if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
                 copy_lora(hf_lora_state(self.hf_model), lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)))
             else:
-                self.hf_model.load_state_dict(full, strict=True)
+                self.hf_model.load_state_dict(hf_state_of(self.model, self.hf_config), strict=True)
             self.hf_model.save_pretrained(str(path), safe_serialization=True)
             saver.save_pretrained(str(path))
 
     def full_state_for_rollout(self) -> dict:
         return hf_state_of(self.model, self.hf_config)
-
-
-def engine_state_file() -> str:
-    """Optimizer and schedule: one file, or one per rank when the ranks hold different shards or replicas."""
-    return f"engine_state_rank{dist.rank()}.pt" if dist.world() > 1 else "engine_state.pt"
 
 
 def start_lora_from_hf(model, peft_model, linears: list) -> None:

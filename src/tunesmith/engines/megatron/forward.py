@@ -15,7 +15,6 @@ import torch
 from ...errors import TunesmithError
 from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
-from .parallel import gather_vocab
 from .vision import deepstack_added, merged_embeddings
 
 
@@ -92,8 +91,8 @@ def lm_forward(model, batch, angles) -> torch.Tensor:
     if not model.post_process:
         return hidden
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
-    logits_TBV, _ = model.output_layer(hidden, weight=weight)  # this rank's vocabulary shard under TP
-    return gather_vocab(logits_TBV)[..., :getattr(model, "hf_vocab_size", None)].transpose(0, 1)
+    logits_TBV, _ = model.output_layer(hidden, weight=weight)
+    return logits_TBV.transpose(0, 1)
 
 
 def reward_forward(model, batch, angles) -> torch.Tensor:

@@ -51,17 +51,3 @@ def init_model_parallel(m, seed: int, device: torch.device) -> None:
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
         model_parallel_cuda_manual_seed(seed)
-
-
-def join_megatron_data_parallel(m, seed: int, device: torch.device) -> None:
-    """megatron-core's groups, and its data-parallel group named to tunesmith's dist (the data split and the
-    loop's sums go by it). A world the degrees do not divide is left for check_degrees to refuse by name."""
-    from ... import dist
-
-    if dist.world() % (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size):
-        return
-    init_model_parallel(m, seed, device)
-    from megatron.core import parallel_state
-
-    dist.set_data_parallel(parallel_state.get_data_parallel_group(), parallel_state.get_data_parallel_rank(),
-                           parallel_state.get_data_parallel_world_size())
