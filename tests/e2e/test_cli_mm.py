@@ -23,6 +23,7 @@ def _first(ext):
     ("qwen3_vl", "mllm_video_demo,mllm_demo", "--video", "mp4"),
     ("qwen2_audio", "mllm_audio_demo", "--audio", "wav"),
     ("phi4_multimodal", "mllm_audio_demo,mllm_demo", "--audio", "wav"),  # audio and image records in one run
+    ("gemma3n", "mllm_audio_demo,mllm_demo", "--audio", "wav"),
 ])
 def test_train_then_chat_about_media(tmp_path, arch, datasets, flag, ext):
     out = tmp_path / arch

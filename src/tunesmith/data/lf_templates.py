@@ -150,7 +150,7 @@ _ROWS = (
     _no("falcon_h1", "Falcon-H1"),
     _no("gemma", "Gemma"),
     _no("gemma2", "Gemma 2"),
-    _no("gemma3n", "Gemma 3n"),
+    _own("gemma3n", "Gemma 3n", "gemma3n", tokens=("<start_of_turn>", "<end_of_turn>", "<image_soft_token>")),
     _no("gemma4", "Gemma 4"),
     _no("gemma4n", "Gemma 4n"),
     _own("glm4v", "GLM-4.1V", "glm4v", tokens=("[gMASK]", "<sop>", "<|begin_of_image|>", "<|image|>")),

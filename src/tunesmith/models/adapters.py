@@ -122,7 +122,21 @@ def _lora_targets(model, cfg: FinetuneConfig, frozen: set[str]):
              if _plain_linear(module) and module is not output and f"{name}.weight" not in frozen]
     if not names:
         raise ConfigError(["lora_target: all found no linear layer outside the frozen parts; unfreeze one"])
+    _check_towers_adapted(model, names, frozen)
     return names
+
+
+def _check_towers_adapted(model, targets: list[str], frozen: set[str]) -> None:
+    """An unfrozen media tower must get adapters, or it would stay frozen without a word: Gemma 3n's image encoder
+    is convolutions (timm MobileNetV5), which LoRA's linear targets do not reach."""
+    family = family_of(model.config)
+    groups = module_groups(model, family) if family is not None else {}
+    for group in ("vision_tower", "audio_tower"):
+        names = groups.get(group, [])
+        if names and not frozen & set(names) and not any(n.startswith(f"{t}.") for t in targets for n in names):
+            raise ConfigError([f"freeze_vision_tower: false with finetuning_type: lora, but this model's {group} has no "
+                               f"linear layer LoRA adapts ({family.name}'s is convolutions); keep freeze_vision_tower: "
+                               "true, or train it with finetuning_type: full"])
 
 
 def _plain_linear(module) -> bool:

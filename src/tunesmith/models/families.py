@@ -68,6 +68,10 @@ class Family:
         video processor's crop size, pooled), frames sampled one by one (LLaVA-NeXT-Video).
     vision_model_type: the family is the checkpoints of `model_types` whose vision tower is this one (Pixtral-12B
         is a LLaVA checkpoint with a Pixtral tower and processor); None: every checkpoint of `model_types`.
+    collation_pad_token: the token training batches pad their rows with, when the tokenizer's pad token cannot be:
+        Gemma 3n's is its embedding's zero padding row, and its AltUp takes the square root of each position's
+        hidden magnitude, whose gradient at that zero is infinite (NaN everywhere after one padded batch). Padding
+        positions are never attended by real tokens nor labels, so any other token is as good; None: the pad token.
     """
 
     name: str
@@ -89,6 +93,7 @@ class Family:
     prefix_lm: bool = False
     first_position: int = 0
     vision_model_type: str | None = None
+    collation_pad_token: str | None = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -268,6 +273,15 @@ FAMILIES: dict[str, Family] = {
         # Mistral 3's images ([IMG] per patch, [IMG_BREAK] ending each row, [IMG_END] the last).
         Family("pixtral", ("llava",), **{**_LLAVA, "image_token": "[IMG]", "markers": (("image", "[IMG]"),),
                                          "image_count": "text"}, vision_model_type="pixtral"),
+        # Gemma 3n (Gemma3nForConditionalGeneration): a timm MobileNetV5 image encoder and a Conformer audio encoder,
+        # each with its multimodal embedder (the projector), over the Gemma 3n language model. The template writes
+        # <image_soft_token> / <audio_soft_token>; the processor writes a fixed sequence per item in their place.
+        Family("gemma3n", ("gemma3n",), vision_tower=("model.vision_tower",),
+               projector=("model.embed_vision", "model.embed_audio"), language_model=_LM,
+               audio_tower=("model.audio_tower",), image_token="<image_soft_token>", video_token=None,
+               audio_token="<audio_soft_token>", uses_mrope=False,
+               markers=(("image", "<image_soft_token>"), ("audio", "<audio_soft_token>")), image_count="fixed",
+               collation_pad_token="<eos>"),
         # GLM-4.1V (Glm4vForConditionalGeneration): a ViT whose 2x2 downsampling conv and merger project into a GLM-4
         # language model with mRoPE; images as Qwen2-VL's (a patch grid, one <|image|> per merged patch).
         Family("glm4v", ("glm4v",), **_GLM4V),
@@ -327,6 +341,13 @@ def family_of(model_or_config) -> Family | None:
     model_type = getattr(config, "model_type", None)
     tower = getattr(getattr(config, "vision_config", None), "model_type", None)
     return _BY_VISION_TOWER.get((model_type, tower)) or _BY_MODEL_TYPE.get(model_type)
+
+
+def collation_pad_id(tokenizer, family: Family | None) -> int:
+    """The token id training batches pad rows with (Family.collation_pad_token, else the tokenizer's pad token)."""
+    if family is not None and family.collation_pad_token:
+        return tokenizer.convert_tokens_to_ids(family.collation_pad_token)
+    return tokenizer.pad_token_id
 
 
 def _group_of(name: str, paths: list[tuple[str, str]]) -> str | None:

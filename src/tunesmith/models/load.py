@@ -220,6 +220,9 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         )
     except OSError as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    except ImportError as err:
+        extra = "; pip install 'tunesmith[gemma3n]'" if "timm" in str(err) else ""  # Gemma 3n's image encoder
+        raise ModelError(f"{cfg.model_name_or_path} needs a package that is not installed: {err}{extra}") from None
     return _finish_model(model, cfg, device, checkpoint_layers)
 
 

@@ -319,9 +319,11 @@ class MediaProcessor:
         rate = self.budget.sampling_rate
         waves = [_fit(media.load_audio(a["path"], rate), a["samples"]) for a in audios]
         extractor = audio_extractor(self.processor)
-        if _counts_embeddings(extractor):  # Phi-4-multimodal: its inputs as they are, once its counts match the plan
+        if not _is_whisper(extractor):  # Phi-4-multimodal, Gemma 3n: the extractor's inputs as they are
             out = extractor(waves, sampling_rate=rate, return_tensors="pt")
-            _check_planned("audio tokens", [int(n) for n in out["audio_embed_sizes"]], [a["tokens"] for a in audios])
+            if _counts_embeddings(extractor):  # Phi-4-multimodal's counts must match the plan
+                _check_planned("audio tokens", [int(n) for n in out["audio_embed_sizes"]],
+                               [a["tokens"] for a in audios])
             return dict(out)
         out = extractor(waves, sampling_rate=rate, return_attention_mask=True, padding="max_length",
                         return_tensors="pt")
@@ -351,11 +353,20 @@ def _counts_embeddings(extractor) -> bool:
     return "audio_embed_sizes" in getattr(extractor, "model_input_names", ())
 
 
+def _is_whisper(extractor) -> bool:
+    """The Qwen audio families' Whisper extractor, whose mask the model takes as feature_attention_mask."""
+    from transformers import WhisperFeatureExtractor
+
+    return isinstance(extractor, WhisperFeatureExtractor)
+
+
 def audio_tokens(processor, num_samples: int) -> int:
-    """Audio placeholder tokens for a clip, from the processor's own formula where it has one, or its extractor's
-    own count of a silent clip of that length (Phi-4-multimodal's)."""
+    """Audio placeholder tokens for a clip, from the processor's own formula where it has one, its fixed count per
+    clip (Gemma 3n's), or its extractor's own count of a silent clip of that length (Phi-4-multimodal's)."""
     if hasattr(processor, "_get_num_audio_tokens"):
         return int(processor._get_num_audio_tokens(num_samples))
+    if getattr(processor, "audio_seq_length", None):  # Gemma 3n: a fixed number per clip (30 s at most)
+        return int(processor.audio_seq_length)
     fe = audio_extractor(processor)
     if _counts_embeddings(fe):
         silence = np.zeros(num_samples, dtype=np.float32)

@@ -25,6 +25,7 @@ from ..data.render import IGNORE_INDEX
 from ..errors import TunesmithError
 from ..methods.advantages import ADVANTAGES, clip_advantages, zero_variance_groups
 from ..methods.base import PrePass
+from ..models.families import collation_pad_id
 from ..rollout.backends import build_rollout
 from ..rollout.engine import Rollouts, Sampling
 from ..rollout.rewards import build_rewards
@@ -171,7 +172,8 @@ class RolloutSteps:
         size = self.cfg.train.per_device_train_batch_size
         batches = []
         for i in range(0, len(rows), size):
-            batch = collate_rows(rows[i : i + size], self.tokenizer.pad_token_id, media=self.media).to(device)
+            pad_id = collation_pad_id(self.tokenizer, self.media.family if self.media else None)
+            batch = collate_rows(rows[i : i + size], pad_id, media=self.media).to(device)
             batch.extra["sampler_logps_BT"] = sampler_logps_like(batch.targets_BT, logps[i : i + size])
             batches.append(batch)
         return batches

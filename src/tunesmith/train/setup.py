@@ -26,6 +26,7 @@ from ..data.templates import stop_tokens
 from ..engines import build_engine, checkpoint_backend, needs_process_group
 from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
+from ..models.families import collation_pad_id, family_of
 from ..models.kernels import share_input_casts
 from ..models.load import load_config, load_model, load_preprocessing, pick_device
 from ..stages import STAGES
@@ -160,8 +161,9 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
         return RolloutSteps(cfg, prompts, held_out, method, tokenizer, media, stop_ids)
     from .sequence_steps import SequenceSteps
 
-    pad_id = getattr(saver, "tokenizer", saver).pad_token_id
-    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, load_config(cfg.model)))
+    model_config = load_config(cfg.model)
+    pad_id = collation_pad_id(getattr(saver, "tokenizer", saver), family_of(model_config))
+    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config))
     return SequenceSteps(cfg, data, plan, method, pad_id, media)
 
 

@@ -37,7 +37,7 @@ TINY_OF = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "llama": "llama", "gemma3
            "phi3": "phi4", "glm4": "glm4", "glm4_moe": "glm4_moe", "glm4v_moe": "glm4v_moe", "llava_next_video": "llava_next_video", "paligemma": "paligemma", "qwen3_vl_moe": "qwen3_vl_moe", "deepseek_v3": "deepseek_v3", "gpt_oss": "gpt_oss", "qwen3_5": "qwen3_5",
            "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen2_audio": "qwen2_audio",
            "qwen2_5_omni": "qwen2_5_omni", "gemma3_vl": "gemma3_vl", "phi4_multimodal": "phi4_multimodal",
-           "pixtral": "pixtral"}
+           "pixtral": "pixtral", "gemma3n": "gemma3n"}
 
 
 def _lf_source() -> Path | None:

@@ -17,6 +17,7 @@ from transformers import AutoModelForMultimodalLM, AutoProcessor, AutoTokenizer
 
 from conftest import DATA_DIR, run_config
 from tunesmith.config.schema import DataConfig
+from tunesmith.errors import ConfigError
 from tunesmith.models.families import FAMILIES, GROUPS, family_of, module_groups, packing_leak
 from tunesmith.models.media_processor import MediaBudget, MediaProcessor
 from tunesmith.models.tiny import MM_ARCHS, build_tiny
@@ -34,6 +35,9 @@ EXPECTED = {
                 "Assistant: A cat.<end_of_utterance>\n"),
     "mistral3": ("PixtralProcessor", "Mistral3ForConditionalGeneration",
                  "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
+    "gemma3n": ("Gemma3nProcessor", "Gemma3nForConditionalGeneration",
+                "<bos><start_of_turn>user\nBe brief.\n\n<image_soft_token>Describe it.<end_of_turn>\n<start_of_turn>model\n"
+                "A cat.<end_of_turn>\n"),
     "pixtral": ("PixtralProcessor", "LlavaForConditionalGeneration",
                 "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG]Describe it.[/INST]A cat.</s>"),
     "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionForConditionalGeneration",
@@ -113,14 +117,17 @@ def test_family_groups_cover_every_parameter_once_and_the_image_reaches_the_loss
     processor, model = loaded[arch]
     family = family_of(model)
     assert family is FAMILIES[arch] and family.uses_mrope == (arch in ("glm4v", "glm4v_moe", "qwen3_omni"))
-    assert family.modalities == (("image", "audio") if arch in ("qwen3_omni", "phi4_multimodal") else ("image",))
+    assert family.modalities == (("image", "audio") if arch in ("qwen3_omni", "phi4_multimodal", "gemma3n")
+                                 else ("image",))
     assert packing_leak(model.config) is None
     groups = module_groups(model, family)
     assert set(groups) == set(GROUPS)  # no "other"
     names = [n for group in groups.values() for n in group]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters()) and len(names) == len(set(names))
     assert groups["vision_tower"] and groups["projector"]
-    assert any(n.endswith("lm_head.weight") for n in groups["language_model"])  # Llama 4's is language_model.lm_head
+    # Llama 4's head is language_model.lm_head; a tied one (Gemma 3n) is the embedding's
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied or any(n.endswith("lm_head.weight") for n in groups["language_model"])
     text = processor.apply_chat_template(_messages(), tokenize=False)
     inputs = processor(text=[text], images=[_image(56, 84)], add_special_tokens=False, return_tensors="pt")
     for key in [k for k in inputs if "pixel_values" in k]:  # Llama 4's processor gives bf16 pixels
@@ -266,6 +273,10 @@ def test_freezing_and_lora_targets(arch, built):
     trainable = {n for n, p in full.named_parameters() if p.requires_grad}
     assert trainable and trainable == set(groups["language_model"])  # tower and projector frozen by default
     lora_cfg = build_config(None, {"dataset": "x", "finetuning_type": "lora", "freeze_vision_tower": False}).finetune
+    if arch == "gemma3n":  # its image encoder is convolutions: no adapter would reach it, so it is refused by name
+        with pytest.raises(ConfigError, match="vision_tower has no linear layer LoRA adapts"):
+            apply_finetuning(AutoModelForMultimodalLM.from_pretrained(built[arch]), lora_cfg)
+        return
     lora = apply_finetuning(AutoModelForMultimodalLM.from_pretrained(built[arch]), lora_cfg)
     names = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n for n in names)
@@ -296,7 +307,7 @@ def test_a_checkpoint_whose_processor_writes_other_image_tokens_is_refused(tiny_
         MediaProcessor(processor, FAMILIES["llava"], MediaBudget.from_config(DataConfig()))
 
 
-@pytest.mark.parametrize("arch", ["qwen3_omni", "phi4_multimodal"])
+@pytest.mark.parametrize("arch", ["qwen3_omni", "phi4_multimodal", "gemma3n"])
 def test_audio_record_ids_are_the_processors_own_and_the_audio_reaches_the_loss(arch, loaded):
     """The audio demo's first record: the rendered ids equal the processor's own call, and the collated batch's audio
     inputs (Qwen3-Omni's features, Phi-4-multimodal's extractor outputs as they are) give the audio tower a
@@ -329,3 +340,42 @@ def test_audio_record_ids_are_the_processors_own_and_the_audio_reaches_the_loss(
     params = dict(model.named_parameters())
     assert any(params[n].grad is not None and params[n].grad.abs().sum() > 0 for n in audio_tower)
     model.zero_grad(set_to_none=True)
+
+
+def test_gemma3n_pads_training_rows_with_a_token_whose_gradients_stay_finite(built):
+    """Gemma 3n's pad token is its embedding's zero row, and its AltUp takes the square root of each position's hidden
+    magnitude: rows padded with it give NaN gradients. Training pads with Family.collation_pad_token instead
+    (padding is neither attended by real tokens nor a label, so the loss is unchanged)."""
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.methods.losses import token_nll
+    from tunesmith.models.families import collation_pad_id
+    from tunesmith.models.forward import run_forward
+
+    rows, tokenizer, media = _prepared("gemma3n", max_samples=2)
+    model = AutoModelForMultimodalLM.from_pretrained(built["gemma3n"], attn_implementation="sdpa")
+    results = {}
+    for pad_id in (tokenizer.pad_token_id, collation_pad_id(tokenizer, FAMILIES["gemma3n"])):
+        model.zero_grad(set_to_none=True)
+        batch = collate_rows([[rows[0]], [rows[1]]], pad_id, media=media)
+        loss = token_nll(run_forward(model, batch, "logits").logits_BTV, batch.targets_BT).sum()
+        loss.backward()
+        results[pad_id] = (float(loss), all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                            if p.grad is not None))
+    (bad_loss, bad_finite), (good_loss, good_finite) = results.values()
+    assert not bad_finite and good_finite and good_loss == pytest.approx(bad_loss, rel=1e-6)
+
+
+def test_gemma3n_without_timm_is_a_clear_error(built, monkeypatch):
+    """Its image encoder is a timm model: without timm, loading says which package and the extra that brings it."""
+    import transformers.models.timm_wrapper.modeling_timm_wrapper as timm_wrapper
+
+    from tunesmith.config.schema import ModelConfig
+    from tunesmith.errors import ModelError
+    from tunesmith.models.load import load_model
+
+    def missing(obj, backends):
+        raise ImportError(f"{type(obj).__name__} requires the timm library")
+
+    monkeypatch.setattr(timm_wrapper, "requires_backends", missing)
+    with pytest.raises(ModelError, match=r"needs a package that is not installed: .*timm.*tunesmith\[gemma3n\]"):
+        load_model(ModelConfig(model_name_or_path=str(built["gemma3n"])), torch.device("cpu"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tunesmith.errors import ModelError
 
-from . import (deepseek_v3, gemma3, gemma3_vl, glm4, glm4v, gpt_oss, idefics3, internvl, llama, llama4, llava,
+from . import (deepseek_v3, gemma3, gemma3_vl, gemma3n, glm4, glm4v, gpt_oss, idefics3, internvl, llama, llama4, llava,
                llava_onevision, mistral, mistral3, paligemma, phi4, phi4_multimodal, qwen2_5_omni, qwen2_audio, qwen3, qwen3_5,
                qwen3_moe, qwen3_omni, qwen4_exp, qwen_vl)
 from .common import (CORPUS, MODEL_SHAPE, RECIPE_VERSION, SEED, VOCAB_SIZE, build_mm_model, build_processor,
@@ -28,7 +28,7 @@ TINY_PREFIX = "tiny:"
 # Dense, then MoE, then the hybrid linear-attention Qwen families.
 _TEXT_FAMILIES = (qwen3, llama, gemma3, mistral, phi4, glm4, deepseek_v3, qwen3_moe, gpt_oss, qwen3_5, qwen4_exp)
 _MM_FAMILIES = (qwen_vl, qwen2_audio, qwen2_5_omni, gemma3_vl, llava, internvl, idefics3, mistral3, glm4v,
-                llava_onevision, llama4, qwen3_omni, paligemma, phi4_multimodal)
+                llava_onevision, llama4, qwen3_omni, paligemma, phi4_multimodal, gemma3n)
 MM_ARCHS: dict[str, dict] = {arch: spec for family in _MM_FAMILIES for arch, spec in family.ARCHS.items()}
 ARCHS: dict[str, dict] = {
     **{arch: spec for family in _TEXT_FAMILIES for arch, spec in family.ARCHS.items()}, **MM_ARCHS}
