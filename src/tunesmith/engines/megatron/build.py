@@ -137,6 +137,7 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         vp_stage=vp_stage)
+    model.hf_vocab_size = hf.vocab_size  # the padded rows' logits are masked out, cut off at save (vocab_parallel.py)
     if reward_head and model.post_process:
         model.output_layer = None
         model.score = torch.nn.Linear(hf.hidden_size, 1, bias=False, dtype=config.params_dtype)

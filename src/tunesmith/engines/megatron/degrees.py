@@ -103,6 +103,41 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
     return []
 
 
+_FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
+
+
+def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> list[str]:
+    """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP) and data
+    parallelism run; pipeline and expert parallelism, sequence parallelism, and TP for LoRA, mixture-of-experts and
+    vision-language models are named here."""
+    problems, tp = [], m.tensor_model_parallel_size
+    if m.pipeline_model_parallel_size > 1:
+        problems.append(f"pipeline_model_parallel_size: {m.pipeline_model_parallel_size} is not available yet (tensor "
+                        f"and data parallelism are); use pipeline_model_parallel_size: 1, or {_FSDP2}")
+    if m.expert_model_parallel_size > 1:
+        problems.append(f"expert_model_parallel_size: {m.expert_model_parallel_size} is not available yet; use 1 "
+                        f"(the experts data-parallel), or {_FSDP2}")
+    if m.sequence_parallel:
+        problems.append("sequence_parallel: true is not available yet (its communication runs on CUDA only and is "
+                        "untested here); set sequence_parallel: false")
+    if tp > 1 and lora:
+        problems.append(f"finetuning_type: lora with tensor_model_parallel_size: {tp} is not available yet (LoRA runs "
+                        "data-parallel, tensor_model_parallel_size: 1); use tensor degree 1, or backend: fsdp2")
+    if tp > 1 and model.num_experts:
+        problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} is not available yet (it "
+                        "runs data-parallel, tensor_model_parallel_size: 1); use tensor degree 1, or backend: fsdp2")
+    if tp > 1 and vision_language:
+        problems.append(f"a vision-language model with tensor_model_parallel_size: {tp} is not available yet (it runs "
+                        "data-parallel, tensor_model_parallel_size: 1); use tensor degree 1, or backend: fsdp2")
+    return problems
+
+
+def check_available(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> None:
+    problems = unavailable_problems(m, model, lora=lora, vision_language=vision_language)
+    if problems:
+        raise ConfigError(problems)
+
+
 def check_degrees(m, world_size: int, model: ModelFacts, *, has_te: bool) -> None:
     problems = degree_problems(m, world_size, model, has_te=has_te)
     if problems:

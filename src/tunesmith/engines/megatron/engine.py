@@ -24,13 +24,14 @@ from ... import dist
 from ...errors import TunesmithError
 from ...models.forward import base_model
 from ...models.weights import load_model_weights
-from ..base import (LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer, read_torch_file, schedule_at,
-                    switched_to_reference, write_torch_file)
+from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer,
+                    read_torch_file, schedule_at, switched_to_reference, write_torch_file)
 from ..local_step import autocast, step_of
 from ..optim import realign_schedule
 from .forward import run_megatron_forward
 from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
 from .moe import RouterBalancing
+from .parallel import dp_rank, gathered, grad_norm, local_shards, reduce_gradients
 from .schedule import run_forward_backward
 from .weights import family_map
 from .weights.layers import Shape
@@ -52,11 +53,12 @@ def hf_base_state(hf_model) -> dict:
 
 
 def load_hf_state(model, hf_state: dict, hf_config) -> None:
-    """Hugging Face weights (full, by HF name) into the GPTModel; every megatron weight must be filled. A reward
-    model's score head keeps its name."""
+    """Hugging Face weights (full, by HF name) into the GPTModel, this rank's tensor-parallel shard of each; every
+    megatron weight must be filled. A reward model's score head keeps its name."""
     mapped = family_map(hf_config).to_megatron(hf_state, hf_config)
     if "score.weight" in hf_state:
         mapped["score.weight"] = hf_state["score.weight"]
+    mapped = local_shards(mapped, model.vocab_size)
     ours = megatron_state(model)
     missing = sorted(set(ours) - set(mapped))
     unexpected = sorted(set(mapped) - set(ours))
@@ -72,8 +74,9 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
 
 
 def hf_state_of(model, hf_config) -> dict:
-    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head)."""
-    state = {k: v.detach().cpu() for k, v in megatron_state(model).items()}
+    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head); the
+    tensor-parallel shards gathered (collective over the tensor-parallel group)."""
+    state = {k: gathered(k, v, model.hf_vocab_size) for k, v in megatron_state(model).items()}
     hf = family_map(hf_config).to_hf(state, hf_config)
     if "score.weight" in state:
         hf.pop("lm_head.weight", None)
@@ -128,11 +131,15 @@ class MegatronEngine:
         return switched_to_reference(self)
 
     def step(self) -> StepResult:
-        return step_of(self)
+        reduce_gradients(self.model)
+        return step_of(self, total_norm=grad_norm)
 
     def save(self, path: Path) -> None:
-        write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                         Path(path) / "engine_state.pt")
+        """The optimizer and schedule of this rank's shards (the data-parallel replicas hold the same: the first
+        writes them)."""
+        if dp_rank() == 0:
+            write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                             Path(path) / engine_state_file())
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))
@@ -144,7 +151,7 @@ class MegatronEngine:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
         (weights_only)."""
         self._load_hf_weights(path)
-        state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
+        state = read_torch_file(engine_state_path(Path(path)), map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         realign_schedule(self.optimizer, self.scheduler)
@@ -158,17 +165,45 @@ class MegatronEngine:
         schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
-        """The trained weights back under their Hugging Face names, written by transformers itself."""
+        """The trained weights back under their Hugging Face names (the shards gathered by every rank), written by
+        transformers itself on rank 0."""
+        if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen); tensor degree 1
+            state = lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)) if dist.is_main() else None
+        else:
+            state = hf_state_of(self.model, self.hf_config)
         if dist.is_main():
-            if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
-                copy_lora(hf_lora_state(self.hf_model), lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)))
+            if self.lora_linears:
+                copy_lora(hf_lora_state(self.hf_model), state)
             else:
-                self.hf_model.load_state_dict(hf_state_of(self.model, self.hf_config), strict=True)
+                self.hf_model.load_state_dict(state, strict=True)
             self.hf_model.save_pretrained(str(path), safe_serialization=True)
             saver.save_pretrained(str(path))
+        dist.barrier()
 
     def full_state_for_rollout(self) -> dict:
         return hf_state_of(self.model, self.hf_config)
+
+
+def engine_state_file() -> str:
+    """engine_state.pt on one process; over several, one file per tensor/pipeline-parallel position (the
+    optimizer state of that position's shards)."""
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    if tp * pp == 1:
+        return "engine_state.pt"
+    return f"engine_state_tp{ps.get_tensor_model_parallel_rank()}_pp{ps.get_pipeline_model_parallel_rank()}.pt"
+
+
+def engine_state_path(folder: Path) -> Path:
+    """This rank's engine state in `folder`; one written under other tensor/pipeline degrees is refused by name."""
+    path = folder / engine_state_file()
+    if not path.exists() and any(folder.glob("engine_state*.pt")):
+        found = sorted(p.name for p in folder.glob("engine_state*.pt"))
+        raise CheckpointError(f"{folder} holds {found}, written under other tensor/pipeline-parallel degrees than "
+                             f"this run's (which reads {path.name}); resume with the degrees it was saved with, "
+                             "or start from its Hugging Face weights (model_name_or_path)")
+    return path
 
 
 def start_lora_from_hf(model, peft_model, linears: list) -> None:

@@ -35,7 +35,7 @@ def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
 def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, aux_loss, output):
     # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
     with autocast(engine.precision, engine.device):
-        outputs = as_outputs(output, loss_fn.outputs)
+        outputs = as_outputs(output, loss_fn.outputs, engine.model, batch)
         if aux_loss is not None:
             outputs.aux_loss, outputs.aux_loss_coef = aux_loss, engine.balancing.coef
         out = loss_fn.fn(outputs, batch)

@@ -1,0 +1,167 @@
+"""The Megatron engine over two CPU processes (gloo): tensor parallelism 2 and data parallelism 2 against one
+process. One spawn runs every check (each process imports megatron-core and transformers once): the Hugging Face
+weights into TP=2 shards and gathered back identical (vocabulary padding, tied embeddings, biases); the TP=2 model
+gives one process's logits, summed NLL and gradients, and the norm of the whole gradient; data-parallel gradients
+are summed over the ranks. Skipped without megatron-core."""
+
+import os
+import socket
+
+import pytest
+import torch
+import transformers
+
+pytest.importorskip("megatron.core")
+
+SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=96, vocab_size=130, max_position_embeddings=128)  # 130: padded to 256 at TP=2
+
+
+def _hf(config_class, **extra):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**SHAPE, **extra), attn_implementation="sdpa")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def _packed_batch():
+    """row 0: samples of 5 and 4 tokens (the second with its first two labels ignored), then 3 of padding; row 1:
+    one sample of 11 tokens, then 1 of padding."""
+    from tunesmith.data.collate import collate_rows
+
+    ids = torch.randint(0, 130, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    sample = lambda part, labels=None: {"input_ids": part, "labels": labels or part}  # noqa: E731
+    return collate_rows([[sample(ids[:5]), sample(ids[5:9], [-100, -100] + ids[7:9])], [sample(ids[9:])]],
+                        pad_id=0, length=12)
+
+
+def _groups(tp: int):
+    from megatron.core import parallel_state
+
+    from tunesmith.config.schema import MegatronConfig
+    from tunesmith.engines.megatron.runtime import init_model_parallel
+
+    parallel_state.destroy_model_parallel()
+    init_model_parallel(MegatronConfig(tensor_model_parallel_size=tp), seed=0, device=torch.device("cpu"))
+
+
+def _megatron(hf, tp: int):
+    from tunesmith.config.schema import MegatronConfig
+    from tunesmith.engines.megatron.build import build_gpt, transformer_config
+    from tunesmith.engines.megatron.engine import load_hf_state
+
+    config = transformer_config(hf.config, MegatronConfig(tensor_model_parallel_size=tp), params_dtype=torch.float32)
+    model = build_gpt(hf.config, config)
+    load_hf_state(model, hf.state_dict(), hf.config)
+    return model
+
+
+def _weights_round_trip():
+    from tunesmith.engines.megatron.engine import hf_state_of
+
+    for config_class, extra in ((transformers.Qwen3Config, {"tie_word_embeddings": False}),
+                                (transformers.LlamaConfig, {"tie_word_embeddings": True}),
+                                (transformers.Qwen2Config, {"tie_word_embeddings": False})):
+        hf = _hf(config_class, **extra)
+        model = _megatron(hf, 2)
+        local = model.embedding.word_embeddings.weight
+        assert local.shape == (128, 64)  # half of the 256-row padded vocabulary
+        back = hf_state_of(model, hf.config)
+        assert set(back) == set(hf.state_dict()), config_class
+        for key, tensor in hf.state_dict().items():
+            assert torch.equal(back[key], tensor), (config_class, key)
+
+
+def _tensor_parallel_training_forward():
+    """TP=2 logits, NLL and gradients against the Hugging Face model in this process."""
+    from tunesmith.engines.megatron.engine import hf_state_of
+    from tunesmith.engines.megatron.forward import as_outputs, lm_forward
+    from tunesmith.engines.megatron.parallel import grad_norm, reduce_gradients
+    from tunesmith.engines.megatron.rotary import RotaryAngles
+    from tunesmith.engines.megatron.weights import family_map
+    from tunesmith.methods.losses import token_nll
+    from tunesmith.models.forward import run_forward
+
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False).train()
+    model = _megatron(hf, 2).train()
+    batch = _packed_batch()
+    angles = RotaryAngles.of(hf)
+    local = lm_forward(model, batch, angles)
+    assert local.shape == (2, 12, 128)
+    expected = run_forward(hf, batch, "logits").logits_BTV
+    with torch.no_grad():
+        gathered = as_outputs(local, "logits", model, batch).logits_BTV
+    torch.testing.assert_close(gathered, expected, rtol=1e-5, atol=1e-5)
+    nll = as_outputs(local, "nll", model, batch).nll_sum
+    reference = token_nll(expected, batch.targets_BT).sum()
+    torch.testing.assert_close(nll, reference, rtol=1e-5, atol=1e-5)
+    nll.backward()
+    reference.backward()
+    reduce_gradients(model)  # the query/key norms' partial gradients summed over the tensor-parallel ranks
+    hf_grads = family_map(hf.config).to_megatron({k: p.grad for k, p in hf.named_parameters()}, hf.config)
+    params = dict(model.named_parameters())
+    ours = hf_state_of(_GradView(model), hf.config)  # the shards' gradients gathered as weights are
+    for key, grad in family_map(hf.config).to_hf(hf_grads, hf.config).items():
+        torch.testing.assert_close(ours[key], grad, rtol=1e-4, atol=1e-6, msg=key)
+    whole = torch.nn.utils.get_total_norm([p.grad for p in hf.parameters()])
+    torch.testing.assert_close(grad_norm(list(params.values())), whole, rtol=1e-5, atol=0)
+
+
+class _GradView:
+    """A model whose state_dict holds its parameters' gradients (to gather them as hf_state_of gathers weights)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.hf_vocab_size = model.hf_vocab_size
+
+    def state_dict(self):
+        return {name: p.grad for name, p in self.model.named_parameters()}
+
+
+def _data_parallel_gradients(rank: int):
+    from tunesmith import dist
+    from tunesmith.engines.megatron.parallel import register_data_parallel, sum_over_data_parallel
+
+    register_data_parallel()
+    assert (dist.data_rank(), dist.data_world()) == (rank, 2)
+    assert dist.data_sum_int(rank + 1) == 3 and dist.data_sum_float(0.5) == 1.0
+    every, one, none = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+    every.grad = torch.full((3,), float(rank + 1))
+    if rank == 1:
+        one.grad = torch.ones(3)  # e.g. a vision tower only this rank's images reached
+    sum_over_data_parallel([every, one, none])
+    assert every.grad.tolist() == [3.0] * 3 and one.grad.tolist() == [1.0] * 3 and none.grad is None
+    dist.set_data_parallel(None, 0, 1)
+
+
+def _worker(rank: int, port: int):
+    import torch.distributed as tdist
+
+    from tunesmith.engines.megatron.runtime import require_megatron
+
+    require_megatron()
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        _groups(2)
+        _weights_round_trip()
+        _tensor_parallel_training_forward()
+        _groups(1)  # two data-parallel ranks
+        _data_parallel_gradients(rank)
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        tdist.destroy_process_group()
+
+
+def test_tensor_and_data_parallel_pieces_on_two_processes():
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(port,), nprocs=2, join=True)
