@@ -107,28 +107,27 @@ _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configu
 
 
 def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> list[str]:
-    """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP) and data
-    parallelism run; pipeline and expert parallelism, sequence parallelism, and TP for LoRA, mixture-of-experts and
-    vision-language models are named here."""
-    problems, tp = [], m.tensor_model_parallel_size
-    if m.pipeline_model_parallel_size > 1:
-        problems.append(f"pipeline_model_parallel_size: {m.pipeline_model_parallel_size} is not available yet (tensor "
-                        f"and data parallelism are); use pipeline_model_parallel_size: 1, or {_FSDP2}")
+    """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
+    and data parallelism run for dense language models (full fine-tuning; LoRA data-parallel); expert, sequence and
+    virtual-pipeline parallelism, and TP/PP for LoRA, mixture-of-experts and vision-language models are named."""
+    problems = []
+    if m.virtual_pipeline_model_parallel_size is not None:
+        problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
+                        f"it (pipeline_model_parallel_size runs 1F1B on GPUs), or {_FSDP2}")
     if m.expert_model_parallel_size > 1:
         problems.append(f"expert_model_parallel_size: {m.expert_model_parallel_size} is not available yet; use 1 "
                         f"(the experts data-parallel), or {_FSDP2}")
     if m.sequence_parallel:
-        problems.append("sequence_parallel: true is not available yet (its communication runs on CUDA only and is "
-                        "untested here); set sequence_parallel: false")
-    if tp > 1 and lora:
-        problems.append(f"finetuning_type: lora with tensor_model_parallel_size: {tp} is not available yet (LoRA runs "
-                        "data-parallel, tensor_model_parallel_size: 1); use tensor degree 1, or backend: fsdp2")
-    if tp > 1 and model.num_experts:
-        problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} is not available yet (it "
-                        "runs data-parallel, tensor_model_parallel_size: 1); use tensor degree 1, or backend: fsdp2")
-    if tp > 1 and vision_language:
-        problems.append(f"a vision-language model with tensor_model_parallel_size: {tp} is not available yet (it runs "
-                        "data-parallel, tensor_model_parallel_size: 1); use tensor degree 1, or backend: fsdp2")
+        problems.append("sequence_parallel: true is not available yet (megatron-core's sequence-parallel "
+                        "communication runs on CUDA only, untested here); set sequence_parallel: false")
+    split = [f"{key}: {value}" for key, value in (("tensor_model_parallel_size", m.tensor_model_parallel_size),
+                                                  ("pipeline_model_parallel_size", m.pipeline_model_parallel_size))
+             if value > 1]
+    for what, applies in (("finetuning_type: lora", lora), ("a mixture-of-experts model", bool(model.num_experts)),
+                          ("a vision-language model", vision_language)):
+        if split and applies:
+            problems.append(f"{what} with {' and '.join(split)} is not available yet (it runs data-parallel, both "
+                            f"degrees 1); use tensor and pipeline degree 1, or {_FSDP2}")
     return problems
 
 

@@ -26,13 +26,13 @@ from ...models.forward import base_model
 from ...models.weights import load_model_weights
 from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer,
                     read_torch_file, schedule_at, switched_to_reference, write_torch_file)
-from ..local_step import autocast, step_of
+from ..local_step import step_of
 from ..optim import realign_schedule
-from .forward import run_megatron_forward
 from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
 from .moe import RouterBalancing
-from .parallel import dp_rank, gathered, grad_norm, local_shards, reduce_gradients
-from .schedule import run_forward_backward
+from .parallel import dp_rank, gathered, grad_norm, local_shards, model_layers, reduce_gradients, stages_gathered
+from .schedule import forward_values, run_forward_backward
+from .stages import model_names, stage_state
 from .weights import family_map
 from .weights.layers import Shape
 
@@ -58,6 +58,8 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
     mapped = family_map(hf_config).to_megatron(hf_state, hf_config)
     if "score.weight" in hf_state:
         mapped["score.weight"] = hf_state["score.weight"]
+    mapped = stage_state(mapped, model_layers(model), first=model.pre_process, last=model.post_process,
+                         tied=model.tied_across_stages)
     mapped = local_shards(mapped, model.vocab_size)
     ours = megatron_state(model)
     missing = sorted(set(ours) - set(mapped))
@@ -73,10 +75,14 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
             ours[name].copy_(tensor)
 
 
-def hf_state_of(model, hf_config) -> dict:
-    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head); the
-    tensor-parallel shards gathered (collective over the tensor-parallel group)."""
+def hf_state_of(model, hf_config) -> dict | None:
+    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head): the
+    tensor-parallel shards and the pipeline stages gathered (collective; over pipeline stages the whole state is
+    on global rank 0 only, None elsewhere)."""
     state = {k: gathered(k, v, model.hf_vocab_size) for k, v in megatron_state(model).items()}
+    state = stages_gathered(model_names(state, model_layers(model)))
+    if state is None:
+        return None
     hf = family_map(hf_config).to_hf(state, hf_config)
     if "score.weight" in state:
         hf.pop("lm_head.weight", None)
@@ -119,13 +125,8 @@ class MegatronEngine:
 
     @torch.no_grad()
     def forward(self, micro_batches: list, fn: LossFn) -> list:
-        results = []
         with eval_mode(self.model), self._forward_module() as module:
-            for batch in micro_batches:
-                batch = batch.to(self.device)
-                with autocast(self.precision, self.device):
-                    results.append(fn.fn(run_megatron_forward(module, batch, fn.outputs, self.angles), batch))
-        return results
+            return forward_values(self, module, micro_batches, fn)
 
     def reference(self):
         return switched_to_reference(self)

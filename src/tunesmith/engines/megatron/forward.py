@@ -131,7 +131,3 @@ def as_outputs(tensor: torch.Tensor, kind: str, model, batch) -> ModelOutputs:
         return ModelOutputs(nll_sum=vocab_parallel_nll(tensor, batch.targets_BT, model.hf_vocab_size).sum())
     return ModelOutputs(logits_BTV=gathered_logits(tensor, model.hf_vocab_size))
 
-
-def run_megatron_forward(model, batch, kind: str, angles) -> ModelOutputs:
-    """The outputs a method asks for (models/forward.py's kinds)."""
-    return as_outputs(stage_forward(model, batch, kind, angles), kind, model, batch)

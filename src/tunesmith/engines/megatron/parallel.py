@@ -4,10 +4,12 @@ megatron-core's tensor-parallel layers hold shards and communicate inside their 
 everything that happens outside a forward is the engine's, here:
   - weights in: every rank copies its tensor-parallel shard of the full (Hugging Face-mapped) weights, the
     vocabulary tables padded with zero rows to a size the degree divides (shards.py);
-  - weights out: the shards gathered back, the padding cut off, on the rank that writes the checkpoint;
+  - weights out: the shards gathered back, the padding cut off, every pipeline stage's weights brought to the
+    rank that writes the checkpoint;
   - gradients: summed over the data-parallel group (each rank's loss is already divided by the normaliser of
-    the whole step over every data-parallel rank, so the sum is the step's gradient), and a replicated weight
-    that each tensor-parallel rank applies to its own heads only (Qwen3's query/key norms) over that group;
+    the whole step over every data-parallel rank, so the sum is the step's gradient), a replicated weight
+    that each tensor-parallel rank applies to its own heads only (Qwen3's query/key norms) over that group,
+    and a tied embedding's two copies on the first and last pipeline stage over those two;
   - the gradient norm for clipping: over every shard once (a replicated weight's gradient, the same on every
     tensor-parallel rank, counted on one), whatever the degrees.
 megatron-core's own DistributedDataParallel and clip_grads would do the last two, but they allocate on CUDA;
@@ -123,10 +125,44 @@ def sum_partial_replicas(model) -> None:
     _sum_in_place(grads, _state().get_tensor_model_parallel_group())
 
 
+def sum_tied_copies(model) -> None:
+    """A tied model over pipeline stages: the first stage's embedding and the last stage's copy as output layer
+    are one weight, so each takes the sum of their gradients (megatron-core's embedding group: the first and
+    last stage's ranks of one tensor-parallel position) and both stay equal."""
+    if not getattr(model, "tied_across_stages", False) or not _state().is_rank_in_embedding_group():
+        return
+    weight = model.embedding.word_embeddings.weight if model.pre_process else model.output_layer.weight
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    tdist.all_reduce(weight.grad, group=_state().get_embedding_group())
+
+
 def reduce_gradients(model) -> None:
     """After the step's last backward: the gradients this rank holds made the whole model's (its shards')."""
     sum_partial_replicas(model)
+    sum_tied_copies(model)
     sum_over_data_parallel([p for p in model.parameters() if p.requires_grad])
+
+
+def model_layers(model) -> range:
+    """The model's decoder layers this stage holds (megatron-core's layer_number counts from 1)."""
+    layers = model.decoder.layers
+    start = layers[0].layer_number - 1 if len(layers) else 0
+    return range(start, start + len(layers))
+
+
+def stages_gathered(state: dict) -> dict | None:
+    """Every pipeline stage's weights (by the model's names, tensor-parallel shards already gathered) in one
+    dict on the first stage of the first data-parallel replica (global rank 0); None elsewhere."""
+    state_ = _state()
+    if state_.get_pipeline_model_parallel_world_size() == 1:
+        return state
+    if tp_rank() != 0 or dp_rank() != 0:
+        return None
+    group = state_.get_pipeline_model_parallel_group()
+    parts = [None] * tdist.get_world_size(group) if state_.is_pipeline_first_stage() else None
+    tdist.gather_object(state, parts, dst=state_.get_pipeline_model_parallel_first_rank(), group=group)
+    return {name: tensor for part in parts for name, tensor in part.items()} if parts else None
 
 
 def _counted_here(param) -> bool:
