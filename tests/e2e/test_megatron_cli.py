@@ -134,30 +134,34 @@ TWO_RANKS = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=
 
 
 @pytest.mark.slow
-def test_megatron_tensor_and_data_parallel_on_two_ranks_give_the_single_engines_run(tmp_path, monkeypatch):
-    """torchrun through tunesmith's launcher, 2 CPU processes (gloo): TP=2 and DP=2 give the single engine's
+def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single_engines_run(tmp_path, monkeypatch):
+    """torchrun through tunesmith's launcher, 2 CPU processes (gloo): TP=2, PP=2 and DP=2 give the single engine's
     per-step losses and final weights (a folder plain transformers loads), and a TP=2 checkpoint resumes exactly.
     DP=2 reads one row per rank where the single engine reads two, so both steps hold the same rows."""
     from test_distributed import _two_ranks
 
-    single, tp, dp, resumed = (tmp_path / name for name in ("single", "tp", "dp", "resumed"))
+    single, resumed = tmp_path / "single", tmp_path / "resumed"
     cli("train", *TWO_RANKS, "per_device_train_batch_size=2", "backend=single", "save_strategy=no",
         f"output_dir={single}")
     _two_ranks(monkeypatch)
     tp2 = [*TWO_RANKS, "per_device_train_batch_size=2", "tensor_model_parallel_size=2"]
-    proc = cli("train", *tp2, "save_steps=2", f"output_dir={tp}", env=MCA)
-    assert "TP=2 PP=1 DP=1" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
-    proc = cli("train", *TWO_RANKS, "per_device_train_batch_size=1", "save_strategy=no", f"output_dir={dp}", env=MCA)
-    assert "TP=1 PP=1 DP=2" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    runs = {"TP=2 PP=1 DP=1": [*tp2, "save_steps=2"],
+            "TP=1 PP=2 DP=1": [*TWO_RANKS, "per_device_train_batch_size=2", "pipeline_model_parallel_size=2",
+                               "save_strategy=no"],
+            "TP=1 PP=1 DP=2": [*TWO_RANKS, "per_device_train_batch_size=1", "save_strategy=no"]}
     import transformers
 
-    for out in (tp, dp):
-        assert len(_losses(out)) == 4 and _losses(out) == pytest.approx(_losses(single), rel=1e-4)
+    for degrees, keys in runs.items():
+        out = tmp_path / degrees.replace("=", "").replace(" ", "_")
+        proc = cli("train", *keys, f"output_dir={out}", env=MCA)
+        assert degrees in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+        assert len(_losses(out)) == 4 and _losses(out) == pytest.approx(_losses(single), rel=1e-4), degrees
         a, b = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
         assert set(a) == set(b)
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
         transformers.AutoModelForCausalLM.from_pretrained(out)
+    tp = tmp_path / "TP2_PP1_DP1"
     ckpt = tp / "checkpoint-2"
     assert (ckpt / "engine_state_tp0_pp0.pt").exists() and (ckpt / "engine_state_tp1_pp0.pt").exists()
     cli("train", *tp2, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)

@@ -1,8 +1,9 @@
-"""The Megatron engine over two CPU processes (gloo): tensor parallelism 2 and data parallelism 2 against one
-process. One spawn runs every check (each process imports megatron-core and transformers once): the Hugging Face
-weights into TP=2 shards and gathered back identical (vocabulary padding, tied embeddings, biases); the TP=2 model
-gives one process's logits, summed NLL and gradients, and the norm of the whole gradient; data-parallel gradients
-are summed over the ranks. Skipped without megatron-core."""
+"""The Megatron engine over two CPU processes (gloo): tensor, pipeline and data parallelism 2 against one process.
+One spawn runs every check (each process imports megatron-core and transformers once): the Hugging Face weights
+into TP=2 shards and PP=2 stages and gathered back identical (vocabulary padding, tied embeddings, biases); the
+TP=2 model gives one process's logits, summed NLL and gradients, and the norm of the whole gradient; the PP=2
+stages, scheduled by gpipe over two micro-batches, give one process's values and gradients (a tied embedding's
+two copies summed); data-parallel gradients are summed over the ranks. Skipped without megatron-core."""
 
 import os
 import socket
@@ -27,33 +28,35 @@ def _hf(config_class, **extra):
     return model.eval()
 
 
-def _packed_batch():
+def _packed_batch(seed: int = 1):
     """row 0: samples of 5 and 4 tokens (the second with its first two labels ignored), then 3 of padding; row 1:
     one sample of 11 tokens, then 1 of padding."""
     from tunesmith.data.collate import collate_rows
 
-    ids = torch.randint(0, 130, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    ids = torch.randint(0, 130, (20,), generator=torch.Generator().manual_seed(seed)).tolist()
     sample = lambda part, labels=None: {"input_ids": part, "labels": labels or part}  # noqa: E731
     return collate_rows([[sample(ids[:5]), sample(ids[5:9], [-100, -100] + ids[7:9])], [sample(ids[9:])]],
                         pad_id=0, length=12)
 
 
-def _groups(tp: int):
+def _groups(tp: int, pp: int = 1):
     from megatron.core import parallel_state
 
     from tunesmith.config.schema import MegatronConfig
     from tunesmith.engines.megatron.runtime import init_model_parallel
 
     parallel_state.destroy_model_parallel()
-    init_model_parallel(MegatronConfig(tensor_model_parallel_size=tp), seed=0, device=torch.device("cpu"))
+    init_model_parallel(MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp), seed=0,
+                        device=torch.device("cpu"))
 
 
-def _megatron(hf, tp: int):
+def _megatron(hf, tp: int, pp: int = 1):
     from tunesmith.config.schema import MegatronConfig
     from tunesmith.engines.megatron.build import build_gpt, transformer_config
     from tunesmith.engines.megatron.engine import load_hf_state
 
-    config = transformer_config(hf.config, MegatronConfig(tensor_model_parallel_size=tp), params_dtype=torch.float32)
+    degrees = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    config = transformer_config(hf.config, degrees, params_dtype=torch.float32)
     model = build_gpt(hf.config, config)
     load_hf_state(model, hf.state_dict(), hf.config)
     return model
@@ -115,10 +118,58 @@ class _GradView:
 
     def __init__(self, model):
         self.model = model
-        self.hf_vocab_size = model.hf_vocab_size
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
 
     def state_dict(self):
         return {name: p.grad for name, p in self.model.named_parameters()}
+
+
+def _pipeline_stages(rank: int):
+    """PP=2, a tied model (its embedding on stage 0, the copy as output layer on stage 1): the weights back
+    identical on rank 0; gpipe's values and gradients over two micro-batches are one process's."""
+    import types
+
+    from tunesmith.engines.base import StepOutput
+    from tunesmith.engines.megatron.engine import hf_state_of
+    from tunesmith.engines.megatron.parallel import grad_norm, reduce_gradients
+    from tunesmith.engines.megatron.rotary import RotaryAngles
+    from tunesmith.engines.megatron.schedule import forward_values, run_forward_backward
+    from tunesmith.methods.sft import sft_loss
+    from tunesmith.models.forward import LossFn, run_forward
+
+    hf = _hf(transformers.LlamaConfig, tie_word_embeddings=True).train()
+    model = _megatron(hf, 1, 2)
+    assert len(model.decoder.layers) == 1 and model.pre_process == (rank == 0) and model.post_process == (rank == 1)
+    back = hf_state_of(model, hf.config)
+    if rank == 0:
+        assert set(back) == set(hf.state_dict())
+        assert all(torch.equal(back[key], tensor) for key, tensor in hf.state_dict().items())
+    else:
+        assert back is None
+    batches = [_packed_batch(1), _packed_batch(2)]
+    engine = types.SimpleNamespace(model=model, device=torch.device("cpu"), precision="fp32", balancing=None,
+                                   angles=RotaryAngles.of(hf), _nonfinite_loss=False)
+    with torch.no_grad():
+        logits = forward_values(engine, model, batches, LossFn("logits", lambda outputs, batch: outputs.logits_BTV))
+        for ours, batch in zip(logits, batches):  # on both stages
+            torch.testing.assert_close(ours, run_forward(hf, batch, "logits").logits_BTV, rtol=1e-5, atol=1e-5)
+    units = sum(b.num_label_tokens for b in batches)
+    total = run_forward_backward(engine, batches, LossFn("nll", lambda outputs, batch: sft_loss(outputs, batch, units)))
+    expected = StepOutput()
+    for batch in batches:
+        out = sft_loss(run_forward(hf, batch, "nll"), batch, units)
+        out.loss.backward()
+        expected.add(out)
+    assert total.loss == pytest.approx(float(expected.loss), rel=1e-6) and total.count == expected.count
+    reduce_gradients(model)
+    grads = hf_state_of(_GradView(model), hf.config)
+    if rank == 0:
+        for key, param in hf.named_parameters():
+            torch.testing.assert_close(grads[key], param.grad, rtol=1e-4, atol=1e-6, msg=key)
+    whole = torch.nn.utils.get_total_norm([p.grad for p in hf.parameters()])
+    torch.testing.assert_close(grad_norm(list(model.parameters())), whole, rtol=1e-5, atol=0)
 
 
 def _data_parallel_gradients(rank: int):
@@ -148,6 +199,8 @@ def _worker(rank: int, port: int):
         _groups(2)
         _weights_round_trip()
         _tensor_parallel_training_forward()
+        _groups(1, 2)
+        _pipeline_stages(rank)
         _groups(1)  # two data-parallel ranks
         _data_parallel_gradients(rank)
     finally:
