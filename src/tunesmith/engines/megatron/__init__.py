@@ -49,6 +49,15 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
             "SDPA with a block-diagonal packed mask")
 
 
+def _log_unsharded_optimizer(m) -> None:
+    """mcore_adapter's YAMLs set these; over several data-parallel ranks they would save memory, not change
+    numbers, and the engine does not do them yet: said once."""
+    asked = [k for k in ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather") if getattr(m, k)]
+    if asked and dist.data_world() > 1:
+        log.info("Megatron: %s accepted without effect: every data-parallel rank keeps the optimizer state of its "
+                 "own shards, and gradients are summed after the backward", ", ".join(asked))
+
+
 def _degrees(m) -> str:
     return f"TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} DP={dist.data_world()}"
 
@@ -87,6 +96,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     register_data_parallel()
+    _log_unsharded_optimizer(cfg.megatron)
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 

@@ -111,7 +111,7 @@ def stage_forward(model, batch, kind: str, angles) -> torch.Tensor:
     """The tensor the micro-batch schedule carries: rewards for "rewards", else logits ("nll" gets logits, as
     without a fused head)."""
     if kind == "rewards":
-        if getattr(model, "score", None) is None:
+        if model.post_process and getattr(model, "score", None) is None:  # the head is the last stage's
             raise TunesmithError("reward outputs need the reward model's score head (stage rm)")
         return reward_forward(model, batch, angles)
     return lm_forward(model, batch, angles)
