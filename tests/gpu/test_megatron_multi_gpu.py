@@ -2,9 +2,13 @@
 Hugging Face initialisation and data, 20 optimiser steps of full SFT in bf16: every step's loss within 1% relative.
 
 The model and data are test_megatron_parity.py's (a random-initialised Qwen3 of the 1.7B shape cut to 4 layers,
-packed rows of 1024 tokens). Every run goes through tunesmith's own launcher (torchrun, one process per GPU) and
-takes the same 8 rows per optimiser step: FSDP2 and DP=2 two per rank and micro-batch, TP=2 and PP=2 (one model
-replica over both GPUs) four. Skipped with fewer than 2 CUDA GPUs or without megatron-core. On a 2-GPU machine:
+alpaca_demo's 400 samples), unpacked here: packed, the demo fills about 13 rows of 1024 tokens, so every epoch
+would end inside a step, where data-parallel ranks wrap around to the epoch's first rows (train/plan.rank_share)
+and a single replica does not; unpacked, the 20 steps of 8 samples stay inside the first epoch and every layout
+reads the same samples (the one-GPU parity test covers packing). Every run goes through tunesmith's own launcher
+(torchrun, one process per GPU) with 8 samples per optimiser step: FSDP2 and DP=2 two per rank and micro-batch,
+TP=2 and PP=2 (one model replica over both GPUs) four. Skipped with fewer than 2 CUDA GPUs or without
+megatron-core. On a 2-GPU machine:
 
     source .device-wheels/activate.sh && python -m pytest -q -s tests/gpu/test_megatron_multi_gpu.py
 
@@ -25,9 +29,9 @@ from test_megatron_parity import COMMON, DRY_RUN, STEPS, _init_model, _train  # 
 if not DRY_RUN and torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
 
-PER_RANK = [c for c in COMMON if not c.startswith("per_device_train_batch_size=")]
+PER_RANK = [c for c in COMMON if not c.startswith(("per_device_train_batch_size=", "neat_packing="))] + ["packing=false"]
 EXTRA = ("max_steps=3", "bf16=false") if DRY_RUN else ()
-LAYOUTS = {  # 8 rows per optimiser step in each
+LAYOUTS = {  # 8 samples per optimiser step in each
     "tp2": ("tensor_model_parallel_size=2", "per_device_train_batch_size=4"),
     "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),

@@ -135,7 +135,8 @@ class Runner:
         metrics = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": lr,
                    **step.metrics}
         if step.train_tokens is not None:
-            metrics.update(time_train=seconds, train_tokens_per_s=dist.data_sum_int(step.train_tokens) / max(seconds, 1e-9))
+            metrics.update(time_train=seconds,
+                           train_tokens_per_s=dist.data_sum_int(step.train_tokens) / max(seconds, 1e-9))
         sums = {k: dist.data_max_float(v) if k.endswith("_max") else dist.data_sum_float(v)
                 for k, v in sorted(sums.items())}
         window.add(metrics, sums, dist.data_sum_int(count), num_tokens)

@@ -14,18 +14,11 @@ import transformers
 
 pytest.importorskip("megatron.core")
 
-SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             intermediate_size=96, vocab_size=130, max_position_embeddings=128)  # 130: padded to 256 at TP=2
+from test_megatron_engine import _hf as _hf_of_shape  # noqa: E402
 
 
 def _hf(config_class, **extra):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**SHAPE, **extra), attn_implementation="sdpa")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
+    return _hf_of_shape(config_class, vocab_size=130, **extra)  # 130: padded to 256 at TP=2
 
 
 def _packed_batch(seed: int = 1):

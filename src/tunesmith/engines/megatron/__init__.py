@@ -1,8 +1,9 @@
 """backend: megatron (or USE_MCA=1): the language model as megatron-core modules. docs/megatron.md.
 
 Modules, one concern each:
-  degrees.py   the parallel degrees against the world size and the model (pure)
-  shards.py    tensor-parallel shard maps of the fused weights (pure)
+  degrees.py   the parallel degrees against the world size and the model, and what does not run yet (pure)
+  shards.py    tensor-parallel shard maps of the fused weights, vocabulary padding (pure)
+  stages.py    pipeline stages: a stage's layers and weights under its own names (pure)
   weights/     Hugging Face <-> megatron-core weight maps, one module per family (pure)
   runtime.py   the megatron-core import guard, Transformer Engine detection, parallel groups
   build.py     Hugging Face config -> TransformerConfig -> GPTModel (local layer spec)
@@ -11,6 +12,9 @@ Modules, one concern each:
   moe.py       mixture-of-experts: transformers' router logits and load-balancing loss
   attention.py core attention: varlen FlashAttention on packed rows (CUDA, half precision), else SDPA
   forward.py   one forward on a collated (packed) batch
+  vocab_parallel.py  a tensor-parallel output layer's logits as the outputs methods expect
+  parallel.py  over several processes: weights into shards and back, gradient sums, the whole gradient's norm
+  pipeline.py  the schedule over pipeline stages on any device (gpipe), the last stage's results to every stage
   schedule.py  the micro-batch schedule and the loss scale it needs
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.

@@ -2,11 +2,14 @@
 Runner through the Engine interface, saved as Hugging Face checkpoints.
 
 The engine is built in a fixed order (build_megatron_engine):
-  1. the Hugging Face model (make_model, on the CPU): its config, weights and rotary frequencies;
-  2. checks: the family has a weight map, the degrees fit the world size and the model;
-  3. megatron-core's parallel groups and RNG streams;
-  4. the GPTModel, the Hugging Face weights mapped into it (weights/), moved to the device;
-  5. the optimizer and LR schedule (the same AdamW and schedule as the other engines).
+  1. the Hugging Face model (make_model, on the CPU, on every rank): its config, weights and rotary frequencies;
+  2. checks: the family has a weight map, the degrees fit the world size and the model, and run here;
+  3. megatron-core's parallel groups and RNG streams; its data-parallel group registered with dist;
+  4. this rank's GPTModel (its pipeline stage, its tensor-parallel shards), the Hugging Face weights mapped
+     into it (weights/, stages.py, shards.py), moved to the device;
+  5. the optimizer and LR schedule over this rank's parameters (the same AdamW and schedule as the other engines).
+Over several processes step() first makes the gradients the whole model's (parallel.reduce_gradients) and
+clips by the whole model's norm; saves gather the shards and stages on rank 0.
 Precision: fp32 weights with bf16 autocast (bf16: true), as the single engine, so that the two
 give the same losses; pure_bf16 keeps the weights in bf16. The Hugging Face model stays on the CPU
 as the template every save writes through (export_hf): checkpoints are plain transformers folders.
