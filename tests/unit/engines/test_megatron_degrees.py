@@ -82,8 +82,11 @@ def test_what_does_not_run_yet_is_named_with_the_alternative():
     assert "backend: fsdp2" in text
     (text,) = problems(model=MOE, pipeline_model_parallel_size=2)
     assert "a mixture-of-experts model with pipeline_model_parallel_size: 2" in text
-    (text,) = problems(vision_language=True, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    (text,) = problems(lora=True, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     assert "tensor_model_parallel_size: 2 and pipeline_model_parallel_size: 2" in text
+    assert problems(vision_language=True, tensor_model_parallel_size=2) == []  # the tower whole on every rank
+    (text,) = problems(vision_language=True, pipeline_model_parallel_size=2)
+    assert "a vision-language model with pipeline_model_parallel_size: 2 is not available yet" in text
     assert "expert_model_parallel_size: 2 is not available yet" in problems(model=MOE, expert_model_parallel_size=2)[0]
     assert "sequence_parallel: true is not available yet" in problems(tensor_model_parallel_size=2,
                                                                       sequence_parallel=True)[0]

@@ -1,6 +1,7 @@
 """The Megatron engine over two CPU processes (gloo): tensor, pipeline and data parallelism 2 against one process.
 One spawn runs every check (each process imports megatron-core and transformers once): the Hugging Face weights
-into TP=2 shards and PP=2 stages and gathered back identical (vocabulary padding, tied embeddings, biases); the
+into TP=2 shards and PP=2 stages and gathered back identical (vocabulary padding, tied embeddings, biases, a
+vision tower whole on every rank); the
 TP=2 model gives one process's logits, summed NLL and gradients, and the norm of the whole gradient; the PP=2
 stages, scheduled by gpipe over two micro-batches, give one process's values and gradients (a tied embedding's
 two copies summed); data-parallel gradients are summed over the ranks. Skipped without megatron-core."""
@@ -43,7 +44,7 @@ def _groups(tp: int, pp: int = 1):
                         device=torch.device("cpu"))
 
 
-def _megatron(hf, tp: int, pp: int = 1):
+def _megatron(hf, tp: int, pp: int = 1, vision=None):
     from tunesmith.config.schema import MegatronConfig
     from tunesmith.engines.megatron.build import build_gpt, transformer_config
     from tunesmith.engines.megatron.engine import load_hf_state
@@ -51,6 +52,8 @@ def _megatron(hf, tp: int, pp: int = 1):
     degrees = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     config = transformer_config(hf.config, degrees, params_dtype=torch.float32)
     model = build_gpt(hf.config, config)
+    if vision is not None:
+        vision(model)
     load_hf_state(model, hf.state_dict(), hf.config)
     return model
 
@@ -69,6 +72,20 @@ def _weights_round_trip():
         assert set(back) == set(hf.state_dict()), config_class
         for key, tensor in hf.state_dict().items():
             assert torch.equal(back[key], tensor), (config_class, key)
+
+
+def _vision_language_round_trip(folder: str):
+    """Qwen3-VL at TP=2: the language model sharded, the vision tower (whose MLP is also named linear_fc1) whole on
+    both ranks; the weights come back identical."""
+    from tunesmith.engines.megatron.engine import hf_state_of
+    from tunesmith.engines.megatron.vision import attach_vision_tower
+
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(folder)
+    model = _megatron(hf, 2, vision=lambda m: attach_vision_tower(m, hf))
+    assert model.visual.blocks[0].mlp.linear_fc1.weight.shape == hf.model.visual.blocks[0].mlp.linear_fc1.weight.shape
+    back = hf_state_of(model, hf.config)
+    assert set(back) == set(hf.state_dict())
+    assert all(torch.equal(back[key], tensor) for key, tensor in hf.state_dict().items())
 
 
 def _tensor_parallel_training_forward():
@@ -181,7 +198,7 @@ def _data_parallel_gradients(rank: int):
     dist.set_data_parallel(None, 0, 1)
 
 
-def _worker(rank: int, port: int):
+def _worker(rank: int, port: int, vl_folder: str):
     import torch.distributed as tdist
 
     from tunesmith.engines.megatron.runtime import require_megatron
@@ -191,6 +208,7 @@ def _worker(rank: int, port: int):
     try:
         _groups(2)
         _weights_round_trip()
+        _vision_language_round_trip(vl_folder)
         _tensor_parallel_training_forward()
         _groups(1, 2)
         _pipeline_stages(rank)
@@ -209,5 +227,7 @@ def test_tensor_and_data_parallel_pieces_on_two_processes():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    from tunesmith.models.tiny import build_tiny
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(port,), nprocs=2, join=True)
+    mp.spawn(_worker, args=(port, str(build_tiny("qwen3_vl"))), nprocs=2, join=True)

@@ -113,6 +113,8 @@ def test_vocabulary_padding_and_uneven_splits():
     assert padded.shape == (4, 2) and not padded[3].any()
     assert torch.equal(shards.unpad_vocabulary("output_layer.weight", padded, 3), table)
     assert shards.pad_vocabulary("decoder.final_layernorm.weight", table, 4) is table
+    # a vision tower stays a Hugging Face module, whole on every tensor-parallel rank (its MLP is named linear_fc1)
+    assert shards.split_of("visual.blocks.0.mlp.linear_fc1.weight") == "replicated"
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -108,8 +108,8 @@ _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configu
 
 def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> list[str]:
     """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
-    and data parallelism run for dense language models (full fine-tuning; LoRA data-parallel); expert, sequence and
-    virtual-pipeline parallelism, and TP/PP for LoRA, mixture-of-experts and vision-language models are named."""
+    and data parallelism run for dense language models (full fine-tuning); expert, sequence and virtual-pipeline
+    parallelism, TP/PP for LoRA and mixture-of-experts models, and PP for vision-language models are named."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
@@ -120,14 +120,17 @@ def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: b
     if m.sequence_parallel:
         problems.append("sequence_parallel: true is not available yet (megatron-core's sequence-parallel "
                         "communication runs on CUDA only, untested here); set sequence_parallel: false")
-    split = [f"{key}: {value}" for key, value in (("tensor_model_parallel_size", m.tensor_model_parallel_size),
-                                                  ("pipeline_model_parallel_size", m.pipeline_model_parallel_size))
-             if value > 1]
-    for what, applies in (("finetuning_type: lora", lora), ("a mixture-of-experts model", bool(model.num_experts)),
-                          ("a vision-language model", vision_language)):
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    split = " and ".join(f"{key}: {value}" for key, value in (("tensor_model_parallel_size", tp),
+                                                              ("pipeline_model_parallel_size", pp)) if value > 1)
+    for what, applies in (("finetuning_type: lora", lora), ("a mixture-of-experts model", bool(model.num_experts))):
         if split and applies:
-            problems.append(f"{what} with {' and '.join(split)} is not available yet (it runs data-parallel, both "
-                            f"degrees 1); use tensor and pipeline degree 1, or {_FSDP2}")
+            problems.append(f"{what} with {split} is not available yet (it runs data-parallel, both degrees 1); "
+                            f"use tensor and pipeline degree 1, or {_FSDP2}")
+    if pp > 1 and vision_language:
+        problems.append(f"a vision-language model with pipeline_model_parallel_size: {pp} is not available yet (its "
+                        "vision features, Qwen3-VL's deepstack ones too, would have to reach later stages; tensor and "
+                        f"data parallelism run); use pipeline degree 1, or {_FSDP2}")
     return problems
 
 
