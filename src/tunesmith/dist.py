@@ -2,6 +2,13 @@
 
 Single-process runs never initialise a process group; every helper then acts on
 this process alone, so the loop calls them unconditionally.
+
+Data parallelism: every rank reads its own micro-batches, unless an engine splits the model
+itself over ranks (Megatron's tensor and pipeline parallelism), whose ranks of one model
+replica read the same batches. Such an engine registers its data-parallel group
+(`set_data_parallel`); the step sources split data by `data_rank()` / `data_world()` and the
+loop sums its statistics with the `data_*` reductions. Agreement between all processes
+(stop together, a damaged file anywhere) stays over the whole world.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 _OWN_GROUP = False  # init() made the default process group
+_DATA: tuple | None = None  # (group, rank, size) registered by a model-parallel engine; None: every rank
 
 
 def is_distributed() -> bool:
@@ -54,39 +62,52 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def _all_reduce(value, dtype, op, over_data: bool):
+    if not dist.is_initialized() or (over_data and data_world() == 1):
+        return value
+    t = torch.tensor([value], dtype=dtype, device=_device())
+    dist.all_reduce(t, op=op, group=_DATA[0] if over_data and _DATA is not None else None)
+    return t.item()
+
+
 def sum_int(value: int) -> int:
-    """The sum of an integer over all ranks (the loop's global normalisers)."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.long, device=_device())
-    dist.all_reduce(t)
-    return int(t.item())
-
-
-def _reduce_float(value: float, op) -> float:
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=op)
-    return float(t.item())
-
-
-def sum_float(value: float) -> float:
-    return _reduce_float(value, dist.ReduceOp.SUM)
-
-
-def max_float(value: float) -> float:
-    """The largest value of a float over all ranks."""
-    return _reduce_float(value, dist.ReduceOp.MAX)
+    """The sum of an integer over all processes (decisions every process must take alike)."""
+    return int(_all_reduce(value, torch.long, dist.ReduceOp.SUM, over_data=False))
 
 
 def max_int(value: int) -> int:
-    """The largest value of an integer over all ranks."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.long, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    """The largest value of an integer over all processes."""
+    return int(_all_reduce(value, torch.long, dist.ReduceOp.MAX, over_data=False))
+
+
+def set_data_parallel(group, rank_in_group: int, size: int) -> None:
+    """Register the data-parallel group of a model-parallel engine (None: back to every rank its own data)."""
+    global _DATA
+    _DATA = None if group is None else (group, rank_in_group, size)
+
+
+def data_rank() -> int:
+    """This rank's index among the ranks that read different data."""
+    return _DATA[1] if _DATA is not None else rank()
+
+
+def data_world() -> int:
+    """How many ranks read different data (the processes, unless model-parallel ranks share their batches)."""
+    return _DATA[2] if _DATA is not None else world()
+
+
+def data_sum_int(value: int) -> int:
+    """The sum of an integer over the data-parallel ranks (the loop's normalisers and token counts)."""
+    return int(_all_reduce(value, torch.long, dist.ReduceOp.SUM, over_data=True))
+
+
+def data_sum_float(value: float) -> float:
+    """The sum of a float over the data-parallel ranks (each holds its share of the step's loss and sums)."""
+    return float(_all_reduce(value, torch.float64, dist.ReduceOp.SUM, over_data=True))
+
+
+def data_max_float(value: float) -> float:
+    return float(_all_reduce(value, torch.float64, dist.ReduceOp.MAX, over_data=True))
 
 
 def barrier() -> None:
@@ -101,6 +122,7 @@ def shutdown() -> None:
     if _OWN_GROUP and dist.is_initialized():
         dist.destroy_process_group()
     _OWN_GROUP = False
+    set_data_parallel(None, 0, 1)
 
 
 def _device():

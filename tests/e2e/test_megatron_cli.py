@@ -23,6 +23,15 @@ def _losses(out):
     return [m["loss"] for m in metrics(out) if "loss" in m]
 
 
+def _same_weights(out, single) -> set:
+    """The saved model.safetensors of `out` holds the single engine's tensors (fp32 tolerance); its names."""
+    a, b = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
+    assert set(a) == set(b)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+    return set(a)
+
+
 @pytest.mark.slow
 def test_megatron_engine_trains_sft_with_the_single_engines_losses_and_resumes_exactly(tmp_path):
     single, mega = tmp_path / "single", tmp_path / "megatron"
@@ -31,10 +40,7 @@ def test_megatron_engine_trains_sft_with_the_single_engines_losses_and_resumes_e
     said = re.sub(r"\s+", " ", proc.stdout + proc.stderr)
     assert said.count("local (torch-native) layer spec") == 1
     assert len(_losses(mega)) == 4 and _losses(mega) == pytest.approx(_losses(single), rel=1e-4)
-    a, b = load_file(mega / "model.safetensors"), load_file(single / "model.safetensors")
-    assert set(a) == set(b)
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+    _same_weights(mega, single)
     import transformers
 
     transformers.AutoModelForCausalLM.from_pretrained(mega)
@@ -55,10 +61,7 @@ def test_megatron_engine_trains_qwen3_moe_with_the_single_engines_losses_and_rou
     assert len(ours) == 4 and [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
     assert all(m["aux_loss"] > 0 for m in ours)  # transformers' load-balancing loss, logged as on the single engine
     assert [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
-    a, b = load_file(mega / "model.safetensors"), load_file(single / "model.safetensors")
-    assert set(a) == set(b) and "model.layers.0.mlp.gate.weight" in a
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+    assert "model.layers.0.mlp.gate.weight" in _same_weights(mega, single)
 
 
 @pytest.mark.slow
@@ -120,10 +123,43 @@ def test_megatron_engine_trains_qwen3_vl_with_the_vision_tower_as_the_single_eng
     cli("train", *vl, "backend=single", f"output_dir={single}")
     cli("train", *vl, f"output_dir={mega}", env=MCA)
     assert len(_losses(mega)) == 3 and _losses(mega) == pytest.approx(_losses(single), rel=1e-4)
-    a, b = load_file(mega / "model.safetensors"), load_file(single / "model.safetensors")
-    assert set(a) == set(b) and any(k.startswith("model.visual.") for k in a)
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+    assert any(k.startswith("model.visual.") for k in _same_weights(mega, single))
     import transformers
 
     transformers.AutoModelForImageTextToText.from_pretrained(mega)
+
+
+TWO_RANKS = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=64", "logging_steps=1",
+             "learning_rate=1e-3", "max_steps=4", "gradient_accumulation_steps=2", "neat_packing=true"]  # 20 rows
+
+
+@pytest.mark.slow
+def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single_engines_run(tmp_path, monkeypatch):
+    """torchrun through tunesmith's launcher, 2 CPU processes (gloo): TP=2, PP=2 and DP=2 give the single engine's
+    per-step losses and final weights (a folder plain transformers loads), and a TP=2 checkpoint resumes exactly.
+    DP=2 reads one row per rank where the single engine reads two, so both steps hold the same rows."""
+    from test_distributed import _two_ranks
+
+    single, resumed = tmp_path / "single", tmp_path / "resumed"
+    cli("train", *TWO_RANKS, "per_device_train_batch_size=2", "backend=single", "save_strategy=no",
+        f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    tp2 = [*TWO_RANKS, "per_device_train_batch_size=2", "tensor_model_parallel_size=2"]
+    runs = {"TP=2 PP=1 DP=1": [*tp2, "save_steps=2"],
+            "TP=1 PP=2 DP=1": [*TWO_RANKS, "per_device_train_batch_size=2", "pipeline_model_parallel_size=2",
+                               "save_strategy=no"],
+            "TP=1 PP=1 DP=2": [*TWO_RANKS, "per_device_train_batch_size=1", "save_strategy=no"]}
+    import transformers
+
+    for degrees, keys in runs.items():
+        out = tmp_path / degrees.replace("=", "").replace(" ", "_")
+        proc = cli("train", *keys, f"output_dir={out}", env=MCA)
+        assert degrees in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+        assert len(_losses(out)) == 4 and _losses(out) == pytest.approx(_losses(single), rel=1e-4), degrees
+        _same_weights(out, single)
+        transformers.AutoModelForCausalLM.from_pretrained(out)
+    tp = tmp_path / "TP2_PP1_DP1"
+    ckpt = tp / "checkpoint-2"
+    assert (ckpt / "engine_state_tp0_pp0.pt").exists() and (ckpt / "engine_state_tp1_pp0.pt").exists()
+    cli("train", *tp2, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(tp)[2:], rel=1e-6)

@@ -103,6 +103,16 @@ def _deepspeed(cfg, model, device, num_optimizer_steps: int):
                                 reference_mode=cfg.finetune.pref_reference)
 
 
+def data_parallel_size(cfg, world: int) -> int:
+    """How many of the `world` processes read different data: all of them, except that Megatron's ranks of one
+    model replica (tensor x pipeline x context parallel) share their batches. Known before the engine is built
+    (the run's length depends on it); the Megatron engine then registers its group with dist."""
+    if cfg.train.backend != "megatron":
+        return world
+    m = cfg.megatron
+    return max(1, world // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size))
+
+
 def needs_process_group(cfg) -> bool:
     """Sharded engines need torch.distributed initialised even on one process."""
     return cfg.train.backend in ("fsdp2", "deepspeed", "megatron")

@@ -10,14 +10,19 @@ from ..models.forward import run_forward
 from .base import LossFn, NonFiniteError, StepOutput, StepResult, eval_mode, forward_module, nonfinite
 
 
+def _local_norm(params: list) -> torch.Tensor:
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
+
 def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, skip_nonfinite: bool,
-                  nonfinite_loss: bool) -> StepResult:
-    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients."""
+                  nonfinite_loss: bool, total_norm=_local_norm) -> StepResult:
+    """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients.
+    `total_norm(params)`: the gradients' norm (an engine whose parameters are shards gives the whole model's)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler:
         scaler.unscale_(optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = _clip(params, optimizer, max_norm, fold_into_step=scaler is None)
+    grad_norm = _clip(params, optimizer, max_norm, fold_into_step=scaler is None, total_norm=total_norm)
     lr = scheduler.get_last_lr()[0]
     if (nonfinite_loss or not math.isfinite(grad_norm)) and scaler is None:
         optimizer.zero_grad(set_to_none=True)
@@ -35,7 +40,7 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
     return StepResult(grad_norm, False, lr)
 
 
-def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool) -> float:
+def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool, total_norm=_local_norm) -> float:
     """The gradients' total norm, and the gradients scaled to at most max_norm, as clip_grad_norm_ does. The norm
     is read on the host anyway (logging, the non-finite check), so nothing is scaled when it is within the bound,
     and a fused AdamW divides by the clipping factor inside its own update (its `grad_scale`, the hook AMP uses)
@@ -43,7 +48,7 @@ def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool) -> flo
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    total = torch.nn.utils.get_total_norm(grads)
+    total = total_norm(params)
     grad_norm = float(total)
     if not math.isfinite(grad_norm) or grad_norm <= max_norm:
         return grad_norm
@@ -91,8 +96,8 @@ def forward_each(engine, micro_batches: list, fn: LossFn) -> list:
     return results
 
 
-def step_of(engine) -> StepResult:
+def step_of(engine, total_norm=_local_norm) -> StepResult:
     bad_loss, engine._nonfinite_loss = bool(engine._nonfinite_loss), False
     return clip_and_step(engine.model, engine.optimizer, engine.scheduler, engine.scaler,
                          max_grad_norm=engine.max_grad_norm, skip_nonfinite=engine.skip_nonfinite,
-                         nonfinite_loss=bad_loss)
+                         nonfinite_loss=bad_loss, total_norm=total_norm)

@@ -50,7 +50,7 @@ class EpochPlan:
         options = dict(packing=cfg.packing, cutoff_len=cfg.data.cutoff_len,
                        batch_size=cfg.train.per_device_train_batch_size,
                        grad_accum=cfg.train.gradient_accumulation_steps, num_epochs=cfg.train.num_train_epochs,
-                       max_steps=cfg.train.max_steps, seed=cfg.train.seed, world=dist.world())
+                       max_steps=cfg.train.max_steps, seed=cfg.train.seed, world=dist.data_world())
         return cls(lengths, **{**options, **overrides})
 
     def epoch_order(self, epoch: int) -> list[list[list[int]]]:

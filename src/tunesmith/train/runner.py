@@ -121,7 +121,7 @@ class Runner:
             if result.skipped:
                 self.state["num_skipped_steps"] += 1
                 log.warning("step %d skipped: non-finite loss or gradient", number)
-            losses.append(dist.sum_float(out.loss))  # each rank holds its share of the step loss
+            losses.append(dist.data_sum_float(out.loss))  # each data-parallel rank holds its share of the step loss
             self._check_divergence(number, result, losses[-1])
             norms.append(result.grad_norm)
             lr = result.lr
@@ -130,14 +130,16 @@ class Runner:
                 sums[key] = combine_sum(key, sums.get(key), value)
         seconds = time.perf_counter() - started
         self.state["global_step"] = number
-        num_tokens = dist.sum_int(step.num_tokens)
+        num_tokens = dist.data_sum_int(step.num_tokens)
         self.state["tokens_seen"] += num_tokens
         metrics = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": lr,
                    **step.metrics}
         if step.train_tokens is not None:
-            metrics.update(time_train=seconds, train_tokens_per_s=dist.sum_int(step.train_tokens) / max(seconds, 1e-9))
-        sums = {k: dist.max_float(v) if k.endswith("_max") else dist.sum_float(v) for k, v in sorted(sums.items())}
-        window.add(metrics, sums, dist.sum_int(count), num_tokens)
+            metrics.update(time_train=seconds,
+                           train_tokens_per_s=dist.data_sum_int(step.train_tokens) / max(seconds, 1e-9))
+        sums = {k: dist.data_max_float(v) if k.endswith("_max") else dist.data_sum_float(v)
+                for k, v in sorted(sums.items())}
+        window.add(metrics, sums, dist.data_sum_int(count), num_tokens)
         self.result.step_losses.append(metrics["loss"])
         self.result.global_step = number
 
@@ -190,7 +192,7 @@ class Runner:
 
     def _save(self) -> None:
         trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg),
-                         "world_size": dist.world()}
+                         "world_size": dist.data_world()}
         path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
                                     trainer_state, only_model=self.cfg.output.save_only_model,
                                     key_file=self.cfg.output.checkpoint_key_file)

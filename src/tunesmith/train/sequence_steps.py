@@ -37,7 +37,7 @@ class SequenceSteps:
     def next_step(self, engine) -> Step:
         position = self.position
         if self._loader is None or position.micro_batch == 0:
-            mine = rank_share(self.plan.epoch_order(position.epoch), dist.rank(), dist.world())
+            mine = rank_share(self.plan.epoch_order(position.epoch), dist.data_rank(), dist.data_world())
             steps = self.plan.step_batches(mine[position.micro_batch:])
             self._step_sizes = iter([len(step) for step in steps])
             self._loader = micro_batch_loader(

@@ -23,7 +23,7 @@ from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.pipeline import prepare_data, render_options, write_skipped_records
 from ..data.prompts import prompt_records
 from ..data.templates import stop_tokens
-from ..engines import build_engine, checkpoint_backend, needs_process_group
+from ..engines import build_engine, checkpoint_backend, data_parallel_size, needs_process_group
 from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.families import collation_pad_id, family_of
@@ -99,7 +99,8 @@ def set_up(cfg) -> Runner:
         write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
-    changes = (check_config(resume, redacted(cfg), cfg.output.resume_allow_changes, dist.world())
+    changes = (check_config(resume, redacted(cfg), cfg.output.resume_allow_changes,
+                            data_parallel_size(cfg, dist.world()))
                if resume is not None else {})
     if dist.is_main():
         save_config(cfg, output_dir / "tunesmith_config.yaml")
@@ -143,7 +144,7 @@ def _use_chat_template(cfg, tokenizer, saver) -> None:
 
 
 def _plan(cfg, data, **overrides) -> EpochPlan:
-    return EpochPlan.from_config(cfg, data.train["length"], **overrides)
+    return EpochPlan.from_config(cfg, data.train["length"], world=data_parallel_size(cfg, dist.world()), **overrides)
 
 
 def _steps_per_epoch(cfg, stage, data) -> int:

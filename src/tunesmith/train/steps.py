@@ -69,8 +69,8 @@ def step_stats(method, batches: list, across_ranks: bool = True) -> dict:
         for key, value in method.step_sums(batch).items():
             sums[key] = sums.get(key, 0.0) + value
     if across_ranks:
-        units = dist.sum_int(units)
-        sums = {k: dist.sum_float(v) for k, v in sorted(sums.items())}
+        units = dist.data_sum_int(units)
+        sums = {k: dist.data_sum_float(v) for k, v in sorted(sums.items())}
     return {"units": max(units, 1), **sums}
 
 

@@ -23,7 +23,8 @@ SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
 
 def _hf(config_class, **extra):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**SHAPE, **extra), attn_implementation="sdpa")
+    config = config_class(**{**SHAPE, **extra})
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:

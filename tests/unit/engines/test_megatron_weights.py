@@ -108,3 +108,28 @@ def test_vocabulary_padding_and_uneven_splits():
     assert shards.padded_vocab_size(151936, 1) == 151936 and shards.padded_vocab_size(151937, 2) == 152064
     with pytest.raises(Exception, match="tensor_model_parallel_size 3 does not divide"):
         shards.shard("decoder.layers.0.self_attention.linear_proj.weight", torch.zeros(4, 64), 3, 0)
+    table = torch.arange(6.0).reshape(3, 2)
+    padded = shards.pad_vocabulary("embedding.word_embeddings.weight", table, 4)
+    assert padded.shape == (4, 2) and not padded[3].any()
+    assert torch.equal(shards.unpad_vocabulary("output_layer.weight", padded, 3), table)
+    assert shards.pad_vocabulary("decoder.final_layernorm.weight", table, 4) is table
+    # a vision tower stays a Hugging Face module, whole on every tensor-parallel rank (its MLP is named linear_fc1)
+    assert shards.split_of("visual.blocks.0.mlp.linear_fc1.weight") == "replicated"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_pipeline_stages_hold_their_layers_under_their_own_names_and_give_them_back(tied):
+    from tunesmith.engines.megatron.stages import model_names, stage_layers, stage_state
+
+    model = _model("llama" if tied else "qwen3")
+    full = family_map(model.config).to_megatron(model.state_dict(), model.config)
+    first, last = (stage_state(full, stage_layers(2, 2, s), first=s == 0, last=s == 1, tied=tied) for s in (0, 1))
+    assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
+    assert "decoder.final_layernorm.weight" in last and "embedding.word_embeddings.weight" not in last
+    assert torch.equal(last["decoder.layers.0.self_attention.linear_qkv.weight"],
+                       full["decoder.layers.1.self_attention.linear_qkv.weight"])
+    if tied:  # the last stage holds the embedding's copy as its output layer
+        assert torch.equal(last["output_layer.weight"], full["embedding.word_embeddings.weight"])
+    back = {**model_names(first, stage_layers(2, 2, 0)), **model_names(last, stage_layers(2, 2, 1))}
+    hf = family_map(model.config).to_hf(back, model.config)
+    assert set(hf) == set(model.state_dict()) and all(torch.equal(hf[k], v) for k, v in model.state_dict().items())

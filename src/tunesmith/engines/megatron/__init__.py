@@ -1,8 +1,9 @@
 """backend: megatron (or USE_MCA=1): the language model as megatron-core modules. docs/megatron.md.
 
 Modules, one concern each:
-  degrees.py   the parallel degrees against the world size and the model (pure)
-  shards.py    tensor-parallel shard maps of the fused weights (pure)
+  degrees.py   the parallel degrees against the world size and the model, and what does not run yet (pure)
+  shards.py    tensor-parallel shard maps of the fused weights, vocabulary padding (pure)
+  stages.py    pipeline stages: a stage's layers and weights under its own names (pure)
   weights/     Hugging Face <-> megatron-core weight maps, one module per family (pure)
   runtime.py   the megatron-core import guard, Transformer Engine detection, parallel groups
   build.py     Hugging Face config -> TransformerConfig -> GPTModel (local layer spec)
@@ -11,6 +12,9 @@ Modules, one concern each:
   moe.py       mixture-of-experts: transformers' router logits and load-balancing loss
   attention.py core attention: varlen FlashAttention on packed rows (CUDA, half precision), else SDPA
   forward.py   one forward on a collated (packed) batch
+  vocab_parallel.py  a tensor-parallel output layer's logits as the outputs methods expect
+  parallel.py  over several processes: weights into shards and back, gradient sums, the whole gradient's norm
+  pipeline.py  the schedule over pipeline stages on any device (gpipe), the last stage's results to every stage
   schedule.py  the micro-batch schedule and the loss scale it needs
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.
@@ -26,11 +30,6 @@ from ... import dist
 from ...errors import TunesmithError
 
 log = logging.getLogger("tunesmith")
-
-_ONE_PROCESS = ("this release's Megatron engine runs on one process (tensor, pipeline, context and expert degrees 1); "
-                "runs over several processes are not available yet; use backend: fsdp2 or deepspeed for multi-GPU "
-                "training")
-
 
 _MOE_LORA = ("finetuning_type: lora for a mixture-of-experts model is not available on backend: megatron yet (full "
              "fine-tuning is); use finetuning_type: full, or backend: single / fsdp2 for LoRA")
@@ -54,14 +53,28 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
             "SDPA with a block-diagonal packed mask")
 
 
+def _log_unsharded_optimizer(m) -> None:
+    """mcore_adapter's YAMLs set these; over several data-parallel ranks they would save memory, not change
+    numbers, and the engine does not do them yet: said once."""
+    asked = [k for k in ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather") if getattr(m, k)]
+    if asked and dist.data_world() > 1:
+        log.info("Megatron: %s accepted without effect: every data-parallel rank keeps the optimizer state of its "
+                 "own shards, and gradients are summed after the backward", ", ".join(asked))
+
+
+def _degrees(m) -> str:
+    return f"TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} DP={dist.data_world()}"
+
+
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
     from ..optim import build_optimizer, build_scheduler
     from .build import build_gpt, log_kernel_fallback, transformer_config
-    from .degrees import ModelFacts, check_degrees
+    from .degrees import ModelFacts, check_available, check_degrees
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
     from .lora import adapted_parts, add_lora, megatron_targets
+    from .parallel import register_data_parallel
     from .rotary import RotaryAngles
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
@@ -80,13 +93,14 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
-    if dist.world() > 1:
-        raise TunesmithError(f"{dist.world()} processes were launched, but {_ONE_PROCESS}")
+    check_available(cfg.megatron, facts, lora=bool(lora_linears), vision_language=vision_language)
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
+    register_data_parallel()
+    _log_unsharded_optimizer(cfg.megatron)
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
@@ -115,8 +129,9 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
                              "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
                              "false) or use pure_bf16: true")
-    log.info("Megatron-Core engine: %s, TP=PP=1, %s, attention: %s%s", hf_config.model_type, precision,
-             _attention_kernel(device, precision), f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
+    log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
+             precision, _attention_kernel(device, precision),
+             f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                           skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)

@@ -32,13 +32,20 @@ def log_kernel_fallback(m, has_te: bool) -> None:
     log.info("Megatron: %s: megatron-core's local (torch-native) layer spec%s", where, tail)
 
 
-def _parallel_kwargs(m) -> dict:
+def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
+    pipeline = {}
+    if m.pipeline_model_parallel_size > 1:
+        # the hidden states sent between stages: the residual stream, in the weights' dtype (under bf16 autocast
+        # too); micro-batches differ in rows and length, so shapes are sent along. TransformerConfig refuses
+        # that with its default (allgather) MoE dispatcher even for a dense model, which has no dispatcher
+        # (MoE over pipeline stages is refused: degrees.unavailable_problems)
+        pipeline = dict(pipeline_dtype=params_dtype, variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
     return dict(tensor_model_parallel_size=m.tensor_model_parallel_size,
                 pipeline_model_parallel_size=m.pipeline_model_parallel_size,
                 virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
                 context_parallel_size=m.context_parallel_size,
                 expert_model_parallel_size=m.expert_model_parallel_size,
-                sequence_parallel=m.sequence_parallel)
+                sequence_parallel=m.sequence_parallel, **pipeline)
 
 
 def _recompute_kwargs(m, num_layers: int) -> dict:
@@ -88,7 +95,7 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
         apply_rope_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        **_parallel_kwargs(m), **_recompute_kwargs(m, hf.num_hidden_layers), **_moe_kwargs(hf, m))
+        **_parallel_kwargs(m, params_dtype), **_recompute_kwargs(m, hf.num_hidden_layers), **_moe_kwargs(hf, m))
 
 
 def layer_spec(config):
@@ -128,15 +135,22 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
     from megatron.core.models.gpt import GPTModel
 
     hf = language_config(hf)
-    tp = config.tensor_model_parallel_size
+    tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+    tied = bool(hf.tie_word_embeddings) and not reward_head
     model = GPTModel(
         config, layer_spec(config), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),
         max_sequence_length=getattr(hf, "max_position_embeddings", 4096), position_embedding_type="rope",
         rotary_base=int(_rope_theta(hf)),
-        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings) and not reward_head,
+        # over pipeline stages megatron-core would copy the embedding to the last stage through CUDA at
+        # construction; the engine ties the two itself there (stages.py, parallel.sum_tied_copies)
+        share_embeddings_and_output_weights=tied and pp == 1,
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         vp_stage=vp_stage)
+    model.hf_vocab_size = hf.vocab_size  # the padded rows' logits are masked out, cut off at save (vocab_parallel.py)
+    model.tied_across_stages = tied and pp > 1
+    if model.tied_across_stages and model.post_process and not model.pre_process:
+        model.output_layer.weight.shared = True  # the embedding's copy: counted once in the gradient norm
     if reward_head and model.post_process:
         model.output_layer = None
         model.score = torch.nn.Linear(hf.hidden_size, 1, bias=False, dtype=config.params_dtype)

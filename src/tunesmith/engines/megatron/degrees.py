@@ -103,6 +103,43 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
     return []
 
 
+_FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
+
+
+def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> list[str]:
+    """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
+    and data parallelism run for dense language models (full fine-tuning); expert, sequence and virtual-pipeline
+    parallelism, TP/PP for LoRA and mixture-of-experts models, and PP for vision-language models are named."""
+    problems = []
+    if m.virtual_pipeline_model_parallel_size is not None:
+        problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
+                        f"it (pipeline_model_parallel_size runs 1F1B on GPUs), or {_FSDP2}")
+    if m.expert_model_parallel_size > 1:
+        problems.append(f"expert_model_parallel_size: {m.expert_model_parallel_size} is not available yet; use 1 "
+                        f"(the experts data-parallel), or {_FSDP2}")
+    if m.sequence_parallel:
+        problems.append("sequence_parallel: true is not available yet (megatron-core's sequence-parallel "
+                        "communication runs on CUDA only, untested here); set sequence_parallel: false")
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    split = " and ".join(f"{key}: {value}" for key, value in (("tensor_model_parallel_size", tp),
+                                                              ("pipeline_model_parallel_size", pp)) if value > 1)
+    for what, applies in (("finetuning_type: lora", lora), ("a mixture-of-experts model", bool(model.num_experts))):
+        if split and applies:
+            problems.append(f"{what} with {split} is not available yet (it runs data-parallel, both degrees 1); "
+                            f"use tensor and pipeline degree 1, or {_FSDP2}")
+    if pp > 1 and vision_language:
+        problems.append(f"a vision-language model with pipeline_model_parallel_size: {pp} is not available yet (its "
+                        "vision features, Qwen3-VL's deepstack ones too, would have to reach later stages; tensor and "
+                        f"data parallelism run); use pipeline degree 1, or {_FSDP2}")
+    return problems
+
+
+def check_available(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> None:
+    problems = unavailable_problems(m, model, lora=lora, vision_language=vision_language)
+    if problems:
+        raise ConfigError(problems)
+
+
 def check_degrees(m, world_size: int, model: ModelFacts, *, has_te: bool) -> None:
     problems = degree_problems(m, world_size, model, has_te=has_te)
     if problems:

@@ -2,11 +2,14 @@
 Runner through the Engine interface, saved as Hugging Face checkpoints.
 
 The engine is built in a fixed order (build_megatron_engine):
-  1. the Hugging Face model (make_model, on the CPU): its config, weights and rotary frequencies;
-  2. checks: the family has a weight map, the degrees fit the world size and the model;
-  3. megatron-core's parallel groups and RNG streams;
-  4. the GPTModel, the Hugging Face weights mapped into it (weights/), moved to the device;
-  5. the optimizer and LR schedule (the same AdamW and schedule as the other engines).
+  1. the Hugging Face model (make_model, on the CPU, on every rank): its config, weights and rotary frequencies;
+  2. checks: the family has a weight map, the degrees fit the world size and the model, and run here;
+  3. megatron-core's parallel groups and RNG streams; its data-parallel group registered with dist;
+  4. this rank's GPTModel (its pipeline stage, its tensor-parallel shards), the Hugging Face weights mapped
+     into it (weights/, stages.py, shards.py), moved to the device;
+  5. the optimizer and LR schedule over this rank's parameters (the same AdamW and schedule as the other engines).
+Over several processes step() first makes the gradients the whole model's (parallel.reduce_gradients) and
+clips by the whole model's norm; saves gather the shards and stages on rank 0.
 Precision: fp32 weights with bf16 autocast (bf16: true), as the single engine, so that the two
 give the same losses; pure_bf16 keeps the weights in bf16. The Hugging Face model stays on the CPU
 as the template every save writes through (export_hf): checkpoints are plain transformers folders.
@@ -24,14 +27,15 @@ from ... import dist
 from ...errors import TunesmithError
 from ...models.forward import base_model
 from ...models.weights import load_model_weights
-from ..base import (LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer, read_torch_file, schedule_at,
-                    switched_to_reference, write_torch_file)
-from ..local_step import autocast, step_of
+from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer,
+                    read_torch_file, schedule_at, switched_to_reference, write_torch_file)
+from ..local_step import step_of
 from ..optim import realign_schedule
-from .forward import run_megatron_forward
 from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
 from .moe import RouterBalancing
-from .schedule import run_forward_backward
+from .parallel import dp_rank, gathered, grad_norm, local_shards, model_layers, reduce_gradients, stages_gathered
+from .schedule import forward_values, run_forward_backward
+from .stages import model_names, stage_state
 from .weights import family_map
 from .weights.layers import Shape
 
@@ -52,11 +56,14 @@ def hf_base_state(hf_model) -> dict:
 
 
 def load_hf_state(model, hf_state: dict, hf_config) -> None:
-    """Hugging Face weights (full, by HF name) into the GPTModel; every megatron weight must be filled. A reward
-    model's score head keeps its name."""
+    """Hugging Face weights (full, by HF name) into the GPTModel, this rank's tensor-parallel shard of each; every
+    megatron weight must be filled. A reward model's score head keeps its name."""
     mapped = family_map(hf_config).to_megatron(hf_state, hf_config)
     if "score.weight" in hf_state:
         mapped["score.weight"] = hf_state["score.weight"]
+    mapped = stage_state(mapped, model_layers(model), first=model.pre_process, last=model.post_process,
+                         tied=model.tied_across_stages)
+    mapped = local_shards(mapped, model.vocab_size)
     ours = megatron_state(model)
     missing = sorted(set(ours) - set(mapped))
     unexpected = sorted(set(mapped) - set(ours))
@@ -71,9 +78,14 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
             ours[name].copy_(tensor)
 
 
-def hf_state_of(model, hf_config) -> dict:
-    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head)."""
-    state = {k: v.detach().cpu() for k, v in megatron_state(model).items()}
+def hf_state_of(model, hf_config) -> dict | None:
+    """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head): the
+    tensor-parallel shards and the pipeline stages gathered (collective; over pipeline stages the whole state is
+    on global rank 0 only, None elsewhere)."""
+    state = {k: gathered(k, v, model.hf_vocab_size) for k, v in megatron_state(model).items()}
+    state = stages_gathered(model_names(state, model_layers(model)))
+    if state is None:
+        return None
     hf = family_map(hf_config).to_hf(state, hf_config)
     if "score.weight" in state:
         hf.pop("lm_head.weight", None)
@@ -116,23 +128,22 @@ class MegatronEngine:
 
     @torch.no_grad()
     def forward(self, micro_batches: list, fn: LossFn) -> list:
-        results = []
         with eval_mode(self.model), self._forward_module() as module:
-            for batch in micro_batches:
-                batch = batch.to(self.device)
-                with autocast(self.precision, self.device):
-                    results.append(fn.fn(run_megatron_forward(module, batch, fn.outputs, self.angles), batch))
-        return results
+            return forward_values(self, module, micro_batches, fn)
 
     def reference(self):
         return switched_to_reference(self)
 
     def step(self) -> StepResult:
-        return step_of(self)
+        reduce_gradients(self.model)
+        return step_of(self, total_norm=grad_norm)
 
     def save(self, path: Path) -> None:
-        write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                         Path(path) / "engine_state.pt")
+        """The optimizer and schedule of this rank's shards (the data-parallel replicas hold the same: the first
+        writes them)."""
+        if dp_rank() == 0:
+            write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                             Path(path) / engine_state_file())
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))
@@ -144,7 +155,7 @@ class MegatronEngine:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
         (weights_only)."""
         self._load_hf_weights(path)
-        state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
+        state = read_torch_file(engine_state_path(Path(path)), map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         realign_schedule(self.optimizer, self.scheduler)
@@ -158,17 +169,45 @@ class MegatronEngine:
         schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
-        """The trained weights back under their Hugging Face names, written by transformers itself."""
+        """The trained weights back under their Hugging Face names (the shards gathered by every rank), written by
+        transformers itself on rank 0."""
+        if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen); tensor degree 1
+            state = lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)) if dist.is_main() else None
+        else:
+            state = hf_state_of(self.model, self.hf_config)
         if dist.is_main():
-            if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
-                copy_lora(hf_lora_state(self.hf_model), lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)))
+            if self.lora_linears:
+                copy_lora(hf_lora_state(self.hf_model), state)
             else:
-                self.hf_model.load_state_dict(hf_state_of(self.model, self.hf_config), strict=True)
+                self.hf_model.load_state_dict(state, strict=True)
             self.hf_model.save_pretrained(str(path), safe_serialization=True)
             saver.save_pretrained(str(path))
+        dist.barrier()
 
     def full_state_for_rollout(self) -> dict:
         return hf_state_of(self.model, self.hf_config)
+
+
+def engine_state_file() -> str:
+    """engine_state.pt on one process; over several, one file per tensor/pipeline-parallel position (the
+    optimizer state of that position's shards)."""
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    if tp * pp == 1:
+        return "engine_state.pt"
+    return f"engine_state_tp{ps.get_tensor_model_parallel_rank()}_pp{ps.get_pipeline_model_parallel_rank()}.pt"
+
+
+def engine_state_path(folder: Path) -> Path:
+    """This rank's engine state in `folder`; one written under other tensor/pipeline degrees is refused by name."""
+    path = folder / engine_state_file()
+    if not path.exists() and any(folder.glob("engine_state*.pt")):
+        found = sorted(p.name for p in folder.glob("engine_state*.pt"))
+        raise CheckpointError(f"{folder} holds {found}, written under other tensor/pipeline-parallel degrees than "
+                             f"this run's (which reads {path.name}); resume with the degrees it was saved with, "
+                             "or start from its Hugging Face weights (model_name_or_path)")
+    return path
 
 
 def start_lora_from_hf(model, peft_model, linears: list) -> None:

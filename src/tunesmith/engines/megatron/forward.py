@@ -111,16 +111,23 @@ def stage_forward(model, batch, kind: str, angles) -> torch.Tensor:
     """The tensor the micro-batch schedule carries: rewards for "rewards", else logits ("nll" gets logits, as
     without a fused head)."""
     if kind == "rewards":
-        if getattr(model, "score", None) is None:
+        if model.post_process and getattr(model, "score", None) is None:  # the head is the last stage's
             raise TunesmithError("reward outputs need the reward model's score head (stage rm)")
         return reward_forward(model, batch, angles)
     return lm_forward(model, batch, angles)
 
 
-def as_outputs(tensor: torch.Tensor, kind: str) -> ModelOutputs:
-    return ModelOutputs(rewards_B=tensor) if kind == "rewards" else ModelOutputs(logits_BTV=tensor)
+def as_outputs(tensor: torch.Tensor, kind: str, model, batch) -> ModelOutputs:
+    """The last stage's tensor as the outputs a method expects on every engine; a tensor-parallel output layer's
+    logits (a block of the vocabulary per rank) become the summed NLL ("nll") or the gathered logits
+    (vocab_parallel.py)."""
+    if kind == "rewards":
+        return ModelOutputs(rewards_B=tensor)
+    if model.config.tensor_model_parallel_size == 1:
+        return ModelOutputs(logits_BTV=tensor)
+    from .vocab_parallel import gathered_logits, vocab_parallel_nll
 
+    if kind == "nll":
+        return ModelOutputs(nll_sum=vocab_parallel_nll(tensor, batch.targets_BT, model.hf_vocab_size).sum())
+    return ModelOutputs(logits_BTV=gathered_logits(tensor, model.hf_vocab_size))
 
-def run_megatron_forward(model, batch, kind: str, angles) -> ModelOutputs:
-    """The outputs a method asks for (models/forward.py's kinds)."""
-    return as_outputs(stage_forward(model, batch, kind, angles), kind)

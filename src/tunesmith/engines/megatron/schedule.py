@@ -7,13 +7,14 @@ so the loss handed to the schedule is multiplied by the number of micro-batches,
 gradients come out as the plain sum over micro-batches that the normaliser expects.
 
 On CUDA the engine runs megatron-core's own schedule (get_forward_backward_func: no pipelining
-at PP=1, 1F1B or interleaved beyond). megatron-core's schedules allocate on CUDA, so on the CPU
-the same forward-step and loss functions run through `local_schedule`, which does what the
-no-pipelining schedule does: forward, divide by the micro-batch count, backward.
+at PP=1, 1F1B beyond). megatron-core's schedules allocate on CUDA, so on the CPU the same
+forward-step and loss functions run through `local_schedule`, which does what the no-pipelining
+schedule does (forward, divide by the micro-batch count, backward), or over pipeline stages
+through pipeline.gpipe.
 
 A mixture-of-experts model's router load-balancing loss (transformers' formula, moe.py) is computed in
 the forward step from the routers' logits and handed to the loss with the model's coefficient, as the
-single engine's forward hands it (one process: every layer is on this stage).
+single engine's forward hands it (every layer is on this stage: pipeline stages are refused for MoE).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from ..base import LossFn, StepOutput, nonfinite
 from ..local_step import autocast
 from .forward import as_outputs, stage_forward
+from .pipeline import from_last_stage, gpipe, hidden_shapes, pipelined
 
 
 def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
@@ -35,7 +37,7 @@ def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
 def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, aux_loss, output):
     # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
     with autocast(engine.precision, engine.device):
-        outputs = as_outputs(output, loss_fn.outputs)
+        outputs = as_outputs(output, loss_fn.outputs, engine.model, batch)
         if aux_loss is not None:
             outputs.aux_loss, outputs.aux_loss_coef = aux_loss, engine.balancing.coef
         out = loss_fn.fn(outputs, batch)
@@ -75,18 +77,54 @@ def local_schedule(forward_step, data_iterator, model, num_microbatches: int) ->
         (loss / num_microbatches).backward()
 
 
+def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: bool) -> None:
+    config = module.config
+    gpipe(forward_step, iter(micro_batches), module, hidden_shapes(micro_batches, config.hidden_size),
+          dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only)
+
+
 def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOutput:
+    """megatron-core's schedule on CUDA (no pipelining, or 1F1B over the stages); on the CPU the same functions
+    through local_schedule, or gpipe over pipeline stages. Every stage returns the last stage's sums."""
     total = StepOutput()
     count = len(micro_batches)
     step = forward_step_func(engine, loss_fn, total, count)
     engine.model.train()
-    if engine.device.type != "cuda":
-        local_schedule(step, iter(micro_batches), engine.model, count)
-        return total.settle()
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    if engine.device.type == "cuda":
+        from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    lengths = [b.input_ids_BT.shape for b in micro_batches]
-    get_forward_backward_func()(forward_step_func=step, data_iterator=iter(micro_batches), model=[engine.model],
-                                num_microbatches=count, seq_length=max(s[1] for s in lengths),
-                                micro_batch_size=max(s[0] for s in lengths), forward_only=False)
-    return total.settle()
+        lengths = [b.input_ids_BT.shape for b in micro_batches]
+        get_forward_backward_func()(forward_step_func=step, data_iterator=iter(micro_batches), model=[engine.model],
+                                    num_microbatches=count, seq_length=max(s[1] for s in lengths),
+                                    micro_batch_size=max(s[0] for s in lengths), forward_only=False)
+    elif pipelined():
+        _gpipe(engine, step, engine.model, micro_batches, forward_only=False)
+    else:
+        local_schedule(step, iter(micro_batches), engine.model, count)
+    return from_last_stage(total.settle())
+
+
+def forward_values(engine, module, micro_batches: list, fn: LossFn) -> list:
+    """fn of each micro-batch's outputs, without gradients (the caller's no_grad and eval mode): one forward each,
+    or through the pipeline stages (gpipe), the last stage's values given to every stage."""
+    values = []
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator).to(engine.device)
+        with autocast(engine.precision, engine.device):
+            output = stage_forward(model, batch, fn.outputs, engine.angles)
+
+        def value_func(output):
+            with autocast(engine.precision, engine.device):
+                values.append(fn.fn(as_outputs(output, fn.outputs, model, batch), batch))
+            return output.new_zeros(()), {}
+        return output, value_func
+
+    if pipelined():
+        _gpipe(engine, forward_step, module, micro_batches, forward_only=True)
+        return from_last_stage(values)
+    batches = iter(micro_batches)
+    for _ in micro_batches:
+        output, value_func = forward_step(batches, module)
+        value_func(output)
+    return values

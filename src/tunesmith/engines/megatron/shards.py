@@ -4,10 +4,11 @@ Pure functions of full (unsharded) state dicts, as megatron-core's local layers 
   - column-parallel (output dimension split): linear_qkv, linear_fc1, the word embeddings and
     the output layer (vocabulary rows);
   - row-parallel (input dimension split): linear_proj, linear_fc2;
-  - replicated: norms and the router.
+  - replicated: norms, the router, and a vision-language model's vision tower (a Hugging Face module).
 linear_qkv is grouped per KV head, so rank r takes whole query groups: a contiguous block.
 linear_fc1 is [gate; up], so rank r takes its block of the gate rows and of the up rows, and
-its local GLU still chunks [gate_r; up_r] in two.
+its local GLU still chunks [gate_r; up_r] in two. The vocabulary tables are padded with zero rows
+to a size every TP degree divides before they are split (padded_vocab_size, pad_vocabulary).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from ...errors import ConfigError
 _COLUMN = ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
 _GATED = ("linear_fc1.weight",)
 _ROW = ("linear_proj.weight", "linear_fc2.weight")
+_VOCABULARY = ("word_embeddings.weight", "output_layer.weight")
+# Hugging Face modules the engine runs as they are (a vision tower, whose MLP is also called linear_fc1): whole on
+# every rank
+_HF_MODULES = ("visual.",)
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
@@ -28,8 +33,27 @@ def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
     return -(-vocab_size // step) * step
 
 
+def is_vocabulary(name: str) -> bool:
+    """The weights with one row per vocabulary entry (the input embedding, the output layer)."""
+    return name.endswith(_VOCABULARY)
+
+
+def pad_vocabulary(name: str, tensor: torch.Tensor, padded_size: int) -> torch.Tensor:
+    """A vocabulary table with zero rows appended up to `padded_size` (other weights unchanged). The engine masks
+    the padding's logits out of the loss, and nothing looks its embedding rows up."""
+    if not is_vocabulary(name) or tensor.shape[0] == padded_size:
+        return tensor
+    return torch.cat([tensor, tensor.new_zeros(padded_size - tensor.shape[0], *tensor.shape[1:])])
+
+
+def unpad_vocabulary(name: str, tensor: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return tensor[:vocab_size] if is_vocabulary(name) else tensor
+
+
 def split_of(name: str) -> str:
     """How `name` is split over TP ranks: column, gated, row or replicated."""
+    if name.startswith(_HF_MODULES):
+        return "replicated"
     if name.endswith(_GATED):
         return "gated"
     if name.endswith(_COLUMN):

@@ -1,0 +1,186 @@
+"""Several processes: what the engine does around megatron-core's modules when they are split over ranks.
+
+megatron-core's tensor-parallel layers hold shards and communicate inside their own forward and backward;
+everything that happens outside a forward is the engine's, here:
+  - weights in: every rank copies its tensor-parallel shard of the full (Hugging Face-mapped) weights, the
+    vocabulary tables padded with zero rows to a size the degree divides (shards.py);
+  - weights out: the shards gathered back, the padding cut off, every pipeline stage's weights brought to the
+    rank that writes the checkpoint;
+  - gradients: summed over the data-parallel group (each rank's loss is already divided by the normaliser of
+    the whole step over every data-parallel rank, so the sum is the step's gradient), a replicated weight
+    that each tensor-parallel rank applies to its own heads only (Qwen3's query/key norms) over that group,
+    and a tied embedding's two copies on the first and last pipeline stage over those two;
+  - the gradient norm for clipping: over every shard once (a replicated weight's gradient, the same on every
+    tensor-parallel rank, counted on one), whatever the degrees.
+megatron-core's own DistributedDataParallel and clip_grads would do the last two, but they allocate on CUDA;
+these run on the CPU (gloo) and on GPUs alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+
+from .shards import pad_vocabulary, shard, split_of, unpad_vocabulary, unshard
+
+_BUCKET_BYTES = 256 * 2**20  # gradients all-reduced in flat buckets of about this size
+
+
+def _state():
+    from megatron.core import parallel_state
+
+    return parallel_state
+
+
+def tp_size() -> int:
+    return _state().get_tensor_model_parallel_world_size()
+
+
+def tp_rank() -> int:
+    return _state().get_tensor_model_parallel_rank()
+
+
+def dp_size() -> int:
+    return _state().get_data_parallel_world_size()
+
+
+def dp_rank() -> int:
+    return _state().get_data_parallel_rank()
+
+
+def register_data_parallel() -> None:
+    """Tell the loop which ranks read different data: megatron-core's data-parallel group (dist.py)."""
+    from ... import dist
+
+    state = _state()
+    if tdist.get_world_size() > 1:
+        dist.set_data_parallel(state.get_data_parallel_group(), dp_rank(), dp_size())
+
+
+def local_shards(full: dict, padded_vocab_size: int) -> dict:
+    """This rank's slices of the full megatron-core weights `full`; the vocabulary tables are padded to the
+    model's `padded_vocab_size` first (build_gpt's)."""
+    tp, rank = tp_size(), tp_rank()
+    if tp == 1:
+        return full
+    return {name: shard(name, pad_vocabulary(name, tensor, padded_vocab_size), tp, rank)
+            for name, tensor in full.items()}
+
+
+def gathered(name: str, tensor: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The full weight `name` from every tensor-parallel rank's shard (collective over the tensor-parallel
+    group for a split weight), on the CPU, the vocabulary padding cut off."""
+    tensor = tensor.detach()
+    if tp_size() > 1 and split_of(name) != "replicated":
+        tensor = tensor.contiguous()
+        pieces = [torch.empty_like(tensor) for _ in range(tp_size())]
+        tdist.all_gather(pieces, tensor, group=_state().get_tensor_model_parallel_group())
+        tensor = unshard(name, [p.cpu() for p in pieces])
+    return unpad_vocabulary(name, tensor.cpu(), vocab_size)
+
+
+def _buckets(grads: list) -> list[list]:
+    out, bucket, size = [], [], 0
+    for grad in grads:
+        if bucket and (size + grad.numel() * grad.element_size() > _BUCKET_BYTES or grad.dtype != bucket[0].dtype):
+            out.append(bucket)
+            bucket, size = [], 0
+        bucket.append(grad)
+        size += grad.numel() * grad.element_size()
+    return out + ([bucket] if bucket else [])
+
+
+def _sum_in_place(grads: list, group) -> None:
+    for bucket in _buckets(grads):
+        flat = torch._utils._flatten_dense_tensors(bucket)
+        tdist.all_reduce(flat, group=group)
+        for grad, summed in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
+            grad.copy_(summed)
+
+
+def sum_over_data_parallel(params: list) -> None:
+    """Every gradient summed over the data-parallel group, in flat buckets. A parameter without a gradient on some
+    ranks (a vision tower no image reached there) takes zeros there; one without a gradient on every rank keeps
+    none, so the optimizer skips it as it would on one process."""
+    if dp_size() == 1:
+        return
+    group = _state().get_data_parallel_group()
+    device = params[0].device if params else torch.device("cpu")
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)
+    tdist.all_reduce(present, op=tdist.ReduceOp.MAX, group=group)
+    for param, anywhere in zip(params, present.tolist()):
+        if anywhere and param.grad is None:
+            param.grad = torch.zeros_like(param)
+    _sum_in_place([p.grad for p in params if p.grad is not None], group)
+
+
+def sum_partial_replicas(model) -> None:
+    """Qwen3's per-head query/key norms are replicated over the tensor-parallel ranks, but each rank applies them
+    to its own heads only, so each holds part of their gradient: summed over the group (as megatron-core's
+    finalize_model_grads does)."""
+    if tp_size() == 1:
+        return
+    grads = [p.grad for name, p in model.named_parameters()
+             if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name)]
+    _sum_in_place(grads, _state().get_tensor_model_parallel_group())
+
+
+def sum_tied_copies(model) -> None:
+    """A tied model over pipeline stages: the first stage's embedding and the last stage's copy as output layer
+    are one weight, so each takes the sum of their gradients (megatron-core's embedding group: the first and
+    last stage's ranks of one tensor-parallel position) and both stay equal."""
+    if not getattr(model, "tied_across_stages", False) or not _state().is_rank_in_embedding_group():
+        return
+    weight = model.embedding.word_embeddings.weight if model.pre_process else model.output_layer.weight
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    tdist.all_reduce(weight.grad, group=_state().get_embedding_group())
+
+
+def reduce_gradients(model) -> None:
+    """After the step's last backward: the gradients this rank holds made the whole model's (its shards')."""
+    sum_partial_replicas(model)
+    sum_tied_copies(model)
+    sum_over_data_parallel([p for p in model.parameters() if p.requires_grad])
+
+
+def model_layers(model) -> range:
+    """The model's decoder layers this stage holds (megatron-core's layer_number counts from 1)."""
+    layers = model.decoder.layers
+    start = layers[0].layer_number - 1 if len(layers) else 0
+    return range(start, start + len(layers))
+
+
+def stages_gathered(state: dict) -> dict | None:
+    """Every pipeline stage's weights (by the model's names, tensor-parallel shards already gathered) in one
+    dict on the first stage of the first data-parallel replica (global rank 0); None elsewhere."""
+    state_ = _state()
+    if state_.get_pipeline_model_parallel_world_size() == 1:
+        return state
+    if tp_rank() != 0 or dp_rank() != 0:
+        return None
+    group = state_.get_pipeline_model_parallel_group()
+    parts = [None] * tdist.get_world_size(group) if state_.is_pipeline_first_stage() else None
+    tdist.gather_object(state, parts, dst=state_.get_pipeline_model_parallel_first_rank(), group=group)
+    return {name: tensor for part in parts for name, tensor in part.items()} if parts else None
+
+
+def _counted_here(param) -> bool:
+    """Whether this rank counts `param` in the gradient norm: a tensor-parallel shard always, a replicated
+    weight on tensor-parallel rank 0 only, a pipeline stage's copy of the tied embedding (`shared`) never."""
+    if getattr(param, "shared", False):
+        return False
+    return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank() == 0
+
+
+def grad_norm(params: list) -> torch.Tensor:
+    """The 2-norm of the whole model's gradient (every shard of every stage once), the same on every rank."""
+    group = _state().get_model_parallel_group()
+    if tdist.get_world_size(group) == 1:
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    grads = [p.grad for p in params if p.grad is not None and _counted_here(p)]
+    device = params[0].device if params else torch.device("cpu")
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
+    squares = (norm.float() ** 2).reshape(1)
+    tdist.all_reduce(squares, group=group)
+    return squares[0].sqrt()

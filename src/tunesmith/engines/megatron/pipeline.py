@@ -1,0 +1,95 @@
+"""Pipeline parallelism: the micro-batch schedule over the stages, and what a stage that computes no loss reports.
+
+Every stage reads the same micro-batches (they are one model replica: dist.py's data-parallel group holds one
+rank of each stage); the first stage embeds, each stage runs its layers on the hidden states the one before sent
+it, the last computes the loss. On CUDA megatron-core's 1F1B schedule trains (schedule.py): its point-to-point
+buffers are CUDA tensors. `gpipe` runs the same forward-step and loss functions with torch.distributed's send
+and recv, so on any device (the CPU's gloo included): every micro-batch forward through the stages, then every
+backward in the same order, each stage sending its input's gradient back. It computes the same gradients as 1F1B,
+keeping every micro-batch's activations (the CPU tests' sizes), and also serves the passes without gradients
+(evaluation, log-probs) on both devices.
+
+The last stage alone has the loss and the outputs; `from_last_stage` gives them to every stage, since the Runner
+logs from rank 0, a first stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as tdist
+
+
+def _state():
+    from megatron.core import parallel_state
+
+    return parallel_state
+
+
+def pipelined() -> bool:
+    return _state().get_pipeline_model_parallel_world_size() > 1
+
+
+def hidden_shapes(micro_batches: list, hidden_size: int) -> list[tuple[int, int, int]]:
+    """The [T, B, H] hidden states each micro-batch sends between stages (megatron-core's sequence-first layout)."""
+    return [(b.input_ids_BT.shape[1], b.input_ids_BT.shape[0], hidden_size) for b in micro_batches]
+
+
+def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtype, device: torch.device,
+          forward_only: bool) -> None:
+    """megatron-core's schedule contract (forward_step(data_iterator, model) -> (output, loss_func); the loss
+    divided by the number of micro-batches before backward) in GPipe's order, on any device."""
+    state = _state()
+    first, last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
+    received, outputs = [], []
+    for shape in shapes:
+        hidden = None
+        if not first:
+            hidden = torch.empty(shape, dtype=dtype, device=device)
+            tdist.recv(hidden, src=state.get_pipeline_model_parallel_prev_rank())
+            hidden.requires_grad_(not forward_only)
+            model.set_input_tensor(hidden)
+        output, loss_func = forward_step(data_iterator, model)
+        if last:
+            output = loss_func(output)[0] / len(shapes)
+        else:
+            tdist.send(output.detach().contiguous(), dst=state.get_pipeline_model_parallel_next_rank())
+        if not forward_only:
+            received.append(hidden)
+            outputs.append(output)
+    for hidden, output in zip(received, outputs):
+        if last:
+            output.backward()
+        else:
+            grad = torch.empty(output.shape, dtype=output.dtype, device=output.device)  # contiguous, as sent
+            tdist.recv(grad, src=state.get_pipeline_model_parallel_next_rank())
+            output.backward(grad)
+        if not first:
+            tdist.send(hidden.grad.contiguous(), dst=state.get_pipeline_model_parallel_prev_rank())
+
+
+def _on_cpu(value):
+    """`value` with its tensors on the CPU (dataclasses, lists, tuples and dicts looked into): what is sent to the
+    other stages, which may sit on other devices."""
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _on_cpu(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    return value
+
+
+def from_last_stage(value):
+    """The last stage's `value` on every stage of this pipeline (the last stage keeps its own)."""
+    if not pipelined():
+        return value
+    state = _state()
+    box = [_on_cpu(value) if state.is_pipeline_last_stage() else None]
+    tdist.broadcast_object_list(box, src=state.get_pipeline_model_parallel_last_rank(),
+                                group=state.get_pipeline_model_parallel_group())
+    return value if state.is_pipeline_last_stage() else box[0]
