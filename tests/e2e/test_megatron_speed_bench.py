@@ -37,7 +37,7 @@ def test_the_tiny_mode_runs_both_engines_and_writes_the_report(tmp_path):
     pytest.importorskip("megatron.core")
     proc = subprocess.run([sys.executable, "benchmarks/megatron_speed.py", "--work", str(tmp_path / "work"), "--out",
                            str(tmp_path / "out"), "--tiny", "--steps", "3"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "megatron_speed.json").read_text())
     assert [(r["engine"], r["returncode"], r["steps"]) for r in report["results"]] == [("single", 0, 3),
