@@ -17,26 +17,33 @@ _IMAGE_SIZE, _PATCH, _SOFT_TOKENS = 56, 14, 4
 # Gemma 3's own template, written from its format: a system prompt opens the first user turn,
 # content is a string or typed parts, and an image part writes <start_of_image>, which the processor
 # expands to the image's soft tokens between <start_of_image> and <end_of_image>.
-_GEMMA3_VL_TEMPLATE = (
-    "{%- if tools %}{{ raise_exception('this Gemma 3 template renders no tools; drop the tools column') }}{% endif %}"
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- if messages[0]['content'] is string %}{%- set first = messages[0]['content'] + '\\n\\n' %}"
-    "{%- else %}{%- set first = messages[0]['content'][0]['text'] + '\\n\\n' %}{%- endif %}"
-    "{%- set loop_messages = messages[1:] %}"
-    "{%- else %}{%- set first = '' %}{%- set loop_messages = messages %}{%- endif %}"
-    "{%- for message in loop_messages %}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') }}"
-    "{%- if message['content'] is string %}{{ message['content'] | trim }}"
-    "{%- else %}{%- for item in message['content'] %}"
-    "{%- if item['type'] == 'image' %}{{ '<start_of_image>' }}"
-    "{%- elif item['type'] == 'text' %}{{ item['text'] | trim }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{ '<end_of_turn>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}"
-)
+def gemma_media_template(name: str, media_parts: str) -> str:
+    """Gemma's turn format with typed content parts; `media_parts` renders an item of another type than text (Jinja
+    `if` / `elif` branches on item['type'])."""
+    return (
+        f"{{%- if tools %}}{{{{ raise_exception('this {name} template renders no tools; drop the tools column') }}}}"
+        "{% endif %}"
+        "{{ bos_token }}"
+        "{%- if messages[0]['role'] == 'system' %}"
+        "{%- if messages[0]['content'] is string %}{%- set first = messages[0]['content'] + '\\n\\n' %}"
+        "{%- else %}{%- set first = messages[0]['content'][0]['text'] + '\\n\\n' %}{%- endif %}"
+        "{%- set loop_messages = messages[1:] %}"
+        "{%- else %}{%- set first = '' %}{%- set loop_messages = messages %}{%- endif %}"
+        "{%- for message in loop_messages %}"
+        "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') }}"
+        "{%- if message['content'] is string %}{{ message['content'] | trim }}"
+        "{%- else %}{%- for item in message['content'] %}"
+        + media_parts +
+        "{%- elif item['type'] == 'text' %}{{ item['text'] | trim }}{%- endif %}"
+        "{%- endfor %}{%- endif %}"
+        "{{ '<end_of_turn>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}"
+    )
+
+
+_GEMMA3_VL_TEMPLATE = gemma_media_template("Gemma 3", "{%- if item['type'] == 'image' %}{{ '<start_of_image>' }}")
 
 _TEXT = _TEXT_ARCHS["gemma3"]
 

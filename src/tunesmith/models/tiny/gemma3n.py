@@ -13,32 +13,14 @@ the tiny one is the same timm architecture at 2% of its channels on 64x64 images
 from __future__ import annotations
 
 from .common import NUM_MEL_BINS, SPLIT_QWEN, text_config, token_ids
+from .gemma3_vl import gemma_media_template
 
 _IMAGE_SIZE, _IMAGE_TOKENS, _AUDIO_TOKENS, _MEDIA_VOCAB = 64, 16, 32, 128
 
 # Gemma 3n's format: Gemma 3's turns; an image part writes <image_soft_token>, an audio part <audio_soft_token>, which the
 # processor expands to their soft tokens.
-_GEMMA3N_TEMPLATE = (
-    "{%- if tools %}{{ raise_exception('this Gemma 3n template renders no tools; drop the tools column') }}{% endif %}"
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{%- if messages[0]['content'] is string %}{%- set first = messages[0]['content'] + '\\n\\n' %}"
-    "{%- else %}{%- set first = messages[0]['content'][0]['text'] + '\\n\\n' %}{%- endif %}"
-    "{%- set loop_messages = messages[1:] %}"
-    "{%- else %}{%- set first = '' %}{%- set loop_messages = messages %}{%- endif %}"
-    "{%- for message in loop_messages %}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') }}"
-    "{%- if message['content'] is string %}{{ message['content'] | trim }}"
-    "{%- else %}{%- for item in message['content'] %}"
-    "{%- if item['type'] == 'image' %}{{ '<image_soft_token>' }}"
-    "{%- elif item['type'] == 'audio' %}{{ '<audio_soft_token>' }}"
-    "{%- elif item['type'] == 'text' %}{{ item['text'] | trim }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{ '<end_of_turn>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}"
-)
+_GEMMA3N_TEMPLATE = gemma_media_template("Gemma 3n", "{%- if item['type'] == 'image' %}{{ '<image_soft_token>' }}"
+                                                     "{%- elif item['type'] == 'audio' %}{{ '<audio_soft_token>' }}")
 
 _TEXT_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
                  "<start_of_audio>"]
