@@ -32,22 +32,17 @@ def init(timeout_s: int = 1800, force: bool = False) -> None:
     group when there is no torchrun (a sharded engine on one device, e.g. resuming FSDP2 state on one GPU)."""
     if dist.is_initialized() or not (is_distributed() or force):
         return
-    if not is_distributed():
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if is_distributed():
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        # One process: an in-memory store, no port (a port picked here could be taken before it is bound, and a
+        # MASTER_PORT left in the environment would reach child processes whose group then cannot listen on it).
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     global _OWN_GROUP
     _OWN_GROUP = True
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rank() -> int:
