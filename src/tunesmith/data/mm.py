@@ -202,7 +202,10 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         text = with_markers(messages[0]["content"], media.markers) + tokenizer.eos_token
         spans = [(0, len(text))]
     else:
-        text, spans = spans_fn(tokenizer, to_content_parts(messages), opts)
+        try:
+            text, spans = spans_fn(tokenizer, to_content_parts(messages), opts)
+        except DataError as err:
+            raise in_record(sample, err) from None
     text, spans = collapse_markers(text, spans, getattr(media, "collapsed_markers", {}))
     in_text = getattr(media, "expand_in_text", False)
     if in_text:

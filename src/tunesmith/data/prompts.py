@@ -13,8 +13,8 @@ import json
 
 from ..errors import DataError
 from .budget import cut_messages
-from .mm import (check_placeholders, collapse_markers, expand_in_text, expand_media_tokens, has_media, plan_and_check,
-                 to_content_parts)
+from .mm import (check_placeholders, collapse_markers, expand_in_text, expand_media_tokens, has_media, in_record,
+                 plan_and_check, to_content_parts)
 from .render import IGNORE_INDEX, RenderOptions, bad_record, message_budget, render_text
 from .sample import where
 
@@ -62,7 +62,10 @@ def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts: RenderOptio
         check_placeholders({**sample, "messages": messages})
         expansions, plan = plan_and_check(sample, media)
     cut_msgs, cut = cut_messages(messages, message_budget(tokenizer, opts))
-    text = render_text(tokenizer, to_content_parts(cut_msgs) if has else cut_msgs, opts, add_generation_prompt=True)
+    try:
+        text = render_text(tokenizer, to_content_parts(cut_msgs) if has else cut_msgs, opts, add_generation_prompt=True)
+    except DataError as err:
+        raise in_record(sample, err) from None
     collapsed = collapse_markers(text, [], getattr(media, "collapsed_markers", {}))[0] if has else text
     if has and getattr(media, "expand_in_text", False):  # Gemma 3: its newlines merge as in the processor's call
         expanded, _ = expand_in_text(collapsed, [], expansions, tokenizer)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from jinja2 import TemplateError
+
 from ..errors import DataError
 from ..stages import STAGES
 from .budget import char_budget, cut_messages
@@ -56,14 +58,20 @@ def _skippable(sample: dict, opts: RenderOptions) -> bool:
 
 
 def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_generation_prompt=False) -> str:
-    return tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        chat_template=opts.chat_template,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **opts.render_kwargs,
-    )
+    """The conversation as the chat template writes it; a conversation the template refuses (its raise_exception,
+    e.g. Gemma 2's "System role not supported") is a DataError with the template's words."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=opts.chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **opts.render_kwargs,
+        )
+    except TemplateError as err:
+        raise DataError(f"the chat template refuses this conversation: {err}; change the record or pick another "
+                        "template (template: <name>)") from None
 
 
 def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list[tuple[int, int]]]:
@@ -74,6 +82,7 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
     the last turn (Qwen3 drops history think blocks) are handled by locating the
     turn's content and the end marker inside the full text.
     """
+    messages = reasoning_as_thinking(messages, opts.chat_template)
     full = render_text(tokenizer, messages, opts, tools=tools)
     spans = []
     for k, message in enumerate(messages):
@@ -83,7 +92,7 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
         start = len(prefix) if full.startswith(prefix) else _history_turn_start(tokenizer, full, messages, k, opts,
                                                                                  tools, prefix)
         upto = render_text(tokenizer, messages[: k + 1], opts, tools=tools)
-        end = len(upto) if full.startswith(upto) else _turn_end_in_history(full, start, upto, message)
+        end = len(upto) if full.startswith(upto) else _turn_end_in_history(tokenizer, full, start, upto, message)
         spans.append((start, end))
     return full, spans
 
@@ -120,7 +129,7 @@ def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: Rend
     )
 
 
-def _turn_end_in_history(full: str, start: int, upto: str, message: dict) -> int:
+def _turn_end_in_history(tokenizer, full: str, start: int, upto: str, message: dict) -> int:
     turn = upto[start:]
     text = _text_of(message["content"]).strip()
     # Reasoning templates drop a history turn's think block: look for the answer part too.
@@ -128,12 +137,45 @@ def _turn_end_in_history(full: str, start: int, upto: str, message: dict) -> int
         at = turn.rfind(content)
         end_marker = turn[at + len(content) :] if at >= 0 else ""
         pos = full.find(content, start)
-        if at >= 0 and pos >= 0 and full.startswith(end_marker, pos + len(content)):
-            return pos + len(content) + len(end_marker)
+        if at >= 0 and pos >= 0:
+            end_marker = _history_end_marker(tokenizer, full, pos + len(content), end_marker)
+            if end_marker is not None:
+                return pos + len(content) + len(end_marker)
     raise DataError(
         "cannot locate an assistant turn of the conversation in the rendered text; "
         "the chat template rewrites it. Use a named template (e.g. template: chatml)."
     )
+
+
+def _history_end_marker(tokenizer, full: str, pos: int, last_marker: str) -> str | None:
+    """The end-of-turn marker of a history answer ending at `pos` in the full text: the last turn's marker when the
+    full text has it there; else, when the last turn's marker opens with a special token and the history answer is
+    followed by another one, that token (GPT-OSS ends the last answer with <|return|> and earlier ones with <|end|>).
+    None when neither holds."""
+    if full.startswith(last_marker, pos):
+        return last_marker
+    specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
+    if any(last_marker.startswith(t) for t in specials):
+        return next((t for t in specials if full.startswith(t, pos)), None)
+    return None
+
+
+def reasoning_as_thinking(messages: list, chat_template: str | None) -> list:
+    """For chat templates that read the reasoning from a message's `thinking` field (GPT-OSS's analysis channel),
+    a leading <think>...</think> block of an assistant answer moves there; other templates get the messages as
+    they are."""
+    if not chat_template or "message.thinking" not in chat_template:
+        return messages
+    moved = []
+    for message in messages:
+        content = message.get("content")
+        if message["role"] == "assistant" and isinstance(content, str) and "thinking" not in message \
+                and content.lstrip().startswith("<think>") and "</think>" in content:
+            reasoning, answer = content.split("</think>", 1)
+            message = {**message, "thinking": reasoning.split("<think>", 1)[1].strip("\n"),
+                       "content": answer.lstrip("\n")}
+        moved.append(message)
+    return moved
 
 
 def _text_of(content) -> str:

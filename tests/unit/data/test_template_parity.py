@@ -5,8 +5,9 @@ on a tiny tokenizer of the family that carries the real template, and through th
 The token ids must be the ones the real template gives, and the supervised tokens exactly each answer as
 the real template renders it, with its end-of-turn marker (hand-written below, per family).
 
-Families without a pinned real template (Gemma 3, Phi-4, GLM-4, GPT-OSS, Qwen3.5's own, the Qwen-VL
-processors) are not compared here: their templates cannot be fetched offline.
+Real templates of a close release stand in where the family's own is not pinned: Gemma 2's for Gemma 3's turn format,
+Phi-3.5-mini's for Phi-4-mini's. Families without a pinned real template (Gemma 3 itself, Phi-4, GLM-4, Qwen3.5's
+own, the VLM processors) are not compared here: their templates cannot be fetched offline.
 """
 
 from dataclasses import dataclass
@@ -69,12 +70,49 @@ def _deepseek_v3(messages, thinking):
             + "<｜end▁of▁sentence｜>" for m in messages if m["role"] == "assistant"]
 
 
+def _answers(end: str, last_end: str | None = None):
+    """Each answer as it is, then the end-of-turn text (`last_end` after the last one when it differs)."""
+    def expected(messages, thinking):
+        turns = [m["content"] for m in messages if m["role"] == "assistant"]
+        return [c + end for c in turns[:-1]] + [turns[-1] + (last_end or end)]
+    return expected
+
+
+def _gpt_oss(messages, thinking):
+    """GPT-OSS (harmony): answers on the final channel, <|end|> in the history and <|return|> after the last; the
+    last answer's reasoning goes first on the analysis channel (history reasoning is dropped)."""
+    turns = [_split(m["content"]) for m in messages if m["role"] == "assistant"]
+    out = [f"<|channel|>final<|message|>{answer.lstrip()}<|end|>" for _, answer in turns[:-1]]
+    reasoning, answer = turns[-1]
+    head = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant" if reasoning else ""
+    return out + [f"{head}<|channel|>final<|message|>{answer.lstrip()}<|return|>"]
+
+
+def _gpt_oss_messages(messages):
+    """The conversation in GPT-OSS's own message format: reasoning in the `thinking` field."""
+    out = []
+    for m in messages:
+        reasoning, answer = _split(m["content"])
+        out.append({**m, "thinking": reasoning, "content": answer.lstrip("\n")} if reasoning else m)
+    return out
+
+
+def _qwq(messages, thinking):
+    """QwQ: history answers without their reasoning; the generation prompt opens <think>, so the last turn is its
+    content after that opening."""
+    turns = [m["content"] for m in messages if m["role"] == "assistant"]
+    out = [_split(c)[1].lstrip("\n") + "<|im_end|>\n" for c in turns[:-1]]
+    return out + [turns[-1].removeprefix("<think>\n") + "<|im_end|>\n"]
+
+
 @dataclass(frozen=True)
 class Family:
     arch: str  # the tiny builder whose tokenizer (the family's special tokens) renders
     names: tuple[str, ...]  # template names rendered by the model's own (here: the real) template
     expected: object  # (messages, thinking) -> the supervised text of each assistant turn
-    refused: tuple[str, ...] = ()  # conversations the real template renders so that no span can be found
+    refused: tuple[str, ...] = ()  # conversations the real template refuses or renders so that no span is found
+    refusal: str = "before assistant turn"  # what the error for a refused conversation says
+    own_format: object = None  # messages -> the same conversation in the family's own message format
 
 
 FAMILIES = {
@@ -84,6 +122,16 @@ FAMILIES = {
     # conversation grows, so no supervised span is found (a named refusal, tested below).
     "mistral": Family("mistral", ("auto", "mistral", "ministral"), _mistral, refused=("system", "system_multi")),
     "deepseek_v3": Family("deepseek_v3", ("auto", "deepseek3", "deepseekr1"), _deepseek_v3),
+    # GPT-OSS ends history answers with <|end|> and the last with <|return|>; reasoning goes to the analysis channel.
+    "gpt_oss": Family("gpt_oss", ("auto", "gpt_oss"), _gpt_oss, own_format=_gpt_oss_messages),
+    "mistral_small": Family("mistral3", ("auto", "mistral_small", "ministral3"), _mistral),
+    # Phi-3.5-mini's format is Phi-4-mini's; the last answer is followed by the eos token (<|end|> here).
+    "phi3": Family("phi4_multimodal", ("auto", "phi", "phi4_mini"), _answers("<|end|>", "<|end|>\n<|end|>")),
+    # Gemma 2's turns are Gemma 3's; it refuses a system prompt (Gemma 3's template folds it into the first turn).
+    "gemma2": Family("gemma3", ("auto",), _answers("<end_of_turn>\n"), refused=("system", "system_multi"),
+                     refusal="System role not supported"),
+    "llama3_3": Family("llama3", ("auto",), _llama),
+    "qwq": Family("qwen3", ("auto",), _qwq),
 }
 
 
@@ -133,13 +181,13 @@ def test_real_template_parity(family, name, conv, thinking, tokenizer_of):
     assert opts.chat_template == tok.chat_template  # the model's own, i.e. the real template
     reasoning_after_closed_prompt = (family == "qwen3" and not thinking and conv == "reasoning")
     if conv in spec.refused or reasoning_after_closed_prompt:
-        match = "thinking is off" if reasoning_after_closed_prompt else "before assistant turn"
+        match = "thinking is off" if reasoning_after_closed_prompt else spec.refusal
         with pytest.raises(DataError, match=match):
             render_sft({"messages": messages}, tok, opts)
         return
     row = render_sft({"messages": messages}, tok, opts)
-    real = tok.apply_chat_template(messages, chat_template=tok.chat_template, tokenize=False,
-                                   enable_thinking=thinking)
+    real = tok.apply_chat_template((spec.own_format or list)(messages), chat_template=tok.chat_template,
+                                   tokenize=False, enable_thinking=thinking)
     assert row["input_ids"] == tok(real, add_special_tokens=False)["input_ids"]
     assert _supervised_runs(tok, row) == spec.expected(messages, thinking)
 
