@@ -94,7 +94,20 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
         upto = render_text(tokenizer, messages[: k + 1], opts, tools=tools)
         end = len(upto) if full.startswith(upto) else _turn_end_in_history(tokenizer, full, start, upto, message)
         spans.append((start, end))
-    return full, spans
+    return _close_last_answer(tokenizer, full, spans, messages)
+
+
+def _close_last_answer(tokenizer, full: str, spans: list, messages: list) -> tuple[str, list]:
+    """A template that writes nothing after the last answer (GLM-4.5/4.6: a turn ends where the next role token
+    starts) would teach the model never to stop: the eos token is appended there and supervised, as
+    LLaMA-Factory's `efficient_eos` templates do."""
+    eos = tokenizer.eos_token
+    if not spans or not eos or spans[-1][1] != len(full):
+        return full, spans
+    answer = _text_of(messages[-1]["content"]).split("</think>")[-1].strip()
+    if not answer or not full.rstrip().endswith(answer):
+        return full, spans
+    return full + eos, spans[:-1] + [(spans[-1][0], len(full) + len(eos))]
 
 
 def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: RenderOptions, tools, prompt: str) -> int:

@@ -6,8 +6,8 @@ The token ids must be the ones the real template gives, and the supervised token
 the real template renders it, with its end-of-turn marker (hand-written below, per family).
 
 Real templates of a close release stand in where the family's own is not pinned: Gemma 2's for Gemma 3's turn format,
-Phi-3.5-mini's for Phi-4-mini's. Families without a pinned real template (Gemma 3 itself, Phi-4, GLM-4, Qwen3.5's
-own, the VLM processors) are not compared here: their templates cannot be fetched offline.
+Phi-3.5-mini's for Phi-4-mini's, GLM-4.6's for GLM-4.5's and GLM-4.7's. Families without a pinned real template (Gemma 3
+itself, Phi-4, GLM-4-0414, Qwen3.5's own, the VLM processors) are not compared here.
 """
 
 from dataclasses import dataclass
@@ -105,6 +105,17 @@ def _qwq(messages, thinking):
     return out + [turns[-1].removeprefix("<think>\n") + "<|im_end|>\n"]
 
 
+def _glm(messages, thinking):
+    """GLM-4.5/4.6: each answer after an empty think block (thinking on; with it off the generation prompt has it),
+    the last answer's reasoning kept; no end-of-turn token, so tunesmith appends the eos to the last answer."""
+    turns = [_split(m["content"]) for m in messages if m["role"] == "assistant"]
+    head = "\n<think></think>" if thinking else ""
+    out = [f"{head}\n{answer.strip()}" for _, answer in turns[:-1]]
+    reasoning, answer = turns[-1]
+    last = f"\n<think>{reasoning.strip()}</think>" if reasoning else head
+    return out + [f"{last}\n{answer.strip()}<|endoftext|>"]
+
+
 @dataclass(frozen=True)
 class Family:
     arch: str  # the tiny builder whose tokenizer (the family's special tokens) renders
@@ -113,10 +124,12 @@ class Family:
     refused: tuple[str, ...] = ()  # conversations the real template refuses or renders so that no span is found
     refusal: str = "before assistant turn"  # what the error for a refused conversation says
     own_format: object = None  # messages -> the same conversation in the family's own message format
+    closes_thinking: bool = False  # thinking off closes the think block in the prompt: reasoning data is refused
+    appends_eos: bool = False  # the template ends the last answer with no end token: tunesmith appends the eos
 
 
 FAMILIES = {
-    "qwen3": Family("qwen3", ("auto", "qwen3_5", "qwen3_5_nothink"), _qwen3),
+    "qwen3": Family("qwen3", ("auto", "qwen3_5", "qwen3_5_nothink"), _qwen3, closes_thinking=True),
     "llama": Family("llama3", ("auto",), _llama),
     # Mistral-Nemo writes the system prompt into the last user turn only: earlier turns change as the
     # conversation grows, so no supervised span is found (a named refusal, tested below).
@@ -132,6 +145,7 @@ FAMILIES = {
                      refusal="System role not supported"),
     "llama3_3": Family("llama3", ("auto",), _llama),
     "qwq": Family("qwen3", ("auto",), _qwq),
+    "glm4_moe": Family("glm4_moe", ("auto", "glm4_moe", "glm4_7"), _glm, closes_thinking=True, appends_eos=True),
 }
 
 
@@ -179,7 +193,7 @@ def test_real_template_parity(family, name, conv, thinking, tokenizer_of):
     opts = _opts(tok, spec.arch, name, thinking)
     thinking = opts.render_kwargs["enable_thinking"]  # a *_nothink name turns it off whatever the config says
     assert opts.chat_template == tok.chat_template  # the model's own, i.e. the real template
-    reasoning_after_closed_prompt = (family == "qwen3" and not thinking and conv == "reasoning")
+    reasoning_after_closed_prompt = spec.closes_thinking and not thinking and conv == "reasoning"
     if conv in spec.refused or reasoning_after_closed_prompt:
         match = "thinking is off" if reasoning_after_closed_prompt else spec.refusal
         with pytest.raises(DataError, match=match):
@@ -188,7 +202,8 @@ def test_real_template_parity(family, name, conv, thinking, tokenizer_of):
     row = render_sft({"messages": messages}, tok, opts)
     real = tok.apply_chat_template((spec.own_format or list)(messages), chat_template=tok.chat_template,
                                    tokenize=False, enable_thinking=thinking)
-    assert row["input_ids"] == tok(real, add_special_tokens=False)["input_ids"]
+    eos = [tok.eos_token_id] if spec.appends_eos else []
+    assert row["input_ids"] == tok(real, add_special_tokens=False)["input_ids"] + eos
     assert _supervised_runs(tok, row) == spec.expected(messages, thinking)
 
 
