@@ -2,8 +2,7 @@
 
 For every family: full SFT learns (loss finite and falling over 6 steps at lr 3e-3; MoE families with a router
 load-balancing loss log it as aux_loss), the saved folder loads in plain transformers and `tunesmith chat`
-answers from it. For every family: a LoRA SFT run and a DPO step. GRPO: one step on a dense and on a MoE
-family. The default run covers one family of each group (dense: gemma3, with its sliding-window layers; MoE:
+answers from it. For every family: a LoRA SFT run, a DPO step and a GRPO step. The default run covers one family of each group (dense: gemma3, with its sliding-window layers; MoE:
 qwen3_moe); the others are marked slow.
 """
 
@@ -93,7 +92,7 @@ def test_lora_sft_and_a_dpo_step(tmp_path, arch):
     assert (tmp_path / "dpo" / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", _params(DENSE + MOE))
 def test_one_grpo_step(tmp_path, arch):
     out = tmp_path / arch
     result = train(_config(out, arch, stage="grpo", dataset="arith_rl", max_samples=8, num_generations=4,
