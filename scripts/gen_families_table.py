@@ -49,12 +49,14 @@ STAGES_OF_TEST = {
     "test_vlm_family_full_sft_then_the_folder_runs_in_plain_transformers": ("sft full",),
     "test_vlm_family_lora_sft_with_text_records_chat_then_a_dpo_step": ("sft LoRA", "dpo"),
     "test_one_grpo_step_on_image_prompts": ("grpo",),
+    "test_qwen2_audio_full_sft_runs_in_plain_transformers_then_a_dpo_step": ("sft full", "dpo"),
 }
 # The tiny arch of the tests that take no parameter (test_cli.py's BASE).
 ARCH_OF_TEST = {name: "qwen3" for name in ("test_quickstart_learns_identity_and_answers",
                                            "test_train_without_yaml_lora_then_export_loads_in_plain_transformers",
                                            "test_pt_with_packing_loss_falls",
                                            "test_reward_model_score_and_eval_commands")}
+ARCH_OF_TEST["test_qwen2_audio_full_sft_runs_in_plain_transformers_then_a_dpo_step"] = "qwen2_audio"
 ARCH_OF_TEST.update({name: "gemma3_vl" for name in (
     "test_gemma3_vl_full_sft_chat_and_the_folder_loads_in_transformers",
     "test_gemma3_vl_lora_sft_on_padded_batches_then_a_dpo_step",
@@ -72,11 +74,14 @@ def _model_type(spec: dict) -> str:
 
 
 def tiny_archs() -> dict[str, list[str]]:
-    """family key -> the tiny builders of that family."""
-    by_type = {t: key for key, fam in {**TEXT_FAMILIES, **FAMILIES}.items() for t in fam.model_types}
+    """family key -> the tiny builders of that family: the family of the builder's name where there is one (LLaVA-1.5
+    and Pixtral-12B share `model_type: llava`), else of its model_type."""
+    families = {**TEXT_FAMILIES, **FAMILIES}
+    by_type = {t: key for key, fam in families.items() for t in fam.model_types
+               if getattr(fam, "vision_model_type", None) is None}
     found: dict[str, list[str]] = {}
     for arch, spec in ARCHS.items():
-        key = by_type.get(_model_type(spec))
+        key = arch if arch in families else by_type.get(_model_type(spec))
         if key is not None:
             found.setdefault(key, []).append(arch)
     return found

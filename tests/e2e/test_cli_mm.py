@@ -1,6 +1,7 @@
 """The real CLI with tiny vision/audio-language models on the shipped multimodal demos."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -70,3 +71,31 @@ def test_chat_refuses_a_media_kind_the_model_does_not_take(tmp_path):
         "max_steps=1", f"output_dir={out}")
     proc = cli("chat", "--model", out, "--audio", _first("wav"), "--prompt", "hi", check=False)
     assert proc.returncode == 1 and "takes no audio input" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_qwen2_audio_full_sft_runs_in_plain_transformers_then_a_dpo_step(tmp_path):
+    """Qwen2-Audio fully fine-tuned on the audio demo: the saved folder generates from an audio clip in plain
+    transformers (its processor expands the audio as the training data did); a DPO step on text pairs follows."""
+    from transformers import AutoModelForMultimodalLM, AutoProcessor
+
+    from tunesmith.data.media import load_audio
+
+    out, dpo = tmp_path / "full", tmp_path / "dpo"
+    cli("train", "model_name_or_path=tiny:qwen2_audio", "dataset=mllm_audio_demo", "finetuning_type=full",
+        "learning_rate=1e-3", *SMALL, f"output_dir={out}")
+    losses = [m["loss"] for m in metrics(out) if "loss" in m]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    model, processor = AutoModelForMultimodalLM.from_pretrained(out).eval(), AutoProcessor.from_pretrained(out)
+    assert type(model).__name__ == "Qwen2AudioForConditionalGeneration"
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "audio"},
+                                                                      {"type": "text", "text": "Describe it."}]}],
+                                         tokenize=False, add_generation_prompt=True)
+    clip = load_audio(_first("wav"), processor.feature_extractor.sampling_rate)
+    inputs = processor(text=[text], audio=[clip], return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert ids.shape[1] > inputs["input_ids"].shape[1]
+    cli("train", "model_name_or_path=tiny:qwen2_audio", "stage=dpo", "dataset=dpo_demo", "max_samples=4",
+        "finetuning_type=lora", f"dataset_dir={DATA}", "max_steps=1", "logging_steps=1", f"output_dir={dpo}")
+    [loss] = [m["loss"] for m in metrics(dpo) if "loss" in m]
+    assert loss == pytest.approx(math.log(2), abs=1e-3)  # the first step: policy == reference

@@ -1,6 +1,6 @@
 """The tiled vision-language families end to end through the real CLI, on the shipped image demos:
 InternVL 3 (tiny:internvl), Idefics3 / SmolVLM (tiny:idefics3), SmolVLM2 (tiny:smolvlm), Mistral 3 (tiny:mistral3), LLaVA-OneVision
-(tiny:llava_onevision), Llama 4 (tiny:llama4, MoE), Phi-4-multimodal (tiny:phi4_multimodal, images here), Pixtral-12B (tiny:pixtral), Gemma 3n (tiny:gemma3n, images here), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM), Qwen3-VL MoE (tiny:qwen3_vl_moe) and the Qwen3-Omni thinker (tiny:qwen3_omni, MoE, images here).
+(tiny:llava_onevision), Llama 4 (tiny:llama4, MoE), Phi-4-multimodal (tiny:phi4_multimodal, images here), Pixtral-12B (tiny:pixtral), Gemma 3n (tiny:gemma3n, images here), GLM-4.1V (tiny:glm4v, mRoPE), GLM-4.5V (tiny:glm4v_moe, its MoE language model), PaliGemma 2 (tiny:paligemma, a prefix LM), Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL MoE (tiny:qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe), and the Qwen2.5-Omni and Qwen3-Omni thinkers (tiny:qwen2_5_omni, tiny:qwen3_omni, MoE; images here).
 
 Default run, per family: full SFT with the vision tower and projector trained too, and the saved folder loads in
 plain transformers (AutoModelForImageTextToText + AutoProcessor), whose processor expands the image as the
@@ -25,18 +25,23 @@ MODEL_CLASS = {"internvl": "InternVLForConditionalGeneration", "idefics3": "Idef
                "llava_onevision": "LlavaOnevisionForConditionalGeneration",
                "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration",
                "llama4": "Llama4ForConditionalGeneration", "phi4_multimodal": "Phi4MultimodalForCausalLM",
-               "pixtral": "LlavaForConditionalGeneration", "gemma3n": "Gemma3nForConditionalGeneration"}
+               "pixtral": "LlavaForConditionalGeneration", "gemma3n": "Gemma3nForConditionalGeneration",
+               "qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+               "qwen3_vl": "Qwen3VLForConditionalGeneration",
+               "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration"}
 # the 128x96 demo image: 4 tiles of 4 tokens and the thumbnail; 2x2 tiles and the global image, 4 tokens each;
 # 2x2 merged patches; a 3x5 grid of merged patches; the whole image and 2x2 tiles with their newlines
 NUM_IMAGE_TOKENS = {"internvl": 20, "idefics3": 20, "smolvlm": 20, "mistral3": 4, "glm4v": 15, "glm4v_moe": 15, "paligemma": 4, "qwen3_vl_moe": 12, "llava_onevision": 24,
                     "qwen3_omni": 12,  # 4x3 merged 16-pixel patches
                     "llama4": 20,  # 2x2 tiles and the whole image, 4 <|patch|> tokens each
-                    "phi4_multimodal": 477, "pixtral": 12, "gemma3n": 16}  # the global crop (16x16 and separators) and the used part of one sub-crop
+                    "phi4_multimodal": 477, "pixtral": 12, "gemma3n": 16,
+                    "qwen2_vl": 15, "qwen2_5_vl": 15, "qwen3_vl": 12, "qwen2_5_omni": 15}  # the global crop (16x16 and separators) and the used part of one sub-crop
 ARCHS = sorted(MODEL_CLASS)
 # LLaMA-Factory's template names for these families (LLaMA-Factory has none for Idefics3 / SmolVLM, OneVision)
 TEMPLATE = {"internvl": "intern_vl", "idefics3": "auto", "smolvlm": "auto", "mistral3": "mistral_small", "glm4v": "glm4v", "glm4v_moe": "glm4_5v", "paligemma": "paligemma", "qwen3_vl_moe": "qwen3_vl",
             "llava_onevision": "auto", "qwen3_omni": "qwen3_omni", "llama4": "llama4", "phi4_multimodal": "phi4_mini",
-            "pixtral": "pixtral", "gemma3n": "gemma3n"}
+            "pixtral": "pixtral", "gemma3n": "gemma3n", "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl",
+            "qwen3_vl": "qwen3_vl", "qwen2_5_omni": "qwen2_omni"}
 PROMPT = "Describe the image."
 
 
