@@ -163,3 +163,33 @@ def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single
     assert (ckpt / "engine_state_tp0_pp0.pt").exists() and (ckpt / "engine_state_tp1_pp0.pt").exists()
     cli("train", *tp2, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(tp)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(tmp_path, monkeypatch):
+    """LoRA on 2 CPU processes (gloo): TP=2 (adapters split as their linears) and PP=2 (each stage its layers'
+    adapters) give the one-process Megatron LoRA run's losses and the same saved adapter, from the same fresh
+    adapter (drawn per layer and linear, then split); a TP=2 checkpoint resumes exactly."""
+    from test_distributed import _two_ranks
+
+    lora = [k for k in TWO_RANKS if k != "finetuning_type=full"] + [
+        "finetuning_type=lora", "lora_target=all", "lora_rank=4", "learning_rate=1e-2", "per_device_train_batch_size=2"]
+    one = tmp_path / "one"
+    cli("train", *lora, "save_strategy=no", f"output_dir={one}", env=MCA)
+    expected = load_file(one / "adapter_model.safetensors")
+    _two_ranks(monkeypatch)
+    runs = {"TP=2 PP=1 DP=1": ["tensor_model_parallel_size=2", "save_steps=2"],
+            "TP=1 PP=2 DP=1": ["pipeline_model_parallel_size=2", "save_strategy=no"]}
+    for degrees, keys in runs.items():
+        out = tmp_path / degrees.replace("=", "").replace(" ", "_")
+        proc = cli("train", *lora, *keys, f"output_dir={out}", env=MCA)
+        assert degrees in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+        assert len(_losses(out)) == 4 and _losses(out) == pytest.approx(_losses(one), rel=1e-4), degrees
+        saved = load_file(out / "adapter_model.safetensors")
+        assert set(saved) == set(expected)
+        for key in saved:
+            torch.testing.assert_close(saved[key], expected[key], rtol=1e-3, atol=1e-5)
+    tp2, resumed = tmp_path / "TP2_PP1_DP1", tmp_path / "resumed"
+    cli("train", *lora, "tensor_model_parallel_size=2", "save_strategy=no", f"output_dir={resumed}",
+        f"resume_from_checkpoint={tp2 / 'checkpoint-2'}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(tp2)[2:], rel=1e-6)

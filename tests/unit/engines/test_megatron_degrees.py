@@ -72,17 +72,16 @@ def test_every_problem_is_reported_at_once():
 def test_what_does_not_run_yet_is_named_with_the_alternative():
     from tunesmith.engines.megatron.degrees import unavailable_problems
 
-    def problems(model=DENSE, lora=False, vision_language=False, **keys):
-        return unavailable_problems(MegatronConfig(**keys), model, lora=lora, vision_language=vision_language)
+    def problems(model=DENSE, vision_language=False, **keys):
+        return unavailable_problems(MegatronConfig(**keys), model, vision_language=vision_language)
 
-    assert problems(tensor_model_parallel_size=2, pipeline_model_parallel_size=2) == []  # dense: TP, PP (and DP) run
-    assert problems(lora=True) == [] and problems(model=MOE) == [] and problems(vision_language=True) == []
-    (text,) = problems(lora=True, tensor_model_parallel_size=2)
-    assert "finetuning_type: lora with tensor_model_parallel_size: 2 is not available yet" in text
-    assert "backend: fsdp2" in text
+    # dense, full or LoRA: TP, PP (and DP) run
+    assert problems(tensor_model_parallel_size=2, pipeline_model_parallel_size=2) == []
+    assert problems(model=MOE) == [] and problems(vision_language=True) == []
     (text,) = problems(model=MOE, pipeline_model_parallel_size=2)
     assert "a mixture-of-experts model with pipeline_model_parallel_size: 2" in text
-    (text,) = problems(lora=True, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert "backend: fsdp2" in text
+    (text,) = problems(model=MOE, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     assert "tensor_model_parallel_size: 2 and pipeline_model_parallel_size: 2" in text
     assert problems(vision_language=True, tensor_model_parallel_size=2) == []  # the tower whole on every rank
     (text,) = problems(vision_language=True, pipeline_model_parallel_size=2)

@@ -93,7 +93,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
-    check_available(cfg.megatron, facts, lora=bool(lora_linears), vision_language=vision_language)
+    check_available(cfg.megatron, facts, vision_language=vision_language)
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
@@ -117,7 +117,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     if vision_language and cfg.finetune.freeze_language_model:
         freeze_language_model(model)
     if lora_linears:
-        add_lora(model, lora_linears, hf_model.peft_config["default"])
+        add_lora(model, lora_linears, hf_model.peft_config["default"], cfg.train.seed)
         start_lora_from_hf(model, hf_model, lora_linears)
     model = model.to(device)
     reference = built().to(device).eval().requires_grad_(False) if cfg.finetune.pref_reference == "copy" else None

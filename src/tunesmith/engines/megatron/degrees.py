@@ -106,10 +106,11 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
 _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
 
 
-def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> list[str]:
+def unavailable_problems(m, model: ModelFacts, *, vision_language: bool) -> list[str]:
     """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
-    and data parallelism run for dense language models (full fine-tuning); expert, sequence and virtual-pipeline
-    parallelism, TP/PP for LoRA and mixture-of-experts models, and PP for vision-language models are named."""
+    and data parallelism run for dense language models (full fine-tuning and LoRA); expert, sequence and
+    virtual-pipeline parallelism, TP/PP for mixture-of-experts models, and PP for vision-language models are
+    named."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
@@ -123,10 +124,9 @@ def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: b
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     split = " and ".join(f"{key}: {value}" for key, value in (("tensor_model_parallel_size", tp),
                                                               ("pipeline_model_parallel_size", pp)) if value > 1)
-    for what, applies in (("finetuning_type: lora", lora), ("a mixture-of-experts model", bool(model.num_experts))):
-        if split and applies:
-            problems.append(f"{what} with {split} is not available yet (it runs data-parallel, both degrees 1); "
-                            f"use tensor and pipeline degree 1, or {_FSDP2}")
+    if split and model.num_experts:
+        problems.append(f"a mixture-of-experts model with {split} is not available yet (it runs data-parallel, both "
+                        f"degrees 1); use tensor and pipeline degree 1, or {_FSDP2}")
     if pp > 1 and vision_language:
         problems.append(f"a vision-language model with pipeline_model_parallel_size: {pp} is not available yet (its "
                         "vision features, Qwen3-VL's deepstack ones too, would have to reach later stages; tensor and "
@@ -134,8 +134,8 @@ def unavailable_problems(m, model: ModelFacts, *, lora: bool, vision_language: b
     return problems
 
 
-def check_available(m, model: ModelFacts, *, lora: bool, vision_language: bool) -> None:
-    problems = unavailable_problems(m, model, lora=lora, vision_language=vision_language)
+def check_available(m, model: ModelFacts, *, vision_language: bool) -> None:
+    problems = unavailable_problems(m, model, vision_language=vision_language)
     if problems:
         raise ConfigError(problems)
 

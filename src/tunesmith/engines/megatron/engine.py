@@ -31,9 +31,12 @@ from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, 
                     read_torch_file, schedule_at, switched_to_reference, write_torch_file)
 from ..local_step import step_of
 from ..optim import realign_schedule
-from .lora import adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron
+from .lora import (adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron,
+                   lora_weight_name)
 from .moe import RouterBalancing
-from .parallel import dp_rank, gathered, grad_norm, local_shards, model_layers, reduce_gradients, stages_gathered
+from .parallel import (dp_rank, gathered, grad_norm, local_shards, model_layers, reduce_gradients, stages_gathered,
+                       tp_rank, tp_size)
+from .shards import shard
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
 from .weights import family_map
@@ -171,8 +174,9 @@ class MegatronEngine:
     def export_hf(self, path: Path, saver) -> None:
         """The trained weights back under their Hugging Face names (the shards gathered by every rank), written by
         transformers itself on rank 0."""
-        if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen); tensor degree 1
-            state = lora_to_hf(lora_state(self.model), Shape.of(self.hf_config)) if dist.is_main() else None
+        if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
+            state = gathered_lora(self.model)
+            state = lora_to_hf(state, Shape.of(self.hf_config)) if state is not None else None
         else:
             state = hf_state_of(self.model, self.hf_config)
         if dist.is_main():
@@ -212,10 +216,19 @@ def engine_state_path(folder: Path) -> Path:
 
 def start_lora_from_hf(model, peft_model, linears: list) -> None:
     """The GPTModel's adapters from the PeftModel's, when it holds a trained one (a B not zero: an adapter loaded
-    from adapter_name_or_path or a checkpoint); a fresh PeftModel's adds nothing and the GPTModel keeps its own
-    initialisation."""
+    from adapter_name_or_path or a checkpoint): this stage's layers, this rank's shards. A fresh PeftModel's adds
+    nothing and the GPTModel keeps its own initialisation (lora.add_lora)."""
     hf_lora = hf_lora_state(peft_model)
     if all(not t.any() for (_, _, ab), t in hf_lora.items() if ab == "B"):
         return
     shape = Shape.of(base_model(peft_model).config)
-    copy_lora(lora_state(model), lora_to_megatron({k: v.detach() for k, v in hf_lora.items()}, shape, linears))
+    full = lora_to_megatron({k: v.detach() for k, v in hf_lora.items()}, shape, linears)
+    ours = lora_state(model)
+    copy_lora(ours, {key: shard(lora_weight_name(key), full[key], tp_size(), tp_rank()) for key in ours})
+
+
+def gathered_lora(model) -> dict | None:
+    """Every adapter of the model, whole, keyed as lora_state: the tensor-parallel shards gathered (collective
+    over the group) and the pipeline stages' brought to global rank 0; None elsewhere."""
+    local = {key: gathered(lora_weight_name(key), tensor, 0) for key, tensor in lora_state(model).items()}
+    return stages_gathered(local)

@@ -8,8 +8,14 @@ back from such an adapter (`lora_to_megatron`). An adapter with different A per 
 elsewhere) has no exact fused form and is refused by name.
 
 PEFT's own megatron dispatch (LoraConfig.megatron_config) fails in peft 0.21 (it reads a keyword
-its caller no longer passes), hence this small wrapper; it runs at tensor-parallel degree 1, the
-only degree the engine runs.
+its caller no longer passes), hence this small wrapper.
+
+Over tensor-parallel ranks an adapter is split as its linear is (shards.py): a column-parallel linear's B holds
+this rank's output rows and its A is whole (the low-rank activations are copied into the tensor-parallel region:
+their gradient is summed over the ranks in the backward); a row-parallel linear's A holds this rank's input
+columns and its B is whole (the low-rank activations are summed over the ranks, as the linear's output is). A
+fresh adapter's A is drawn whole per layer and linear from the run's seed, then split, so every tensor and
+pipeline degree starts from the same adapter.
 """
 
 from __future__ import annotations
@@ -33,16 +39,26 @@ _HF_LORA = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\
 
 
 class LoraLinear(torch.nn.Module):
-    """A megatron-core linear (it returns (output, bias)) plus scale * B(A(dropout(x)))."""
+    """A megatron-core linear (it returns (output, bias)) plus scale * B(A(dropout(x))), split over tensor-parallel
+    ranks as the linear is (module docstring)."""
 
-    def __init__(self, base: torch.nn.Module, rank: int, alpha: float, dropout: float, rslora: bool):
+    def __init__(self, base: torch.nn.Module, rank: int, alpha: float, dropout: float, rslora: bool, *,
+                 tp: int = 1, generator: torch.Generator | None = None):
+        from megatron.core.tensor_parallel.layers import RowParallelLinear
+
         super().__init__()
         out_features, in_features = base.weight.shape
         self.base = base.requires_grad_(False)
+        self.row_parallel, self.tp = isinstance(base, RowParallelLinear), tp
         self.lora_A = torch.nn.Linear(in_features, rank, bias=False, dtype=base.weight.dtype)
         self.lora_B = torch.nn.Linear(rank, out_features, bias=False, dtype=base.weight.dtype)
-        torch.nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # PEFT's default initialisation
+        whole_a = torch.empty(rank, in_features * (tp if self.row_parallel else 1), dtype=base.weight.dtype)
+        torch.nn.init.kaiming_uniform_(whole_a, a=math.sqrt(5), generator=generator)  # PEFT's default initialisation
+        with torch.no_grad():
+            self.lora_A.weight.copy_(torch.chunk(whole_a, tp, dim=1)[_tp_rank()] if self.row_parallel else whole_a)
         torch.nn.init.zeros_(self.lora_B.weight)
+        if tp > 1:  # this rank's shard: counted on every rank in the gradient norm (parallel.py)
+            (self.lora_A if self.row_parallel else self.lora_B).weight.tensor_model_parallel = True
         self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
         self.scale = alpha / (math.sqrt(rank) if rslora else rank)
         self.enabled = True
@@ -55,7 +71,21 @@ class LoraLinear(torch.nn.Module):
         out, bias = self.base(x, *args, **kwargs)
         if not self.enabled:
             return out, bias
-        return out + self.scale * self.lora_B(self.lora_A(self.dropout(x))).to(out.dtype), bias
+        low = self.lora_A(self.dropout(x))
+        if self.tp > 1:
+            from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
+                                                       reduce_from_tensor_model_parallel_region)
+
+            region = reduce_from_tensor_model_parallel_region if self.row_parallel else \
+                copy_to_tensor_model_parallel_region
+            low = region(low)
+        return out + self.scale * self.lora_B(low).to(out.dtype), bias
+
+
+def _tp_rank() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_rank()
 
 
 def megatron_targets(hf_parts: set[str]) -> list[str]:
@@ -85,15 +115,23 @@ def adapted_parts(peft_model) -> set[str]:
     return {m.group(3) for name, _ in peft_model.named_parameters() if (m := _HF_LORA.search(name))}
 
 
-def add_lora(model, targets: list[str], peft_config) -> None:
-    """Freeze the GPTModel and wrap the target linears of every layer (rank, alpha, dropout from PEFT's config)."""
+def add_lora(model, targets: list[str], peft_config, seed: int = 0) -> None:
+    """Freeze the GPTModel and wrap the target linears of this stage's layers (rank, alpha, dropout from PEFT's
+    config); each adapter's A is drawn from `seed`, its layer and its linear (module docstring)."""
+    from megatron.core import parallel_state
+
+    from .parallel import model_layers
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
     model.requires_grad_(False)
-    for layer in model.decoder.layers:
+    for index, layer in zip(model_layers(model), model.decoder.layers):
         for target in targets:
             parent_name, attr = target.split(".")
             parent = getattr(layer, parent_name)
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + index * len(FUSED) + list(FUSED).index(target))
             setattr(parent, attr, LoraLinear(getattr(parent, attr), peft_config.r, peft_config.lora_alpha,
-                                             peft_config.lora_dropout, peft_config.use_rslora))
+                                             peft_config.lora_dropout, peft_config.use_rslora, tp=tp,
+                                             generator=generator))
 
 
 def lora_layers(model) -> list[LoraLinear]:
@@ -119,9 +157,12 @@ def base_name(name: str) -> str:
 
 
 def lora_state(model) -> dict:
-    """{(layer index, megatron linear, "A" | "B"): tensor} of the GPTModel's adapters."""
+    """{(layer index in the whole model, megatron linear, "A" | "B"): tensor} of this stage's adapters (this rank's
+    shards over tensor-parallel ranks)."""
+    from .parallel import model_layers
+
     out = {}
-    for i, layer in enumerate(model.decoder.layers):
+    for i, layer in zip(model_layers(model), model.decoder.layers):
         for linear in FUSED:
             parent_name, attr = linear.split(".")
             module = getattr(getattr(layer, parent_name), attr)
@@ -129,6 +170,13 @@ def lora_state(model) -> dict:
                 out[(i, linear, "A")] = module.lora_A.weight
                 out[(i, linear, "B")] = module.lora_B.weight
     return out
+
+
+def lora_weight_name(key: tuple) -> str:
+    """The megatron-core state-dict name of the adapter weight under `key` (layer, linear, "A" | "B"), whose
+    tensor-parallel split shards.py reads from the name."""
+    i, linear, ab = key
+    return f"decoder.layers.{i}.{linear}.lora_{ab}.weight"
 
 
 def _split(linear: str, b: torch.Tensor, shape: Shape) -> tuple:

@@ -13,6 +13,8 @@ to a size every TP degree divides before they are split (padded_vocab_size, pad_
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ...errors import ConfigError
@@ -24,6 +26,7 @@ _VOCABULARY = ("word_embeddings.weight", "output_layer.weight")
 # Hugging Face modules the engine runs as they are (a vision tower, whose MLP is also called linear_fc1): whole on
 # every rank
 _HF_MODULES = ("visual.",)
+_LORA = re.compile(r"\.lora_([AB])\.weight$")
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
@@ -51,9 +54,13 @@ def unpad_vocabulary(name: str, tensor: torch.Tensor, vocab_size: int) -> torch.
 
 
 def split_of(name: str) -> str:
-    """How `name` is split over TP ranks: column, gated, row or replicated."""
+    """How `name` is split over TP ranks: column, gated, row or replicated. A LoRA adapter's B is split as its
+    column-parallel (or gated) linear's weight, its A as its row-parallel linear's; the other of the two is whole."""
     if name.startswith(_HF_MODULES):
         return "replicated"
+    if match := _LORA.search(name):
+        kind = split_of(name[:match.start()] + ".weight")
+        return kind if kind != "replicated" and (match.group(1) == "B") == (kind != "row") else "replicated"
     if name.endswith(_GATED):
         return "gated"
     if name.endswith(_COLUMN):
