@@ -112,21 +112,39 @@ def test_megatron_engine_trains_a_reward_model_as_the_single_engine(tmp_path):
     assert model.score.out_features == 1
 
 
+VL = ["model_name_or_path=tiny:qwen3_vl", f"dataset_dir={BASE[1].split('=', 1)[1]}",
+      "dataset=mllm_demo,mllm_video_demo,identity", "image_max_pixels=16384", "video_max_pixels=4096",
+      "cutoff_len=1024", "finetuning_type=full", "freeze_vision_tower=false", "max_samples=8", "logging_steps=1",
+      "learning_rate=1e-3", "max_steps=3", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
+      "neat_packing=true", "save_strategy=no"]
+
+
 @pytest.mark.slow
 def test_megatron_engine_trains_qwen3_vl_with_the_vision_tower_as_the_single_engine(tmp_path):
-    vl = ["model_name_or_path=tiny:qwen3_vl", f"dataset_dir={BASE[1].split('=', 1)[1]}",
-          "dataset=mllm_demo,mllm_video_demo,identity", "image_max_pixels=16384", "video_max_pixels=4096",
-          "cutoff_len=1024", "finetuning_type=full", "freeze_vision_tower=false", "max_samples=8", "logging_steps=1",
-          "learning_rate=1e-3", "max_steps=3", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
-          "neat_packing=true", "save_strategy=no"]
     single, mega = tmp_path / "single", tmp_path / "megatron"
-    cli("train", *vl, "backend=single", f"output_dir={single}")
-    cli("train", *vl, f"output_dir={mega}", env=MCA)
+    cli("train", *VL, "backend=single", f"output_dir={single}")
+    cli("train", *VL, f"output_dir={mega}", env=MCA)
     assert len(_losses(mega)) == 3 and _losses(mega) == pytest.approx(_losses(single), rel=1e-4)
     assert any(k.startswith("model.visual.") for k in _same_weights(mega, single))
     import transformers
 
     transformers.AutoModelForImageTextToText.from_pretrained(mega)
+
+
+@pytest.mark.slow
+def test_megatron_qwen3_vl_over_two_pipeline_stages_gives_the_single_engines_run(tmp_path, monkeypatch):
+    """Qwen3-VL with PP=2 on 2 CPU processes: the vision tower and the deepstack layers on the first stage, the
+    image and video features reaching the second through the hidden states; the single engine's losses and final
+    weights (tower included)."""
+    from test_distributed import _two_ranks
+
+    single, pp2 = tmp_path / "single", tmp_path / "pp2"
+    cli("train", *VL, "backend=single", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    proc = cli("train", *VL, "pipeline_model_parallel_size=2", f"output_dir={pp2}", env=MCA)
+    assert "TP=1 PP=2 DP=1" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert len(_losses(pp2)) == 3 and _losses(pp2) == pytest.approx(_losses(single), rel=1e-4)
+    assert any(k.startswith("model.visual.") for k in _same_weights(pp2, single))
 
 
 TWO_RANKS = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=64", "logging_steps=1",

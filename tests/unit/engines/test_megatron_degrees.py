@@ -72,21 +72,26 @@ def test_every_problem_is_reported_at_once():
 def test_what_does_not_run_yet_is_named_with_the_alternative():
     from tunesmith.engines.megatron.degrees import unavailable_problems
 
-    def problems(model=DENSE, vision_language=False, **keys):
-        return unavailable_problems(MegatronConfig(**keys), model, vision_language=vision_language)
+    def problems(model=DENSE, **keys):
+        return unavailable_problems(MegatronConfig(**keys), model)
 
     # dense, full or LoRA: TP, PP (and DP) run
     assert problems(tensor_model_parallel_size=2, pipeline_model_parallel_size=2) == []
-    assert problems(model=MOE) == [] and problems(vision_language=True) == []
+    assert problems(model=MOE) == []
     (text,) = problems(model=MOE, pipeline_model_parallel_size=2)
     assert "a mixture-of-experts model with pipeline_model_parallel_size: 2" in text
     assert "backend: fsdp2" in text
     (text,) = problems(model=MOE, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     assert "tensor_model_parallel_size: 2 and pipeline_model_parallel_size: 2" in text
-    assert problems(vision_language=True, tensor_model_parallel_size=2) == []  # the tower whole on every rank
-    (text,) = problems(vision_language=True, pipeline_model_parallel_size=2)
-    assert "a vision-language model with pipeline_model_parallel_size: 2 is not available yet" in text
     assert "expert_model_parallel_size: 2 is not available yet" in problems(model=MOE, expert_model_parallel_size=2)[0]
     assert "sequence_parallel: true is not available yet" in problems(tensor_model_parallel_size=2,
                                                                       sequence_parallel=True)[0]
     assert "interleaved schedule" in problems(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)[0]
+
+
+def test_qwen3_vl_deepstack_layers_must_be_on_the_first_pipeline_stage():
+    qwen3_vl = ModelFacts(num_layers=4, num_heads=16, num_kv_heads=8, deepstack_layers=3)
+    (text,) = _problems(world=2, model=qwen3_vl, pipeline_model_parallel_size=2)
+    assert "deepstack features after its first 3 decoder layers" in text and "at most 1" in text
+    assert _problems(world=2, model=ModelFacts(num_layers=8, num_heads=16, num_kv_heads=8, deepstack_layers=3),
+                     pipeline_model_parallel_size=2) == []

@@ -87,13 +87,13 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     vision_language = language_config(hf_config) is not hf_config
     if vision_language:
         _check_vision_language(cfg, hf_model)
-    facts = ModelFacts.of(language_config(hf_config))
+    facts = ModelFacts.of(language_config(hf_config), getattr(hf_config, "vision_config", None))
     if facts.num_experts and cfg.finetune.finetuning_type == "lora":
         raise TunesmithError(_MOE_LORA)
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
-    check_available(cfg.megatron, facts, vision_language=vision_language)
+    check_available(cfg.megatron, facts)
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")

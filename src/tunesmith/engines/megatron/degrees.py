@@ -18,12 +18,16 @@ class ModelFacts:
     num_heads: int
     num_kv_heads: int
     num_experts: int = 0  # 0: a dense model
+    deepstack_layers: int = 0  # Qwen3-VL: the first decoder layers that add the vision tower's deepstack features
 
     @classmethod
-    def of(cls, config) -> "ModelFacts":
+    def of(cls, config, vision_config=None) -> "ModelFacts":
+        """The facts of a language model's config (and of a vision-language model's vision tower config)."""
         heads = config.num_attention_heads
         experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0
-        return cls(config.num_hidden_layers, heads, getattr(config, "num_key_value_heads", None) or heads, experts)
+        deepstack = len(getattr(vision_config, "deepstack_visual_indexes", None) or ())
+        return cls(config.num_hidden_layers, heads, getattr(config, "num_key_value_heads", None) or heads, experts,
+                   deepstack)
 
 
 def degree_problems(m, world_size: int, model: ModelFacts, *, has_te: bool) -> list[str]:
@@ -72,6 +76,11 @@ def _pipeline_problems(m, model: ModelFacts) -> list[str]:
         what = "pipeline_model_parallel_size" + (" x virtual_pipeline_model_parallel_size" if vpp else "")
         problems.append(f"{what} = {chunks} does not divide the model's {model.num_layers} layers; use a degree "
                         f"that divides {model.num_layers}")
+    if chunks > 1 and model.deepstack_layers > model.num_layers // chunks:
+        problems.append(f"Qwen3-VL adds its deepstack features after its first {model.deepstack_layers} decoder "
+                        f"layers, which must all be on the first pipeline stage, but {pp} stages give it "
+                        f"{model.num_layers // chunks}; use a pipeline degree of at most "
+                        f"{model.num_layers // model.deepstack_layers}")
     return problems
 
 
@@ -106,10 +115,10 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
 _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
 
 
-def unavailable_problems(m, model: ModelFacts, *, vision_language: bool) -> list[str]:
+def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
-    and data parallelism run for dense language models (full fine-tuning and LoRA); expert, sequence and
-    virtual-pipeline parallelism, TP/PP for mixture-of-experts models, and PP for vision-language models are
+    and data parallelism run for dense language models (full fine-tuning and LoRA) and the vision-language ones (full
+    fine-tuning); expert, sequence and virtual-pipeline parallelism, and TP/PP for mixture-of-experts models are
     named."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
@@ -127,15 +136,11 @@ def unavailable_problems(m, model: ModelFacts, *, vision_language: bool) -> list
     if split and model.num_experts:
         problems.append(f"a mixture-of-experts model with {split} is not available yet (it runs data-parallel, both "
                         f"degrees 1); use tensor and pipeline degree 1, or {_FSDP2}")
-    if pp > 1 and vision_language:
-        problems.append(f"a vision-language model with pipeline_model_parallel_size: {pp} is not available yet (its "
-                        "vision features, Qwen3-VL's deepstack ones too, would have to reach later stages; tensor and "
-                        f"data parallelism run); use pipeline degree 1, or {_FSDP2}")
     return problems
 
 
-def check_available(m, model: ModelFacts, *, vision_language: bool) -> None:
-    problems = unavailable_problems(m, model, vision_language=vision_language)
+def check_available(m, model: ModelFacts) -> None:
+    problems = unavailable_problems(m, model)
     if problems:
         raise ConfigError(problems)
 
