@@ -2,6 +2,7 @@
 from the same initialisation and data (packing and gradient accumulation on), checkpoints that resume exactly,
 a final model plain transformers loads with the single engine's weights, and DPO with a frozen reference. Skipped without megatron-core."""
 
+import math
 import re
 
 import pytest
@@ -211,3 +212,40 @@ def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(
     cli("train", *lora, "tensor_model_parallel_size=2", "save_strategy=no", f"output_dir={resumed}",
         f"resume_from_checkpoint={tp2 / 'checkpoint-2'}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(tp2)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_lora_on_qwen3_vl_trains_the_towers_adapters_and_saves_one_peft_adapter(tmp_path, monkeypatch):
+    """LoRA on Qwen3-VL with the vision tower unfrozen: the language model's adapters on the megatron linears, the
+    tower's PEFT adapters trained as they are; the first step is the base model's (the single engine's loss), the
+    saved adapter holds both and loads in plain PEFT; a DPO step's reference is the model with every adapter off;
+    PP=2 on two processes gives the one-process losses and adapter."""
+    lora = [k for k in VL if k != "finetuning_type=full"] + ["finetuning_type=lora", "lora_target=all",
+                                                              "lora_rank=4", "learning_rate=1e-2"]
+    single, mega = tmp_path / "single", tmp_path / "megatron"
+    cli("train", *lora, "backend=single", f"output_dir={single}")
+    cli("train", *lora, f"output_dir={mega}", env=MCA)
+    losses = _losses(mega)
+    assert len(losses) == 3 and losses[0] == pytest.approx(_losses(single)[0], rel=1e-5) and losses[-1] < losses[0]
+    saved = load_file(mega / "adapter_model.safetensors")
+    assert any(".visual." in k for k in saved) and any(".language_model." in k for k in saved)
+    assert set(saved) == set(load_file(single / "adapter_model.safetensors"))
+    import peft
+    import transformers
+
+    base = transformers.AutoModelForImageTextToText.from_pretrained(
+        peft.PeftConfig.from_pretrained(mega).base_model_name_or_path)
+    peft.PeftModel.from_pretrained(base, mega)
+    dpo = [k for k in lora if not k.startswith(("dataset=", "max_steps", "neat_packing"))] + [
+        "stage=dpo", "dataset=mllm_dpo_demo", "max_steps=1"]
+    cli("train", *dpo, f"output_dir={tmp_path / 'dpo'}", env=MCA)
+    assert _losses(tmp_path / "dpo")[0] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at step 1
+    from test_distributed import _two_ranks
+
+    _two_ranks(monkeypatch)
+    pp2 = tmp_path / "pp2"
+    cli("train", *lora, "pipeline_model_parallel_size=2", f"output_dir={pp2}", env=MCA)
+    assert _losses(pp2) == pytest.approx(losses, rel=1e-4)
+    again = load_file(pp2 / "adapter_model.safetensors")
+    for key in saved:
+        torch.testing.assert_close(again[key], saved[key], rtol=1e-3, atol=1e-5)

@@ -37,9 +37,6 @@ _MOE_LORA = ("finetuning_type: lora for a mixture-of-experts model is not availa
 
 def _check_vision_language(cfg, hf_model) -> None:
     """What the Megatron engine does not train for a vision-language model, refused by name."""
-    if cfg.finetune.finetuning_type == "lora":
-        raise TunesmithError("finetuning_type: lora for a vision-language model is not available on backend: "
-                             "megatron yet (full is); use finetuning_type: full, or backend: single / fsdp2 for LoRA")
     if getattr(hf_model, "score", None) is not None:
         raise TunesmithError(f"stage {cfg.finetune.stage} (a reward model) for a vision-language model is not available "
                              "on backend: megatron; use backend: single or fsdp2")

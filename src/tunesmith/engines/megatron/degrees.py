@@ -117,9 +117,8 @@ _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configu
 
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
-    and data parallelism run for dense language models (full fine-tuning and LoRA) and the vision-language ones (full
-    fine-tuning); expert, sequence and virtual-pipeline parallelism, and TP/PP for mixture-of-experts models are
-    named."""
+    and data parallelism run for dense language and vision-language models (full fine-tuning and LoRA); expert,
+    sequence and virtual-pipeline parallelism, and TP/PP for mixture-of-experts models are named."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "

@@ -32,14 +32,14 @@ from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, 
 from ..local_step import step_of
 from ..optim import realign_schedule
 from .lora import (adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron,
-                   lora_weight_name)
+                   lora_weight_name, tower_adapters)
 from .moe import RouterBalancing
 from .parallel import (dp_rank, gathered, grad_norm, local_shards, model_layers, reduce_gradients, stages_gathered,
                        tp_rank, tp_size)
 from .shards import shard
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
-from .weights import family_map
+from .weights import family_map, language_config
 from .weights.layers import Shape
 
 log = logging.getLogger("tunesmith")
@@ -176,12 +176,15 @@ class MegatronEngine:
         transformers itself on rank 0."""
         if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
             state = gathered_lora(self.model)
-            state = lora_to_hf(state, Shape.of(self.hf_config)) if state is not None else None
+            state = lora_to_hf(state, Shape.of(language_config(self.hf_config))) if state is not None else None
         else:
             state = hf_state_of(self.model, self.hf_config)
         if dist.is_main():
             if self.lora_linears:
                 copy_lora(hf_lora_state(self.hf_model), state)
+                if getattr(self.model, "visual", None) is not None:  # global rank 0 holds the first stage
+                    copy_lora(tower_adapters(base_model(self.hf_model).model.visual),
+                              {k: v.detach().cpu() for k, v in tower_adapters(self.model.visual).items()})
             else:
                 self.hf_model.load_state_dict(state, strict=True)
             self.hf_model.save_pretrained(str(path), safe_serialization=True)
@@ -218,10 +221,14 @@ def start_lora_from_hf(model, peft_model, linears: list) -> None:
     """The GPTModel's adapters from the PeftModel's, when it holds a trained one (a B not zero: an adapter loaded
     from adapter_name_or_path or a checkpoint): this stage's layers, this rank's shards. A fresh PeftModel's adds
     nothing and the GPTModel keeps its own initialisation (lora.add_lora)."""
+    visual = getattr(model, "visual", None)
+    if visual is not None:  # a vision tower's own PEFT adapters (freeze_vision_tower: false), as they are
+        hf_visual = base_model(peft_model).model.visual
+        copy_lora(tower_adapters(visual), {k: v.detach() for k, v in tower_adapters(hf_visual).items()})
     hf_lora = hf_lora_state(peft_model)
     if all(not t.any() for (_, _, ab), t in hf_lora.items() if ab == "B"):
         return
-    shape = Shape.of(base_model(peft_model).config)
+    shape = Shape.of(language_config(base_model(peft_model).config))
     full = lora_to_megatron({k: v.detach() for k, v in hf_lora.items()}, shape, linears)
     ours = lora_state(model)
     copy_lora(ours, {key: shard(lora_weight_name(key), full[key], tp_size(), tp_rank()) for key in ours})

@@ -123,7 +123,9 @@ def add_lora(model, targets: list[str], peft_config, seed: int = 0) -> None:
     from .parallel import model_layers
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    model.requires_grad_(False)
+    for name, param in model.named_parameters():
+        if not name.startswith("visual."):  # a vision tower keeps what PEFT set: its own adapters train
+            param.requires_grad_(False)
     for index, layer in zip(model_layers(model), model.decoder.layers):
         for target in targets:
             parent_name, attr = target.split(".")
@@ -140,20 +142,34 @@ def lora_layers(model) -> list[LoraLinear]:
 
 @contextlib.contextmanager
 def adapters_off(model):
-    """The base model (the reference of DPO/KTO with pref_reference: adapters_off)."""
+    """The base model (the reference of DPO/KTO with pref_reference: adapters_off): the megatron linears' adapters
+    and PEFT's in a vision tower off."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
     layers = lora_layers(model)
+    tower = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
     for layer in layers:
         layer.enabled = False
+    for layer in tower:
+        layer.enable_adapters(False)
     try:
         yield model
     finally:
         for layer in layers:
             layer.enabled = True
+        for layer in tower:
+            layer.enable_adapters(True)
 
 
 def base_name(name: str) -> str:
-    """A megatron weight's name without the LoRA wrapper (…linear_qkv.base.weight -> …linear_qkv.weight)."""
-    return name.replace(".base.", ".")
+    """A weight's name without its LoRA wrapper: a megatron linear's (…linear_qkv.base.weight -> …linear_qkv.weight)
+    or PEFT's in a vision tower (…attn.qkv.base_layer.weight -> …attn.qkv.weight)."""
+    return name.replace(".base.", ".").replace(".base_layer.", ".")
+
+
+def tower_adapters(module) -> dict:
+    """{name: parameter} of the LoRA adapters PEFT put in a vision tower (freeze_vision_tower: false)."""
+    return {name: param for name, param in module.named_parameters() if ".lora_" in name}
 
 
 def lora_state(model) -> dict:
