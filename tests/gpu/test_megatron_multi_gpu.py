@@ -1,5 +1,6 @@
 """Two GPUs (issue 19): the Megatron engine with TP=2, PP=2 and DP=2 against FSDP2 on the same two GPUs, same
-Hugging Face initialisation and data, 20 optimiser steps of full SFT in bf16: every step's loss within 1% relative.
+Hugging Face initialisation and data, 20 optimiser steps of full SFT in bf16: every step's loss within 1% relative;
+for a Qwen3 text shape and for test_megatron_parity's Qwen3-VL shape (every part trained, mllm_demo).
 
 The model and data are test_megatron_parity.py's (a random-initialised Qwen3 of the 1.7B shape cut to 4 layers,
 alpaca_demo's 400 samples), unpacked here: packed, the demo fills about 13 rows of 1024 tokens, so every epoch
@@ -24,12 +25,18 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_parity import COMMON, DRY_RUN, STEPS, _init_model, _train  # noqa: E402  (skips without CUDA)
+from test_megatron_parity import (COMMON, DRY_RUN, STEPS, VL_COMMON, _init_model, _init_vl_model,  # noqa: E402
+                                  _train)  # (skips without CUDA)
 
 if not DRY_RUN and torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
 
-PER_RANK = [c for c in COMMON if not c.startswith(("per_device_train_batch_size=", "neat_packing="))] + ["packing=false"]
+def _unpacked(common: list) -> list:
+    return [c for c in common if not c.startswith(("per_device_train_batch_size=", "neat_packing="))] + ["packing=false"]
+
+
+PER_RANK = _unpacked(COMMON)
+VL_PER_RANK = _unpacked(VL_COMMON)  # mllm_demo's 40 samples: 5 steps of 8 an epoch, in every layout
 EXTRA = ("max_steps=3", "bf16=false") if DRY_RUN else ()
 LAYOUTS = {  # 8 samples per optimiser step in each
     "tp2": ("tensor_model_parallel_size=2", "per_device_train_batch_size=4"),
@@ -37,6 +44,7 @@ LAYOUTS = {  # 8 samples per optimiser step in each
     "dp2": ("per_device_train_batch_size=2",),
 }
 REPORT: dict = {}
+VL_REPORT: dict = {}
 
 
 def _two_processes(port: int) -> dict:
@@ -69,5 +77,33 @@ def test_megatron_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2, layout):
     if os.environ.get("MEGATRON_MULTI_GPU_OUT"):
         with open(os.environ["MEGATRON_MULTI_GPU_OUT"], "w") as f:
             json.dump({"steps": STEPS, **REPORT}, f, indent=1)
+    assert len(losses) == len(reference) == (3 if DRY_RUN else STEPS)
+    assert max(rel) < 0.01, rel
+
+
+@pytest.fixture(scope="module")
+def fsdp2_vl(tmp_path_factory):
+    """The Qwen3-VL folder (test_megatron_parity's shape, every part trained) and FSDP2's losses, once."""
+    folder = tmp_path_factory.mktemp("megatron_multi_gpu_vl")
+    model = _init_vl_model(folder / "qwen3_vl")
+    losses, seconds = _train(model, folder / "fsdp2", "backend=fsdp2", "per_device_train_batch_size=2", *EXTRA,
+                             env=_two_processes(29621), common=VL_PER_RANK)
+    VL_REPORT["fsdp2"] = {"losses": losses, "seconds": seconds}
+    return model, folder, losses
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_megatron_qwen3_vl_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2_vl, layout):
+    """Qwen3-VL: the vision tower on the first pipeline stage (its deepstack layers too) or whole on both
+    tensor-parallel ranks; MEGATRON_MULTI_GPU_VL_OUT=<file.json> writes the report."""
+    model, folder, reference = fsdp2_vl
+    losses, seconds = _train(model, folder / layout, "backend=megatron", *LAYOUTS[layout], *EXTRA,
+                             env=_two_processes(29622 + sorted(LAYOUTS).index(layout)), common=VL_PER_RANK)
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
+    VL_REPORT[layout] = {"losses": losses, "seconds": seconds, "rel_diff": rel, "max_rel_diff": max(rel)}
+    print(json.dumps({f"qwen3_vl {layout}": VL_REPORT[layout]}))
+    if os.environ.get("MEGATRON_MULTI_GPU_VL_OUT"):
+        with open(os.environ["MEGATRON_MULTI_GPU_VL_OUT"], "w") as f:
+            json.dump({"steps": STEPS, **VL_REPORT}, f, indent=1)
     assert len(losses) == len(reference) == (3 if DRY_RUN else STEPS)
     assert max(rel) < 0.01, rel
