@@ -240,6 +240,10 @@ def test_megatron_lora_on_qwen3_vl_trains_the_towers_adapters_and_saves_one_peft
         "stage=dpo", "dataset=mllm_dpo_demo", "max_steps=1"]
     cli("train", *dpo, f"output_dir={tmp_path / 'dpo'}", env=MCA)
     assert _losses(tmp_path / "dpo")[0] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at step 1
+    tower = tmp_path / "tower"  # only the tower's adapters train: still a LoRA run, saved as an adapter
+    cli("train", *[k for k in lora if not k.startswith("max_steps")], "max_steps=1", "freeze_language_model=true",
+        f"output_dir={tower}", env=MCA)
+    assert all(".visual." in k for k in load_file(tower / "adapter_model.safetensors"))
     from test_distributed import _two_ranks
 
     _two_ranks(monkeypatch)

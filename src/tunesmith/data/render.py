@@ -58,11 +58,13 @@ def _skippable(sample: dict, opts: RenderOptions) -> bool:
 
 
 def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_generation_prompt=False) -> str:
-    """The conversation as the chat template writes it; a conversation the template refuses (its raise_exception,
-    e.g. Gemma 2's "System role not supported") is a DataError with the template's words."""
+    """The conversation as the chat template writes it (reasoning moved where the template reads it:
+    reasoning_as_thinking); a conversation the template refuses (its raise_exception, e.g. Gemma 2's "System role
+    not supported") is a DataError with the template's words. A template that does not parse or reads an undefined
+    name is not the record's fault: its own error stands."""
     try:
         return tokenizer.apply_chat_template(
-            messages,
+            reasoning_as_thinking(messages, opts.chat_template),
             tools=tools,
             chat_template=opts.chat_template,
             tokenize=False,
@@ -70,8 +72,10 @@ def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_gen
             **opts.render_kwargs,
         )
     except TemplateError as err:
-        raise DataError(f"the chat template refuses this conversation: {err}; change the record or pick another "
-                        "template (template: <name>)") from None
+        if type(err) is not TemplateError:  # a syntax error, an undefined name: the template's, not the record's
+            raise
+        raise DataError(f"the chat template refuses this conversation: {err}; change the record, or set template: "
+                        "to one that renders it") from None
 
 
 def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list[tuple[int, int]]]:
@@ -82,7 +86,6 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
     the last turn (Qwen3 drops history think blocks) are handled by locating the
     turn's content and the end marker inside the full text.
     """
-    messages = reasoning_as_thinking(messages, opts.chat_template)
     full = render_text(tokenizer, messages, opts, tools=tools)
     spans = []
     for k, message in enumerate(messages):
@@ -92,14 +95,14 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
         start = len(prefix) if full.startswith(prefix) else _history_turn_start(tokenizer, full, messages, k, opts,
                                                                                  tools, prefix)
         upto = render_text(tokenizer, messages[: k + 1], opts, tools=tools)
-        end = len(upto) if full.startswith(upto) else _turn_end_in_history(tokenizer, full, start, upto, message)
+        end = len(upto) if full.startswith(upto) else _turn_end_in_history(tokenizer, full, start, upto, messages, k)
         spans.append((start, end))
     return _close_last_answer(tokenizer, full, spans, messages)
 
 
 def _close_last_answer(tokenizer, full: str, spans: list, messages: list) -> tuple[str, list]:
-    """A template that writes nothing after the last answer (GLM-4.5/4.6: a turn ends where the next role token
-    starts) would teach the model never to stop: the eos token is appended there and supervised, as
+    """A template that writes nothing (or only whitespace) after the last answer (GLM-4.5/4.6: a turn ends where the
+    next role token starts) would teach the model never to stop: the eos token is appended there and supervised, as
     LLaMA-Factory's `efficient_eos` templates do."""
     eos = tokenizer.eos_token
     if not spans or not eos or spans[-1][1] != len(full):
@@ -142,16 +145,17 @@ def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: Rend
     )
 
 
-def _turn_end_in_history(tokenizer, full: str, start: int, upto: str, message: dict) -> int:
+def _turn_end_in_history(tokenizer, full: str, start: int, upto: str, messages: list, k: int) -> int:
     turn = upto[start:]
-    text = _text_of(message["content"]).strip()
+    text = _text_of(messages[k]["content"]).strip()
+    closers = _turn_closers(tokenizer, full, messages)
     # Reasoning templates drop a history turn's think block: look for the answer part too.
     for content in dict.fromkeys([text, text.split("</think>")[-1].strip()]):
         at = turn.rfind(content)
         end_marker = turn[at + len(content) :] if at >= 0 else ""
         pos = full.find(content, start)
         if at >= 0 and pos >= 0:
-            end_marker = _history_end_marker(tokenizer, full, pos + len(content), end_marker)
+            end_marker = _history_end_marker(full, pos + len(content), end_marker, closers)
             if end_marker is not None:
                 return pos + len(content) + len(end_marker)
     raise DataError(
@@ -160,17 +164,22 @@ def _turn_end_in_history(tokenizer, full: str, start: int, upto: str, message: d
     )
 
 
-def _history_end_marker(tokenizer, full: str, pos: int, last_marker: str) -> str | None:
+def _turn_closers(tokenizer, full: str, messages: list) -> list[str]:
+    """The special tokens that close a turn in the full text: those right after a user message's text (<|end|> in
+    GPT-OSS and Phi-3.5; a template that closes no turn, GLM's, has none), longest first."""
+    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    users = [_text_of(m["content"]).strip() for m in messages if m["role"] == "user"]
+    found = {t for t in specials for text in users if text and text + t in full}
+    return sorted(found, key=len, reverse=True)
+
+
+def _history_end_marker(full: str, pos: int, last_marker: str, closers: list[str]) -> str | None:
     """The end-of-turn marker of a history answer ending at `pos` in the full text: the last turn's marker when the
-    full text has it there; else, when the last turn's marker opens with a special token and the history answer is
-    followed by another one, that token (GPT-OSS ends the last answer with <|return|> and earlier ones with <|end|>).
-    None when neither holds."""
+    full text has it there; else the turn-closing token that follows the answer (GPT-OSS ends the last answer with
+    <|return|> and earlier ones with <|end|>, as it ends user turns). None when neither holds."""
     if full.startswith(last_marker, pos):
         return last_marker
-    specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
-    if any(last_marker.startswith(t) for t in specials):
-        return next((t for t in specials if full.startswith(t, pos)), None)
-    return None
+    return next((t for t in closers if full.startswith(t, pos)), None)
 
 
 def reasoning_as_thinking(messages: list, chat_template: str | None) -> list:

@@ -157,3 +157,16 @@ def test_a_record_within_the_budget_is_not_cut(tiny_qwen3):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     out = render_sft(make_sample(CONVERSATION, source="t", index=0), tok, _opts(tok, "chatml", cutoff_len=64))
     assert out["num_text_cut"] == 0
+
+
+def test_a_template_refusal_names_the_record_and_a_broken_template_keeps_its_own_error(tiny_qwen3):
+    from jinja2 import TemplateError
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    sample = make_sample(CONVERSATION, source="t", index=3)
+    refusing = "{{ raise_exception('System role not supported') }}"
+    with pytest.raises(DataError, match=r"record 3.*the chat template refuses this conversation: System role not"):
+        render_sft(sample, tok, RenderOptions(chat_template=refusing))
+    with pytest.raises(TemplateError) as broken:
+        render_sft(sample, tok, RenderOptions(chat_template="{% for m in messages %}{{ m.content }"))
+    assert not isinstance(broken.value, DataError)

@@ -110,14 +110,20 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model
 
+    def with_adapters(model):
+        """The LoRA run's adapters on the megatron linears, from the PeftModel's when it holds a trained one."""
+        if lora_linears is not None:
+            add_lora(model, lora_linears, hf_model.peft_config["default"], cfg.train.seed)
+            start_lora_from_hf(model, hf_model, lora_linears)
+        return model
+
     model = built()
     if vision_language and cfg.finetune.freeze_language_model:
         freeze_language_model(model)
-    if lora_linears:
-        add_lora(model, lora_linears, hf_model.peft_config["default"], cfg.train.seed)
-        start_lora_from_hf(model, hf_model, lora_linears)
-    model = model.to(device)
-    reference = built().to(device).eval().requires_grad_(False) if cfg.finetune.pref_reference == "copy" else None
+    model = with_adapters(model).to(device)
+    # pref_reference: copy: the starting policy, adapters included, frozen
+    reference = (with_adapters(built()).to(device).eval().requires_grad_(False)
+                 if cfg.finetune.pref_reference == "copy" else None)
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
@@ -128,7 +134,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
                              "false) or use pure_bf16: true")
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
              precision, _attention_kernel(device, precision),
-             f", LoRA on {', '.join(lora_linears)}" if lora_linears else "")
+             f", LoRA on {', '.join(lora_linears) or 'the vision tower'}" if lora_linears is not None else "")
     return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                           precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                           skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)

@@ -102,7 +102,8 @@ class MegatronEngine:
         self.model = model
         self.hf_model = hf_model  # CPU template for export_hf and load (a PeftModel with LoRA)
         self.hf_config = base_model(hf_model).config
-        self.lora_linears = lora_linears  # the adapted megatron linears (lora.py), None: full fine-tuning
+        # the adapted megatron linears (lora.py; [] when only a vision tower's PEFT adapters train), None: full
+        self.lora_linears = lora_linears
         self.optimizer, self.scheduler = optimizer, scheduler
         self.device, self.angles, self.precision = device, angles, precision
         self.max_grad_norm, self.skip_nonfinite = max_grad_norm, skip_nonfinite
@@ -124,7 +125,7 @@ class MegatronEngine:
             return contextlib.nullcontext(self.model)
         if self.reference_model is not None:
             return contextlib.nullcontext(self.reference_model)
-        if self.lora_linears:
+        if self.lora_linears is not None:
             return adapters_off(self.model)
         raise TunesmithError("this run has no reference model on backend: megatron (pref_reference: copy builds "
                              "one, LoRA runs use adapters_off; precomputed and none need none)")
@@ -151,7 +152,7 @@ class MegatronEngine:
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))
         load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
-        if self.lora_linears:
+        if self.lora_linears is not None:
             start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
 
     def load(self, path: Path, *, trusted: bool = False) -> None:
@@ -174,13 +175,13 @@ class MegatronEngine:
     def export_hf(self, path: Path, saver) -> None:
         """The trained weights back under their Hugging Face names (the shards gathered by every rank), written by
         transformers itself on rank 0."""
-        if self.lora_linears:  # the adapter only, as PEFT saves it (the base model is frozen)
+        if self.lora_linears is not None:  # the adapter only, as PEFT saves it (the base model is frozen)
             state = gathered_lora(self.model)
             state = lora_to_hf(state, Shape.of(language_config(self.hf_config))) if state is not None else None
         else:
             state = hf_state_of(self.model, self.hf_config)
         if dist.is_main():
-            if self.lora_linears:
+            if self.lora_linears is not None:
                 copy_lora(hf_lora_state(self.hf_model), state)
                 if getattr(self.model, "visual", None) is not None:  # global rank 0 holds the first stage
                     copy_lora(tower_adapters(base_model(self.hf_model).model.visual),
