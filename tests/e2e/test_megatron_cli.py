@@ -188,7 +188,8 @@ def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single
 def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(tmp_path, monkeypatch):
     """LoRA on 2 CPU processes (gloo): TP=2 (adapters split as their linears) and PP=2 (each stage its layers'
     adapters) give the one-process Megatron LoRA run's losses and the same saved adapter, from the same fresh
-    adapter (drawn per layer and linear, then split); a TP=2 checkpoint resumes exactly."""
+    adapter (drawn per layer and linear, then split); a TP=2 checkpoint resumes exactly. (With lora_dropout the
+    masks come from the run's generator, whose draws differ between degrees: the same distribution, other elements.)"""
     from test_distributed import _two_ranks
 
     lora = [k for k in TWO_RANKS if k != "finetuning_type=full"] + [

@@ -144,3 +144,16 @@ def test_the_saved_adapter_loads_in_plain_peft_with_the_engines_logits(world_of_
 def test_partial_targets_are_refused_when_the_engine_is_built(world_of_one):
     with pytest.raises(ConfigError, match="they are one fused linear"):
         _engine(_peft(targets=["q_proj", "v_proj"], trained=False))
+
+
+def test_lora_dropout_drops_inputs_in_training_only(world_of_one):
+    from tunesmith.engines.megatron.lora import lora_layers
+
+    layer = lora_layers(_engine(_peft()).model)[0]
+    layer.dropout = 0.5  # PEFT's lora_dropout
+    x = torch.ones(3, 1, layer.lora_A.in_features)
+    layer.train()
+    dropped = layer._dropped(x)
+    assert set(dropped.unique().tolist()) <= {0.0, 2.0} and 0 < int((dropped == 0).sum()) < x.numel()
+    layer.eval()
+    assert torch.equal(layer._dropped(x), x)

@@ -59,7 +59,7 @@ class LoraLinear(torch.nn.Module):
         torch.nn.init.zeros_(self.lora_B.weight)
         if tp > 1:  # this rank's shard: counted on every rank in the gradient norm (parallel.py)
             (self.lora_A if self.row_parallel else self.lora_B).weight.tensor_model_parallel = True
-        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
+        self.dropout = dropout
         self.scale = alpha / (math.sqrt(rank) if rslora else rank)
         self.enabled = True
 
@@ -71,7 +71,7 @@ class LoraLinear(torch.nn.Module):
         out, bias = self.base(x, *args, **kwargs)
         if not self.enabled:
             return out, bias
-        low = self.lora_A(self.dropout(x))
+        low = self.lora_A(self._dropped(x))
         if self.tp > 1:
             from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
                                                        reduce_from_tensor_model_parallel_region)
@@ -80,6 +80,19 @@ class LoraLinear(torch.nn.Module):
                 copy_to_tensor_model_parallel_region
             low = region(low)
         return out + self.scale * self.lora_B(low).to(out.dtype), bias
+
+
+    def _dropped(self, x: torch.Tensor) -> torch.Tensor:
+        """LoRA's dropout of the input. A row-parallel linear's input is this rank's block of columns: the mask is
+        drawn for the whole input (the generator is seeded alike on every tensor-parallel rank) and this rank's
+        block kept, so every degree drops the same elements."""
+        if not self.training or self.dropout == 0:
+            return x
+        whole = (*x.shape[:-1], x.shape[-1] * (self.tp if self.row_parallel else 1))
+        keep = torch.empty(whole, dtype=x.dtype, device=x.device).bernoulli_(1 - self.dropout)
+        if self.row_parallel and self.tp > 1:
+            keep = torch.chunk(keep, self.tp, dim=-1)[_tp_rank()]
+        return x * keep / (1 - self.dropout)
 
 
 def _tp_rank() -> int:
