@@ -413,8 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         if wants_torchrun():
             return relaunch(argv)
     _setup_logging()
+    finished = False
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        code = COMMANDS[argv[0]](argv[1:])
+        finished = code == 0
+        return code
     except TunesmithError as err:
         logging.getLogger("tunesmith").error("%s%s", _rank_prefix(), err)
         return 1
@@ -431,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         from . import dist
 
-        dist.shutdown()
+        dist.shutdown(finished)
 
 
 def _rank_prefix() -> str:

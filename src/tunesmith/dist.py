@@ -110,11 +110,15 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown() -> None:
+def shutdown(finished: bool = False) -> None:
     """Destroy the group init() made; one another library made in this process (an in-process vLLM rollout
-    engine makes its own one-process group) is that library's to destroy at its shutdown."""
+    engine makes its own one-process group) is that library's to destroy at its shutdown. `finished`: every rank
+    ended its command normally, so they first meet in a barrier: no rank tears its group down while another still
+    has collectives in flight (gloo's worker threads abort a process that exits with work pending)."""
     global _OWN_GROUP
     if _OWN_GROUP and dist.is_initialized():
+        if finished and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
     _OWN_GROUP = False
     set_data_parallel(None, 0, 1)
