@@ -53,57 +53,53 @@ def _two_processes(port: int) -> dict:
             "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
+def _fsdp2_reference(tmp_path_factory, name: str, init, common: list, port: int, report: dict):
+    """The model folder `init` builds and FSDP2's losses on it, recorded in `report`."""
+    folder = tmp_path_factory.mktemp(f"megatron_multi_gpu_{name}")
+    model = init(folder / name)
+    losses, seconds = _train(model, folder / "fsdp2", "backend=fsdp2", "per_device_train_batch_size=2", *EXTRA,
+                             env=_two_processes(port), common=common)
+    report["fsdp2"] = {"losses": losses, "seconds": seconds}
+    return model, folder, losses
+
+
+def _megatron_matches(reference, layout: str, common: list, port: int, report: dict, out_env: str, label: str):
+    """The Megatron engine in `layout` from FSDP2's folder: every step's loss within 1% relative of FSDP2's; the
+    report to stdout and to the file `out_env` names."""
+    model, folder, expected = reference
+    losses, seconds = _train(model, folder / layout, "backend=megatron", *LAYOUTS[layout], *EXTRA,
+                             env=_two_processes(port + sorted(LAYOUTS).index(layout)), common=common)
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses, expected)]
+    report[layout] = {"losses": losses, "seconds": seconds, "rel_diff": rel, "max_rel_diff": max(rel),
+                      "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+                      "torch": torch.__version__}
+    print(json.dumps({f"{label} {layout}": report[layout]}))
+    if os.environ.get(out_env):
+        with open(os.environ[out_env], "w") as f:
+            json.dump({"steps": STEPS, **report}, f, indent=1)
+    assert len(losses) == len(expected) == (3 if DRY_RUN else STEPS)
+    assert max(rel) < 0.01, rel
+
+
 @pytest.fixture(scope="module")
 def fsdp2(tmp_path_factory):
-    """The model folder and FSDP2's losses and seconds, once for every layout."""
-    folder = tmp_path_factory.mktemp("megatron_multi_gpu")
-    model = _init_model(folder / "qwen3_4l")
-    losses, seconds = _train(model, folder / "fsdp2", "backend=fsdp2", "per_device_train_batch_size=2", *EXTRA,
-                             env=_two_processes(29611), common=PER_RANK)
-    REPORT["fsdp2"] = {"losses": losses, "seconds": seconds}
-    return model, folder, losses
+    """The Qwen3 text folder and FSDP2's losses, once for every layout."""
+    return _fsdp2_reference(tmp_path_factory, "qwen3_4l", _init_model, PER_RANK, 29611, REPORT)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_megatron_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2, layout):
-    model, folder, reference = fsdp2
-    losses, seconds = _train(model, folder / layout, "backend=megatron", *LAYOUTS[layout], *EXTRA,
-                             env=_two_processes(29612 + sorted(LAYOUTS).index(layout)), common=PER_RANK)
-    rel = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
-    REPORT[layout] = {"losses": losses, "seconds": seconds, "rel_diff": rel, "max_rel_diff": max(rel),
-                      "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-                      "torch": torch.__version__}
-    print(json.dumps({layout: REPORT[layout]}))
-    if os.environ.get("MEGATRON_MULTI_GPU_OUT"):
-        with open(os.environ["MEGATRON_MULTI_GPU_OUT"], "w") as f:
-            json.dump({"steps": STEPS, **REPORT}, f, indent=1)
-    assert len(losses) == len(reference) == (3 if DRY_RUN else STEPS)
-    assert max(rel) < 0.01, rel
+    _megatron_matches(fsdp2, layout, PER_RANK, 29612, REPORT, "MEGATRON_MULTI_GPU_OUT", "qwen3")
 
 
 @pytest.fixture(scope="module")
 def fsdp2_vl(tmp_path_factory):
     """The Qwen3-VL folder (test_megatron_parity's shape, every part trained) and FSDP2's losses, once."""
-    folder = tmp_path_factory.mktemp("megatron_multi_gpu_vl")
-    model = _init_vl_model(folder / "qwen3_vl")
-    losses, seconds = _train(model, folder / "fsdp2", "backend=fsdp2", "per_device_train_batch_size=2", *EXTRA,
-                             env=_two_processes(29621), common=VL_PER_RANK)
-    VL_REPORT["fsdp2"] = {"losses": losses, "seconds": seconds}
-    return model, folder, losses
+    return _fsdp2_reference(tmp_path_factory, "qwen3_vl", _init_vl_model, VL_PER_RANK, 29621, VL_REPORT)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_megatron_qwen3_vl_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2_vl, layout):
     """Qwen3-VL: the vision tower on the first pipeline stage (its deepstack layers too) or whole on both
     tensor-parallel ranks; MEGATRON_MULTI_GPU_VL_OUT=<file.json> writes the report."""
-    model, folder, reference = fsdp2_vl
-    losses, seconds = _train(model, folder / layout, "backend=megatron", *LAYOUTS[layout], *EXTRA,
-                             env=_two_processes(29622 + sorted(LAYOUTS).index(layout)), common=VL_PER_RANK)
-    rel = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
-    VL_REPORT[layout] = {"losses": losses, "seconds": seconds, "rel_diff": rel, "max_rel_diff": max(rel)}
-    print(json.dumps({f"qwen3_vl {layout}": VL_REPORT[layout]}))
-    if os.environ.get("MEGATRON_MULTI_GPU_VL_OUT"):
-        with open(os.environ["MEGATRON_MULTI_GPU_VL_OUT"], "w") as f:
-            json.dump({"steps": STEPS, **VL_REPORT}, f, indent=1)
-    assert len(losses) == len(reference) == (3 if DRY_RUN else STEPS)
-    assert max(rel) < 0.01, rel
+    _megatron_matches(fsdp2_vl, layout, VL_PER_RANK, 29622, VL_REPORT, "MEGATRON_MULTI_GPU_VL_OUT", "qwen3_vl")
