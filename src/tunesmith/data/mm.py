@@ -118,6 +118,23 @@ def expand_media_tokens(input_ids: list[int], labels: list[int], expansions: lis
     return new_ids, new_labels
 
 
+def _substituted(text: str, spans: list[tuple[int, int]], pattern: str, replace) -> tuple[str, list]:
+    """`text` with every match of `pattern` replaced by `replace(match)`, and `spans` moved with it: a position past
+    a match's start moves by that match's change in length."""
+    shifts: list[tuple[int, int]] = []  # (position in the original text, length change there)
+    pieces, last = [], 0
+    for match in re.finditer(pattern, text):
+        replacement = replace(match)
+        pieces += [text[last:match.start()], replacement]
+        shifts.append((match.start(), len(replacement) - len(match.group(0))))
+        last = match.end()
+
+    def moved(at: int) -> int:
+        return at + sum(delta for start, delta in shifts if start < at)
+
+    return "".join(pieces) + text[last:], [(moved(a), moved(b)) for a, b in spans]
+
+
 def expand_in_text(text: str, spans: list[tuple[int, int]], expansions: list[Expansion], tokenizer):
     """`text` with each media placeholder replaced by its expansion's text, and `spans` moved with it.
 
@@ -127,27 +144,23 @@ def expand_in_text(text: str, spans: list[tuple[int, int]], expansions: list[Exp
     """
     by_token = {tokenizer.convert_ids_to_tokens(e.token_id): [tokenizer.decode(r) for r in e.replacements]
                 for e in expansions}
+    if not by_token:
+        return text, spans
     used = {token: 0 for token in by_token}
-    shifts: list[tuple[int, int]] = []  # (position in the original text, length change there)
-    pieces, last = [], 0
-    for match in re.finditer("|".join(re.escape(t) for t in by_token), text) if by_token else ():
+
+    def replace(match) -> str:
         token = match.group(0)
         if used[token] == len(by_token[token]):
             raise DataError("more media tokens in the rendered text than media items")
-        replacement = by_token[token][used[token]]
         used[token] += 1
-        pieces += [text[last:match.start()], replacement]
-        shifts.append((match.start(), len(replacement) - len(token)))
-        last = match.end()
+        return by_token[token][used[token] - 1]
+
+    text, spans = _substituted(text, spans, "|".join(re.escape(t) for t in by_token), replace)
     for token, replacements in by_token.items():
         if used[token] != len(replacements):
             raise DataError(f"the chat template rendered {used[token]} media token(s) for {len(replacements)} "
                             "media item(s)")
-
-    def moved(at: int) -> int:
-        return at + sum(delta for start, delta in shifts if start < at)
-
-    return "".join(pieces) + text[last:], [(moved(a), moved(b)) for a, b in spans]
+    return text, spans
 
 
 def collapse_markers(text: str, spans: list[tuple[int, int]], collapsed: dict[str, str]):
@@ -155,14 +168,7 @@ def collapse_markers(text: str, spans: list[tuple[int, int]], collapsed: dict[st
     token, as the processor's own call does before expanding it, and `spans` moved with it."""
     if not collapsed:
         return text, spans
-    shifts, pieces, last = [], [], 0
-    for match in re.finditer("|".join(re.escape(m) for m in collapsed), text):
-        token = collapsed[match.group(0)]
-        pieces += [text[last:match.start()], token]
-        shifts.append((match.end(), len(token) - len(match.group(0))))
-        last = match.end()
-    moved = lambda at: at + sum(delta for end, delta in shifts if end <= at)  # noqa: E731
-    return "".join(pieces) + text[last:], [(moved(a), moved(b)) for a, b in spans]
+    return _substituted(text, spans, "|".join(re.escape(m) for m in collapsed), lambda m: collapsed[m.group(0)])
 
 
 def with_markers(text: str, markers: dict[str, str]) -> str:
