@@ -148,14 +148,13 @@ def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: Rend
 def _turn_end_in_history(tokenizer, full: str, start: int, upto: str, messages: list, k: int) -> int:
     turn = upto[start:]
     text = _text_of(messages[k]["content"]).strip()
-    closers = _turn_closers(tokenizer, full, messages)
     # Reasoning templates drop a history turn's think block: look for the answer part too.
     for content in dict.fromkeys([text, text.split("</think>")[-1].strip()]):
         at = turn.rfind(content)
         end_marker = turn[at + len(content) :] if at >= 0 else ""
         pos = full.find(content, start)
         if at >= 0 and pos >= 0:
-            end_marker = _history_end_marker(full, pos + len(content), end_marker, closers)
+            end_marker = _history_end_marker(tokenizer, full, pos + len(content), end_marker, messages)
             if end_marker is not None:
                 return pos + len(content) + len(end_marker)
     raise DataError(
@@ -173,13 +172,13 @@ def _turn_closers(tokenizer, full: str, messages: list) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def _history_end_marker(full: str, pos: int, last_marker: str, closers: list[str]) -> str | None:
+def _history_end_marker(tokenizer, full: str, pos: int, last_marker: str, messages: list) -> str | None:
     """The end-of-turn marker of a history answer ending at `pos` in the full text: the last turn's marker when the
     full text has it there; else the turn-closing token that follows the answer (GPT-OSS ends the last answer with
     <|return|> and earlier ones with <|end|>, as it ends user turns). None when neither holds."""
     if full.startswith(last_marker, pos):
         return last_marker
-    return next((t for t in closers if full.startswith(t, pos)), None)
+    return next((t for t in _turn_closers(tokenizer, full, messages) if full.startswith(t, pos)), None)
 
 
 def reasoning_as_thinking(messages: list, chat_template: str | None) -> list:
