@@ -219,15 +219,18 @@ def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(
 def test_megatron_lora_on_qwen3_vl_trains_the_towers_adapters_and_saves_one_peft_adapter(tmp_path, monkeypatch):
     """LoRA on Qwen3-VL with the vision tower unfrozen: the language model's adapters on the megatron linears, the
     tower's PEFT adapters trained as they are; the first step is the base model's (the single engine's loss), the
-    saved adapter holds both and loads in plain PEFT; a DPO step's reference is the model with every adapter off;
-    PP=2 on two processes gives the one-process losses and adapter."""
+    saved adapter holds both and loads in plain PEFT, and its checkpoint resumes exactly (both kinds of adapter read
+    back); a DPO step's reference is the model with every adapter off; PP=2 on two processes gives the one-process
+    losses and adapter."""
     lora = [k for k in VL if k != "finetuning_type=full"] + ["finetuning_type=lora", "lora_target=all",
                                                               "lora_rank=4", "learning_rate=1e-2"]
-    single, mega = tmp_path / "single", tmp_path / "megatron"
+    single, mega, resumed = tmp_path / "single", tmp_path / "megatron", tmp_path / "resumed"
     cli("train", *lora, "backend=single", f"output_dir={single}")
-    cli("train", *lora, f"output_dir={mega}", env=MCA)
+    cli("train", *lora, "save_strategy=steps", "save_steps=2", f"output_dir={mega}", env=MCA)
     losses = _losses(mega)
     assert len(losses) == 3 and losses[0] == pytest.approx(_losses(single)[0], rel=1e-5) and losses[-1] < losses[0]
+    cli("train", *lora, f"output_dir={resumed}", f"resume_from_checkpoint={mega / 'checkpoint-2'}", env=MCA)
+    assert _losses(resumed)[-1:] == pytest.approx(losses[2:], rel=1e-6)
     saved = load_file(mega / "adapter_model.safetensors")
     assert any(".visual." in k for k in saved) and any(".language_model." in k for k in saved)
     assert set(saved) == set(load_file(single / "adapter_model.safetensors"))

@@ -39,6 +39,7 @@ from .parallel import (dp_rank, gathered, grad_norm, local_shards, model_layers,
 from .shards import shard
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
+from .vision import hf_vision_tower
 from .weights import family_map, language_config
 from .weights.layers import Shape
 
@@ -154,6 +155,8 @@ class MegatronEngine:
         load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
         if self.lora_linears is not None:
             start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
+            if getattr(self.model, "visual", None) is not None:  # the tower's own PEFT adapters, as saved
+                copy_lora(tower_adapters(self.model.visual), tower_adapters(hf_vision_tower(self.hf_model)))
 
     def load(self, path: Path, *, trusted: bool = False) -> None:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
@@ -184,8 +187,7 @@ class MegatronEngine:
             if self.lora_linears is not None:
                 copy_lora(hf_lora_state(self.hf_model), state)
                 if getattr(self.model, "visual", None) is not None:  # global rank 0 holds the first stage
-                    copy_lora(tower_adapters(base_model(self.hf_model).model.visual),
-                              {k: v.detach().cpu() for k, v in tower_adapters(self.model.visual).items()})
+                    copy_lora(tower_adapters(hf_vision_tower(self.hf_model)), tower_adapters(self.model.visual))
             else:
                 self.hf_model.load_state_dict(state, strict=True)
             self.hf_model.save_pretrained(str(path), safe_serialization=True)
@@ -221,11 +223,8 @@ def engine_state_path(folder: Path) -> Path:
 def start_lora_from_hf(model, peft_model, linears: list) -> None:
     """The GPTModel's adapters from the PeftModel's, when it holds a trained one (a B not zero: an adapter loaded
     from adapter_name_or_path or a checkpoint): this stage's layers, this rank's shards. A fresh PeftModel's adds
-    nothing and the GPTModel keeps its own initialisation (lora.add_lora)."""
-    visual = getattr(model, "visual", None)
-    if visual is not None:  # a vision tower's own PEFT adapters (freeze_vision_tower: false), as they are
-        hf_visual = base_model(peft_model).model.visual
-        copy_lora(tower_adapters(visual), {k: v.detach() for k, v in tower_adapters(hf_visual).items()})
+    nothing and the GPTModel keeps its own initialisation (lora.add_lora). A vision tower's own PEFT adapters came
+    with the tower's copy (vision.attach_vision_tower)."""
     hf_lora = hf_lora_state(peft_model)
     if all(not t.any() for (_, _, ab), t in hf_lora.items() if ab == "B"):
         return

@@ -81,7 +81,6 @@ class LoraLinear(torch.nn.Module):
             low = region(low)
         return out + self.scale * self.lora_B(low).to(out.dtype), bias
 
-
     def _dropped(self, x: torch.Tensor) -> torch.Tensor:
         """LoRA's dropout of the input. A row-parallel linear's input is this rank's block of columns: the mask is
         drawn for the whole input (the generator is seeded alike on every tensor-parallel rank) and this rank's

@@ -21,10 +21,15 @@ from ...models.forward import base_model
 _MEDIA = (("pixel_values", "image_grid_thw", 1, "image"), ("pixel_values_videos", "video_grid_thw", 2, "video"))
 
 
+def hf_vision_tower(hf_model):
+    """The Hugging Face model's vision tower (under a PeftModel too); None for a text model."""
+    return getattr(base_model(hf_model).model, "visual", None)
+
+
 def attach_vision_tower(model, hf_model) -> None:
     """A copy of the Hugging Face model's vision tower on this stage's GPTModel (first stage only), its
     parameters trainable or frozen as apply_finetuning left them (freeze_vision_tower, ...)."""
-    visual = getattr(base_model(hf_model).model, "visual", None)
+    visual = hf_vision_tower(hf_model)
     if visual is None or not model.pre_process:
         return
     model.visual = copy.deepcopy(visual)
