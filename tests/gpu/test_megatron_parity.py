@@ -141,12 +141,12 @@ def _train(model: Path, out: Path, *extra, env=None, common=COMMON) -> tuple[lis
     return [r["loss"] for r in _rows(out) if "loss" in r], time.perf_counter() - started
 
 
-def _compare(model: Path, tmp_path: Path, common: list, report_env: str, **facts) -> dict:
-    """Both engines from the same folder and data: every step's loss within 1% relative; the report to stdout and
-    to the file named by `report_env`."""
+def _compare(model: Path, tmp_path: Path, common: list, report_env: str, mega_extra=(), **facts) -> dict:
+    """Both engines from the same folder and data (`mega_extra`: keys for the Megatron run only): every step's loss
+    within 1% relative; the report to stdout and to the file named by `report_env`."""
     extra = ("max_steps=3", "bf16=false") if DRY_RUN else ()
     single, single_s = _train(model, tmp_path / "single", "backend=single", *extra, common=common)
-    mega, mega_s = _train(model, tmp_path / "megatron", *extra, env={"USE_MCA": "1"}, common=common)
+    mega, mega_s = _train(model, tmp_path / "megatron", *extra, *mega_extra, env={"USE_MCA": "1"}, common=common)
     rel = [abs(a - b) / abs(b) for a, b in zip(mega, single)]
     aux = {name: [r["aux_loss"] for r in _rows(tmp_path / name) if "aux_loss" in r] for name in ("single", "megatron")}
     report = {"steps": STEPS, "single": single, "megatron": mega, "max_rel_diff": max(rel), "rel_diff": rel,
@@ -169,6 +169,19 @@ def _rows(out: Path) -> list[dict]:
 
 def test_megatron_matches_the_single_engine_for_20_steps(tmp_path):
     _compare(_init_model(tmp_path / "qwen3_4l"), tmp_path, COMMON, "MEGATRON_PARITY_OUT",
+             layers=SHAPE["num_hidden_layers"])
+
+
+@pytest.mark.skipif(DRY_RUN, reason="recomputation needs CUDA (megatron-core saves CUDA RNG states)")
+@pytest.mark.parametrize("granularity", ["full", "selective"])
+def test_megatron_recompute_matches_the_single_engine_for_20_steps(tmp_path, granularity):
+    """megatron-core's activation recomputation (`recompute_granularity`) changes memory, not the losses; the
+    report (MEGATRON_PARITY_RECOMPUTE_OUT, one file per granularity) holds both engines' peak memory."""
+    env = "MEGATRON_PARITY_RECOMPUTE_OUT"
+    if os.environ.get(env):
+        os.environ[f"{env}_{granularity}"] = os.environ[env].replace("{granularity}", granularity)
+    _compare(_init_model(tmp_path / "qwen3_4l"), tmp_path, COMMON, f"{env}_{granularity}",
+             mega_extra=(f"recompute_granularity={granularity}",), recompute_granularity=granularity,
              layers=SHAPE["num_hidden_layers"])
 
 

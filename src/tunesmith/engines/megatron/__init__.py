@@ -67,7 +67,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
     from ..optim import build_optimizer, build_scheduler
-    from .build import build_gpt, log_kernel_fallback, transformer_config
+    from .build import autocast_in_recompute, build_gpt, log_kernel_fallback, transformer_config
     from .degrees import ModelFacts, check_available, check_degrees
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
     from .lora import adapted_parts, add_lora, megatron_targets
@@ -102,9 +102,12 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
     reward_head = getattr(hf_model, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
+    precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
 
     def built():
         model = build_gpt(hf_config, config, reward_head=reward_head)
+        if precision == "bf16" and cfg.megatron.recompute_granularity == "full":
+            autocast_in_recompute(model)
         model.padding_idx = base_model(hf_model).get_input_embeddings().padding_idx  # forward.py
         attach_vision_tower(model, hf_model)
         load_hf_state(model, hf_base_state(hf_model), hf_config)
@@ -126,7 +129,6 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
                  if cfg.finetune.pref_reference == "copy" else None)
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
-    precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
     if precision == "bf16" and device.type != "cuda":
         # megatron-core's linear layers restore only CUDA's autocast state in their backward
         raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "

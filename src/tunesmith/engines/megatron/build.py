@@ -8,6 +8,7 @@ is untested here (its weight names differ), and the log says so.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 
@@ -55,6 +56,23 @@ def _recompute_kwargs(m, num_layers: int) -> dict:
     if m.recompute_granularity == "selective":
         return dict(recompute_granularity="selective")
     return {}
+
+
+def autocast_in_recompute(model) -> None:
+    """Each decoder layer of `model` enters CUDA bf16 autocast itself. megatron-core's full recomputation
+    (tensor_parallel.checkpoint) runs a layer's forward again in the backward without the forward's autocast
+    (torch.utils.checkpoint restores it, megatron-core's does not), where bf16 activations would meet fp32
+    weights. In the forward, which already runs under that autocast, entering it again changes nothing."""
+    for layer in model.decoder.layers:
+        layer.forward = _under_bf16_autocast(layer.forward)
+
+
+def _under_bf16_autocast(forward):
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+    return run
 
 
 def _moe_kwargs(hf, m) -> dict:  # hf: the language config
