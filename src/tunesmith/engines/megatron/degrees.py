@@ -115,10 +115,15 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
 _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
 
 
+_NEEDS_FUSED_NORM = ("megatron-core's torch-native norm (the local layer spec without Apex, which this engine runs) "
+                     "refuses sequence parallelism: it needs Transformer Engine's or Apex's norm layers")
+
+
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
-    """What this release's Megatron engine does not run yet, each with the alternative: tensor (TP), pipeline (PP)
-    and data parallelism run for dense language and vision-language models (full fine-tuning and LoRA); expert,
-    sequence and virtual-pipeline parallelism, and TP/PP for mixture-of-experts models are named."""
+    """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP),
+    pipeline (PP) and data parallelism run for dense language and vision-language models (full fine-tuning and
+    LoRA), data parallelism for mixture-of-experts models; expert, sequence and virtual-pipeline parallelism, and
+    TP/PP for mixture-of-experts models are named."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
@@ -127,14 +132,19 @@ def unavailable_problems(m, model: ModelFacts) -> list[str]:
         problems.append(f"expert_model_parallel_size: {m.expert_model_parallel_size} is not available yet; use 1 "
                         f"(the experts data-parallel), or {_FSDP2}")
     if m.sequence_parallel:
-        problems.append("sequence_parallel: true is not available yet (megatron-core's sequence-parallel "
-                        "communication runs on CUDA only, untested here); set sequence_parallel: false")
+        problems.append(f"sequence_parallel: true cannot run here: {_NEEDS_FUSED_NORM}, and neither is used; set "
+                        "sequence_parallel: false (tensor parallelism runs without it)")
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    split = " and ".join(f"{key}: {value}" for key, value in (("tensor_model_parallel_size", tp),
-                                                              ("pipeline_model_parallel_size", pp)) if value > 1)
-    if split and model.num_experts:
-        problems.append(f"a mixture-of-experts model with {split} is not available yet (it runs data-parallel, both "
-                        f"degrees 1); use tensor and pipeline degree 1, or {_FSDP2}")
+    if model.num_experts and tp > 1:
+        problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} cannot run here: "
+                        "megatron-core trains MoE layers under tensor parallelism only with sequence parallelism, and "
+                        f"{_NEEDS_FUSED_NORM}; use tensor_model_parallel_size: 1 (the model runs data-parallel), or "
+                        f"{_FSDP2}")
+    if model.num_experts and pp > 1:
+        problems.append(f"a mixture-of-experts model with pipeline_model_parallel_size: {pp} is not available yet "
+                        "(transformers' router load-balancing loss is one function of every layer's router logits, "
+                        "which pipeline stages hold apart); use pipeline_model_parallel_size: 1 (the model runs "
+                        f"data-parallel), or {_FSDP2}")
     return problems
 
 
