@@ -3,7 +3,9 @@ from the same initialisation and data (packing and gradient accumulation on), ch
 a final model plain transformers loads with the single engine's weights, and DPO with a frozen reference. Skipped without megatron-core."""
 
 import math
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,6 +184,41 @@ def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single
     assert (ckpt / "engine_state_tp0_pp0.pt").exists() and (ckpt / "engine_state_tp1_pp0.pt").exists()
     cli("train", *tp2, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(tp)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_path, monkeypatch):
+    """Qwen3-MoE with expert_model_parallel_size=2 on 2 gloo processes: each rank holds half of the experts and reads
+    its own micro-batches (data-parallel otherwise). Unpacked rows of different lengths, so the ranks' token counts
+    differ and the MoE layer pads them equal. The same run as with the experts data-parallel (EP=1, DP=2): losses,
+    router loss (padding left out of its statistics) and saved weights; the single engine's losses (its router
+    statistics are over two rows per micro-batch, so its weights differ slightly); one engine state per
+    expert-parallel rank, and a checkpoint that resumes exactly. megatron-core's dispatcher allocates on CUDA;
+    tests/megatron_cpu_comms makes that the CPU for these processes."""
+    from test_distributed import _two_ranks
+
+    moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe").replace("neat_packing=true", "packing=false")
+           for c in TWO_RANKS]
+    single, dp2, ep2, resumed = (tmp_path / name for name in ("single", "dp2", "ep2", "resumed"))
+    cli("train", *moe, "per_device_train_batch_size=2", "backend=single", "save_strategy=no", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[1] / "megatron_cpu_comms"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    keys = [*moe, "per_device_train_batch_size=1"]
+    cli("train", *keys, "save_strategy=no", f"output_dir={dp2}", env=MCA)
+    keys.append("expert_model_parallel_size=2")
+    proc = cli("train", *keys, "save_steps=2", f"output_dir={ep2}", env=MCA)
+    assert "TP=1 PP=1 EP=2 DP=2" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert len(_losses(ep2)) == 4 and _losses(ep2) == pytest.approx(_losses(dp2), rel=1e-6)
+    aux = [[m["aux_loss"] for m in metrics(out) if "aux_loss" in m] for out in (ep2, dp2)]
+    assert len(aux[0]) == 4 and aux[0] == pytest.approx(aux[1], rel=1e-6)
+    assert _losses(ep2) == pytest.approx(_losses(single), rel=1e-4)
+    _same_weights(ep2, dp2)
+    ckpt = ep2 / "checkpoint-2"
+    assert sorted(p.name for p in ckpt.glob("engine_state*")) == ["engine_state_tp0_pp0_ep0.pt",
+                                                                  "engine_state_tp0_pp0_ep1.pt"]
+    cli("train", *keys, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(ep2)[2:], rel=1e-6)
 
 
 @pytest.mark.slow

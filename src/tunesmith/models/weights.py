@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from pathlib import Path
+
+import torch
 
 from ..errors import TunesmithError
 
 _ADAPTER = "adapter_model.safetensors"
+# one expert's projection as save_pretrained writes it: <layer>.mlp.experts.<i>.<gate_proj|up_proj|down_proj>.weight
+_PER_EXPERT = re.compile(r"^(?P<experts>.*\.experts\.)(?P<index>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
 
 
 def read_safetensors(file: Path) -> dict:
@@ -43,6 +49,7 @@ def load_model_weights(model, ckpt: Path) -> None:
 
         set_peft_model_state_dict(model, state)
         return
+    state = with_fused_experts(state, model.state_dict().keys())
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied]
@@ -55,6 +62,7 @@ def weights_by_model_key(model, model_keys, ckpt: Path) -> dict:
     adapter name out of its keys; it is put back), for engines that load a full state dict themselves."""
     state, is_adapter = checkpoint_tensors(ckpt)
     keys = set(model_keys)
+    state = with_fused_experts(state, keys)
     names = list(getattr(model, "peft_config", {}) or {}) if is_adapter else []
     by_saved = {}
     for key in keys:
@@ -71,4 +79,30 @@ def weights_by_model_key(model, model_keys, ckpt: Path) -> dict:
             out[key] = value
     if unexpected or not out:
         raise TunesmithError(f"checkpoint {ckpt} does not match the model: unexpected {unexpected[:5]}")
+    return out
+
+
+def with_fused_experts(state: dict, model_keys) -> dict:
+    """`state` with each MoE layer's per-expert projections fused as the model holds them. transformers 5 keeps a
+    layer's experts as two tensors (experts.gate_up_proj [E, 2I, H]: each expert's gate rows then its up rows;
+    experts.down_proj [E, H, I]), fuses the published per-expert weights when it loads a checkpoint, and splits them
+    again in save_pretrained, so a checkpoint it saved (Qwen3-MoE, DeepSeek-V3, GLM-4.5) reads back only fused.
+    Other tensors, and a layer whose experts are not all there, are left as they are."""
+    keys = set(model_keys)
+    layers: dict = defaultdict(lambda: defaultdict(dict))
+    out = {}
+    for name, tensor in state.items():
+        match = _PER_EXPERT.match(name)
+        if match and match["experts"] + "gate_up_proj" in keys and match["experts"] + "down_proj" in keys:
+            layers[match["experts"]][match["part"]][int(match["index"])] = tensor
+        else:
+            out[name] = tensor
+    for experts, parts in layers.items():
+        count = len(parts["down_proj"])
+        if any(sorted(parts[part]) != list(range(count)) for part in ("gate_proj", "up_proj", "down_proj")):
+            out.update({f"{experts}{i}.{part}.weight": t for part, by_index in parts.items() for i, t in by_index.items()})
+            continue
+        out[experts + "gate_up_proj"] = torch.stack([torch.cat([parts["gate_proj"][i], parts["up_proj"][i]])
+                                                     for i in range(count)])
+        out[experts + "down_proj"] = torch.stack([parts["down_proj"][i] for i in range(count)])
     return out

@@ -133,3 +133,26 @@ def test_pipeline_stages_hold_their_layers_under_their_own_names_and_give_them_b
     back = {**model_names(first, stage_layers(2, 2, 0)), **model_names(last, stage_layers(2, 2, 1))}
     hf = family_map(model.config).to_hf(back, model.config)
     assert set(hf) == set(model.state_dict()) and all(torch.equal(hf[k], v) for k, v in model.state_dict().items())
+
+
+def test_expert_parallel_ranks_hold_their_block_of_experts_numbered_from_zero_and_give_them_back():
+    full = {f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.linear_fc1.weight": torch.full((2,), 10.0 * layer + e)
+            for layer in (0, 1) for e in range(4)}
+    full["decoder.layers.0.mlp.router.weight"] = torch.zeros(4, 2)
+    ranks = [shards.local_experts(full, 2, rank, 4) for rank in (0, 1)]
+    assert sorted(ranks[1]) == ["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+                                "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight",
+                                "decoder.layers.0.mlp.router.weight",
+                                "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight",
+                                "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight"]
+    assert ranks[1]["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"][0] == 12  # global expert 2
+    back = {}
+    for rank, local in enumerate(ranks):
+        back.update(shards.global_experts(local, rank, 2))
+    assert back.keys() == full.keys() and all(torch.equal(back[k], full[k]) for k in full)
+
+
+def test_megatron_collectives_can_allocate_only_where_cuda_is():
+    from tunesmith.engines.megatron.runtime import collectives_can_allocate
+
+    assert collectives_can_allocate() == torch.cuda.is_available()

@@ -60,7 +60,8 @@ def _log_unsharded_optimizer(m) -> None:
 
 
 def _degrees(m) -> str:
-    return f"TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} DP={dist.data_world()}"
+    experts = f" EP={m.expert_model_parallel_size}" if m.expert_model_parallel_size > 1 else ""
+    return f"TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size}{experts} DP={dist.data_world()}"
 
 
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
@@ -73,7 +74,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .lora import adapted_parts, add_lora, megatron_targets
     from .parallel import register_data_parallel
     from .rotary import RotaryAngles
-    from .runtime import has_transformer_engine, init_model_parallel, require_megatron
+    from .runtime import collectives_can_allocate, has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
     from .weights import family_map, language_config
 
@@ -91,6 +92,10 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
     check_available(cfg.megatron, facts)
+    if cfg.megatron.expert_model_parallel_size > 1 and not collectives_can_allocate():
+        raise TunesmithError(f"expert_model_parallel_size: {cfg.megatron.expert_model_parallel_size} needs CUDA GPUs "
+                             "(megatron-core's token dispatcher allocates its all-gathers there); use "
+                             "expert_model_parallel_size: 1 on the CPU (the experts data-parallel)")
     if cfg.megatron.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")

@@ -134,14 +134,14 @@ def layer_spec(config):
 
 
 def _with_hf_router(moe_builder):
-    """The local spec's MoE layer (a partial of MoELayer with its MoESubmodules) with moe.py's HFRouter."""
+    """The local spec's MoE layer (a partial of MoELayer with its MoESubmodules) as moe.py's EqualTokensMoELayer
+    with its HFRouter."""
     import dataclasses
-    import functools
 
-    from .moe import HFRouter
+    from .moe import EqualTokensMoELayer, HFRouter
 
     submodules = dataclasses.replace(moe_builder.keywords["submodules"], router=HFRouter)
-    return functools.partial(moe_builder.func, *moe_builder.args, **{**moe_builder.keywords, "submodules": submodules})
+    return functools.partial(EqualTokensMoELayer, *moe_builder.args, **{**moe_builder.keywords, "submodules": submodules})
 
 
 def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = False):

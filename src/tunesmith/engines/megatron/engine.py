@@ -34,7 +34,8 @@ from ..optim import realign_schedule
 from .lora import (adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron,
                    lora_weight_name, tower_adapters)
 from .moe import RouterBalancing
-from .parallel import (dp_rank, gathered, grad_norm, local_shards, model_layers, reduce_gradients, stages_gathered,
+from .parallel import (ep_rank, ep_size, experts_gathered, gathered, grad_norm, local_shards, model_layers,
+                       reduce_gradients, stages_gathered, writes_engine_state,
                        tp_rank, tp_size)
 from .shards import shard
 from .schedule import forward_values, run_forward_backward
@@ -67,7 +68,7 @@ def load_hf_state(model, hf_state: dict, hf_config) -> None:
         mapped["score.weight"] = hf_state["score.weight"]
     mapped = stage_state(mapped, model_layers(model), first=model.pre_process, last=model.post_process,
                          tied=model.tied_across_stages)
-    mapped = local_shards(mapped, model.vocab_size)
+    mapped = local_shards(mapped, model.vocab_size, model.config.num_moe_experts or 0)
     ours = megatron_state(model)
     missing = sorted(set(ours) - set(mapped))
     unexpected = sorted(set(mapped) - set(ours))
@@ -87,7 +88,8 @@ def hf_state_of(model, hf_config) -> dict | None:
     tensor-parallel shards and the pipeline stages gathered (collective; over pipeline stages the whole state is
     on global rank 0 only, None elsewhere)."""
     state = {k: gathered(k, v, model.hf_vocab_size) for k, v in megatron_state(model).items()}
-    state = stages_gathered(model_names(state, model_layers(model)))
+    state = experts_gathered(model_names(state, model_layers(model)), model.config.num_moe_experts or 0)
+    state = stages_gathered(state)
     if state is None:
         return None
     hf = family_map(hf_config).to_hf(state, hf_config)
@@ -146,7 +148,7 @@ class MegatronEngine:
     def save(self, path: Path) -> None:
         """The optimizer and schedule of this rank's shards (the data-parallel replicas hold the same: the first
         writes them)."""
-        if dp_rank() == 0:
+        if writes_engine_state():
             write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                              Path(path) / engine_state_file())
 
@@ -199,14 +201,15 @@ class MegatronEngine:
 
 
 def engine_state_file() -> str:
-    """engine_state.pt on one process; over several, one file per tensor/pipeline-parallel position (the
+    """engine_state.pt on one process; over several, one file per tensor/pipeline(/expert)-parallel position (the
     optimizer state of that position's shards)."""
     from megatron.core import parallel_state as ps
 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    if tp * pp == 1:
+    if tp * pp * ep_size() == 1:
         return "engine_state.pt"
-    return f"engine_state_tp{ps.get_tensor_model_parallel_rank()}_pp{ps.get_pipeline_model_parallel_rank()}.pt"
+    experts = f"_ep{ep_rank()}" if ep_size() > 1 else ""
+    return f"engine_state_tp{ps.get_tensor_model_parallel_rank()}_pp{ps.get_pipeline_model_parallel_rank()}{experts}.pt"
 
 
 def engine_state_path(folder: Path) -> Path:

@@ -13,6 +13,12 @@ train with. The engine therefore:
 - records each layer's logits during a training forward (`recorded_router_logits`) and computes
   transformers' load_balancing_loss_func over them (models/forward.py), which the loss adds with the
   model's router_aux_loss_coef and logs as `aux_loss`, as on the single engine.
+
+Under expert parallelism the all-gather dispatcher gathers every expert-parallel rank's tokens, which
+must be as many on each (an all-gather of equal shards); the ranks are data-parallel replicas reading
+different micro-batches, so `EqualTokensMoELayer` pads a rank's tokens with zero rows up to the most any
+rank holds, and cuts its output back. Padding rows route like any token (no capacity, no dropping:
+real tokens' outputs do not depend on them) and are left out of the recorded router logits.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
 
 from ...models.forward import load_balancing_loss, router_aux_loss_coef
@@ -32,12 +39,35 @@ class HFRouter(TopKRouter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.recorded: list | None = None  # a list while recorded_router_logits is active
+        self.real_tokens: int | None = None  # set by EqualTokensMoELayer while padding rows follow the real ones
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         logits = F.linear(input, self.weight, self.bias)
-        if self.recorded is not None:
-            self.recorded.append(logits.reshape(-1, logits.shape[-1]))  # [tokens, experts], as transformers'
+        if self.recorded is not None:  # [tokens, experts], as transformers'
+            self.recorded.append(logits.reshape(-1, logits.shape[-1])[:self.real_tokens])
         return logits
+
+
+class EqualTokensMoELayer(MoELayer):
+    """megatron-core's MoE layer whose token count is the same on every expert-parallel rank (module docstring);
+    with one expert-parallel rank, megatron-core's own."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        group = self.token_dispatcher.tp_ep_group
+        if group is None or group.size() == 1:
+            return super().forward(hidden_states, *args, **kwargs)
+        length, rows, width = hidden_states.shape
+        tokens = length * rows
+        most = torch.tensor([tokens], device=hidden_states.device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX, group=group)
+        padded = torch.cat([hidden_states.reshape(tokens, 1, width),
+                            hidden_states.new_zeros(int(most) - tokens, 1, width)])
+        self.router.real_tokens = tokens
+        try:
+            output, bias = super().forward(padded, *args, **kwargs)
+        finally:
+            self.router.real_tokens = None
+        return output[:tokens].reshape(length, rows, width), bias
 
 
 @contextlib.contextmanager

@@ -6,12 +6,16 @@ everything that happens outside a forward is the engine's, here:
     vocabulary tables padded with zero rows to a size the degree divides (shards.py);
   - weights out: the shards gathered back, the padding cut off, every pipeline stage's weights brought to the
     rank that writes the checkpoint;
+  - experts (expert parallelism): each expert-parallel rank holds its block of the experts, loads only those
+    and brings them to the first at save;
   - gradients: summed over the data-parallel group (each rank's loss is already divided by the normaliser of
-    the whole step over every data-parallel rank, so the sum is the step's gradient), a replicated weight
+    the whole step over every data-parallel rank, so the sum is the step's gradient), an expert's over the
+    expert-data-parallel group (the ranks that hold the same experts) instead, a replicated weight
     that each tensor-parallel rank applies to its own heads only (Qwen3's query/key norms) over that group,
     and a tied embedding's two copies on the first and last pipeline stage over those two;
   - the gradient norm for clipping: over every shard once (a replicated weight's gradient, the same on every
-    tensor-parallel rank, counted on one), whatever the degrees.
+    tensor-parallel rank, counted on one; each expert on the expert-parallel rank that holds it), whatever the
+    degrees.
 megatron-core's own DistributedDataParallel and clip_grads would do the last two, but they allocate on CUDA;
 these run on the CPU (gloo) and on GPUs alike.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from .shards import pad_vocabulary, shard, split_of, unpad_vocabulary, unshard
+from .shards import global_experts, local_experts, pad_vocabulary, shard, split_of, unpad_vocabulary, unshard
 
 _BUCKET_BYTES = 256 * 2**20  # gradients all-reduced in flat buckets of about this size
 
@@ -48,6 +52,28 @@ def dp_rank() -> int:
     return _state().get_data_parallel_rank()
 
 
+def ep_size() -> int:
+    return _state().get_expert_model_parallel_world_size()
+
+
+def ep_rank() -> int:
+    return _state().get_expert_model_parallel_rank()
+
+
+def is_expert(param) -> bool:
+    """An expert's weight under expert parallelism (megatron-core marks it: no all-reduce over data parallelism)."""
+    return not getattr(param, "allreduce", True)
+
+
+def writes_engine_state() -> bool:
+    """Whether this rank writes its position's optimizer state: the first of the replicas that hold the same
+    shards (data-parallel ranks; under expert parallelism the expert-data-parallel ranks, which hold the same
+    experts)."""
+    if ep_size() > 1:
+        return _state().get_expert_data_parallel_rank() == 0
+    return dp_rank() == 0
+
+
 def register_data_parallel() -> None:
     """Tell the loop which ranks read different data: megatron-core's data-parallel group (dist.py)."""
     from ... import dist
@@ -57,9 +83,11 @@ def register_data_parallel() -> None:
         dist.set_data_parallel(state.get_data_parallel_group(), dp_rank(), dp_size())
 
 
-def local_shards(full: dict, padded_vocab_size: int) -> dict:
-    """This rank's slices of the full megatron-core weights `full`; the vocabulary tables are padded to the
-    model's `padded_vocab_size` first (build_gpt's)."""
+def local_shards(full: dict, padded_vocab_size: int, num_experts: int = 0) -> dict:
+    """This rank's slices of the full megatron-core weights `full`: its experts, and its tensor-parallel shards with
+    the vocabulary tables padded to the model's `padded_vocab_size` first (build_gpt's)."""
+    if ep_size() > 1:
+        full = local_experts(full, ep_size(), ep_rank(), num_experts)
     tp, rank = tp_size(), tp_rank()
     if tp == 1:
         return full
@@ -77,6 +105,18 @@ def gathered(name: str, tensor: torch.Tensor, vocab_size: int) -> torch.Tensor:
         tdist.all_gather(pieces, tensor, group=_state().get_tensor_model_parallel_group())
         tensor = unshard(name, [p.cpu() for p in pieces])
     return unpad_vocabulary(name, tensor.cpu(), vocab_size)
+
+
+def experts_gathered(state: dict | None, num_experts: int) -> dict | None:
+    """Every expert of the state (by megatron-core name, tensor-parallel shards already gathered) on the first
+    expert-parallel rank, under its global number; None on the others."""
+    if ep_size() == 1 or state is None:
+        return state
+    group, size = _state().get_expert_model_parallel_group(), ep_size()
+    mine = global_experts(state, ep_rank(), num_experts // size)
+    parts = [None] * size if ep_rank() == 0 else None
+    tdist.gather_object(mine, parts, dst=tdist.get_global_rank(group, 0), group=group)
+    return {name: tensor for part in parts for name, tensor in part.items()} if parts else None
 
 
 def _buckets(grads: list) -> list[list]:
@@ -99,12 +139,20 @@ def _sum_in_place(grads: list, group) -> None:
 
 
 def sum_over_data_parallel(params: list) -> None:
-    """Every gradient summed over the data-parallel group, in flat buckets. A parameter without a gradient on some
-    ranks (a vision tower no image reached there) takes zeros there; one without a gradient on every rank keeps
-    none, so the optimizer skips it as it would on one process."""
-    if dp_size() == 1:
+    """Every gradient summed over the data-parallel group (an expert's under expert parallelism: over the
+    expert-data-parallel group), in flat buckets."""
+    experts = [p for p in params if is_expert(p)]
+    _sum_over(_state().get_data_parallel_group(), [p for p in params if not is_expert(p)])
+    if experts:
+        _sum_over(_state().get_expert_data_parallel_group(), experts)
+
+
+def _sum_over(group, params: list) -> None:
+    """Every gradient summed over `group`. A parameter without a gradient on some ranks (a vision tower no image
+    reached there) takes zeros there; one without a gradient on every rank keeps none, so the optimizer skips it as
+    it would on one process."""
+    if tdist.get_world_size(group) == 1:
         return
-    group = _state().get_data_parallel_group()
     device = params[0].device if params else torch.device("cpu")
     present = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)
     tdist.all_reduce(present, op=tdist.ReduceOp.MAX, group=group)
@@ -174,13 +222,20 @@ def _counted_here(param) -> bool:
 
 
 def grad_norm(params: list) -> torch.Tensor:
-    """The 2-norm of the whole model's gradient (every shard of every stage once), the same on every rank."""
+    """The 2-norm of the whole model's gradient (every shard of every stage once, every expert once), the same on
+    every rank."""
     group = _state().get_model_parallel_group()
-    if tdist.get_world_size(group) == 1:
+    if tdist.get_world_size(group) == 1 and ep_size() == 1:
         return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    grads = [p.grad for p in params if p.grad is not None and _counted_here(p)]
     device = params[0].device if params else torch.device("cpu")
-    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
-    squares = (norm.float() ** 2).reshape(1)
+    experts = _squares([p for p in params if is_expert(p)], device)
+    if ep_size() > 1:
+        tdist.all_reduce(experts, group=_state().get_expert_model_parallel_group())
+    squares = (_squares([p for p in params if not is_expert(p)], device) + experts).reshape(1)
     tdist.all_reduce(squares, group=group)
     return squares[0].sqrt()
+
+
+def _squares(params: list, device) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None and _counted_here(p)]
+    return torch.nn.utils.get_total_norm(grads).float() ** 2 if grads else torch.zeros((), device=device)

@@ -34,6 +34,17 @@ def has_transformer_engine() -> bool:
         return False
 
 
+def collectives_can_allocate() -> bool:
+    """Whether megatron-core's collective helpers can allocate their outputs: they do so on
+    torch.cuda.current_device(), so on a CUDA machine (and on the CPU only under the tests' shim,
+    tests/megatron_cpu_comms)."""
+    try:
+        torch.empty(0, device=torch.cuda.current_device())
+    except (RuntimeError, AssertionError):
+        return False
+    return True
+
+
 def init_model_parallel(m, seed: int, device: torch.device) -> None:
     """megatron-core's parallel groups for the degrees of `m` (torch.distributed is already initialised:
     engines.needs_process_group), and its tensor-parallel RNG streams on CUDA."""

@@ -27,6 +27,7 @@ _VOCABULARY = ("word_embeddings.weight", "output_layer.weight")
 # every rank
 _HF_MODULES = ("visual.",)
 _LORA = re.compile(r"\.lora_([AB])\.weight$")
+_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
@@ -109,3 +110,27 @@ def shard_state(full: dict, tp: int, rank: int) -> dict:
 
 def unshard_states(per_rank: list[dict]) -> dict:
     return {name: unshard(name, [state[name] for state in per_rank]) for name in per_rank[0]}
+
+
+def _renumbered(name: str, match, index: int) -> str:
+    return name[:match.start(1)] + str(index) + name[match.end(1):]
+
+
+def local_experts(full: dict, ep: int, rank: int, num_experts: int) -> dict:
+    """Expert-parallel rank `rank`'s part of the full state: its block of num_experts / ep experts, numbered from 0
+    as megatron-core's SequentialMLP numbers its local experts; every other weight whole."""
+    per_rank = num_experts // ep
+    out = {}
+    for name, tensor in full.items():
+        match = _EXPERT.search(name)
+        if match is None:
+            out[name] = tensor
+        elif rank * per_rank <= int(match.group(1)) < (rank + 1) * per_rank:
+            out[_renumbered(name, match, int(match.group(1)) - rank * per_rank)] = tensor
+    return out
+
+
+def global_experts(local: dict, rank: int, per_rank: int) -> dict:
+    """The inverse of local_experts for one rank: its experts under their global numbers (others as they are)."""
+    return {(_renumbered(name, match, int(match.group(1)) + rank * per_rank)
+             if (match := _EXPERT.search(name)) else name): tensor for name, tensor in local.items()}
