@@ -1,6 +1,7 @@
 """Two GPUs (issue 19): the Megatron engine with TP=2, PP=2 and DP=2 against FSDP2 on the same two GPUs, same
 Hugging Face initialisation and data, 20 optimiser steps of full SFT in bf16: every step's loss within 1% relative;
-for a Qwen3 text shape and for test_megatron_parity's Qwen3-VL shape (every part trained, mllm_demo).
+for a Qwen3 text shape, for test_megatron_parity's Qwen3-VL shape (every part trained, mllm_demo), and for its
+Qwen3-MoE shape with expert parallelism (EP=2) and with the experts data-parallel (DP=2).
 
 The model and data are test_megatron_parity.py's (a random-initialised Qwen3 of the 1.7B shape cut to 4 layers,
 alpaca_demo's 400 samples), unpacked here: packed, the demo fills about 13 rows of 1024 tokens, so every epoch
@@ -25,8 +26,8 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_parity import (COMMON, DRY_RUN, STEPS, VL_COMMON, _init_model, _init_vl_model,  # noqa: E402
-                                  _train)  # (skips without CUDA)
+from test_megatron_parity import (COMMON, DRY_RUN, REPO, STEPS, VL_COMMON, _init_model,  # noqa: E402
+                                  _init_moe_model, _init_vl_model, _train)  # (skips without CUDA)
 
 if not DRY_RUN and torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
@@ -43,14 +44,22 @@ LAYOUTS = {  # 8 samples per optimiser step in each
     "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),
 }
+MOE_LAYOUTS = {
+    "ep2": ("expert_model_parallel_size=2", "per_device_train_batch_size=2"),
+    "dp2": ("per_device_train_batch_size=2",),
+}
 REPORT: dict = {}
 VL_REPORT: dict = {}
+MOE_REPORT: dict = {}
 
 
 def _two_processes(port: int) -> dict:
-    # NVLink multicast stays off on the shared machines (their KINDS.md)
+    # NVLink multicast stays off on the shared machines (their KINDS.md); the dry run's CPU processes get the
+    # shim that lets megatron-core's expert-parallel collectives allocate there
+    shim = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "megatron_cpu_comms"),
+                                           os.environ.get("PYTHONPATH", "")])} if DRY_RUN else {}
     return {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(port), "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", **shim}
 
 
 def _fsdp2_reference(tmp_path_factory, name: str, init, common: list, port: int, report: dict):
@@ -63,12 +72,13 @@ def _fsdp2_reference(tmp_path_factory, name: str, init, common: list, port: int,
     return model, folder, losses
 
 
-def _megatron_matches(reference, layout: str, common: list, port: int, report: dict, out_env: str, label: str):
-    """The Megatron engine in `layout` from FSDP2's folder: every step's loss within 1% relative of FSDP2's; the
-    report to stdout and to the file `out_env` names."""
+def _megatron_matches(reference, layout: str, common: list, port: int, report: dict, out_env: str, label: str,
+                      layouts: dict = LAYOUTS):
+    """The Megatron engine in `layout` (of `layouts`) from FSDP2's folder: every step's loss within 1% relative of
+    FSDP2's; the report to stdout and to the file `out_env` names."""
     model, folder, expected = reference
-    losses, seconds = _train(model, folder / layout, "backend=megatron", *LAYOUTS[layout], *EXTRA,
-                             env=_two_processes(port + sorted(LAYOUTS).index(layout)), common=common)
+    losses, seconds = _train(model, folder / layout, "backend=megatron", *layouts[layout], *EXTRA,
+                             env=_two_processes(port + sorted(layouts).index(layout)), common=common)
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, expected)]
     report[layout] = {"losses": losses, "seconds": seconds, "rel_diff": rel, "max_rel_diff": max(rel),
                       "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
@@ -103,3 +113,17 @@ def test_megatron_qwen3_vl_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2_vl, layo
     """Qwen3-VL: the vision tower on the first pipeline stage (its deepstack layers too) or whole on both
     tensor-parallel ranks; MEGATRON_MULTI_GPU_VL_OUT=<file.json> writes the report."""
     _megatron_matches(fsdp2_vl, layout, VL_PER_RANK, 29622, VL_REPORT, "MEGATRON_MULTI_GPU_VL_OUT", "qwen3_vl")
+
+
+@pytest.fixture(scope="module")
+def fsdp2_moe(tmp_path_factory):
+    """test_megatron_parity's Qwen3-MoE folder (4 layers, 32 experts, top-8) and FSDP2's losses, once."""
+    return _fsdp2_reference(tmp_path_factory, "qwen3_moe", _init_moe_model, PER_RANK, 29631, MOE_REPORT)
+
+
+@pytest.mark.parametrize("layout", sorted(MOE_LAYOUTS))
+def test_megatron_qwen3_moe_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2_moe, layout):
+    """Qwen3-MoE: half of the experts on each GPU (EP=2, megatron-core's all-gather dispatcher), or every expert on
+    both (DP=2); MEGATRON_MULTI_GPU_MOE_OUT=<file.json> writes the report."""
+    _megatron_matches(fsdp2_moe, layout, PER_RANK, 29632, MOE_REPORT, "MEGATRON_MULTI_GPU_MOE_OUT", "qwen3_moe",
+                      MOE_LAYOUTS)
