@@ -109,15 +109,19 @@ def _open_stream(server):
 
 
 def test_requests_beyond_max_concurrent_wait_and_beyond_the_queue_get_429(tokenizer):
-    engine, live = _serve(tokenizer, ["a", "b", "c"], max_concurrent=1, max_queue=1)
-    with live as server:
+    engine = ScriptedEngine(tokenizer, ["a", "b", "c"])
+    app = create_app(engine, Settings(max_concurrent=1, max_queue=1))
+    with LiveServer(app) as server:
         engine.hold.set()
         client, first = _open_stream(server)
         waiting: dict = {}
         queued = threading.Thread(target=lambda: waiting.update(reply=server.client().chat.completions.create(
             model="scripted", messages=HI)))
         queued.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30  # the second request is in the queue (however loaded the machine)
+        while app.state.routes.limiter.waiting < 1:
+            assert time.monotonic() < deadline and queued.is_alive()
+            time.sleep(0.02)
         with pytest.raises(openai.RateLimitError) as err:
             server.client().chat.completions.create(model="scripted", messages=HI)
         assert err.value.code == "server_busy"
