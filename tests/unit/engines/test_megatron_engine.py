@@ -263,3 +263,17 @@ def test_moe_logits_and_router_loss_equal_the_single_engines(world_of_one, norm_
     with torch.no_grad():  # outside the context nothing is recorded
         lm_forward(model, batch, RotaryAngles.of(hf))
     assert len(router_logits) == 2
+
+
+def test_sequence_parallel_runs_as_plain_tensor_parallelism_and_says_so(caplog):
+    """megatron-core's torch-native norm asserts sequence parallelism off (it needs Transformer Engine's or Apex's
+    norms): `sequence_parallel: true` (LLaMA-Factory's Qwen2-VL Megatron example) runs as tensor parallelism without
+    it, the same numbers, and one warning says so."""
+    from tunesmith.engines.megatron.build import log_kernel_fallback
+
+    settings = MegatronConfig(tensor_model_parallel_size=2, sequence_parallel=True)
+    hf = _hf(transformers.Qwen3Config)
+    assert transformer_config(hf.config, settings, params_dtype=torch.float32).sequence_parallel is False
+    with caplog.at_level("WARNING", logger="tunesmith"):
+        log_kernel_fallback(settings, has_te=False)
+    assert "sequence_parallel: true accepted without effect" in caplog.text

@@ -31,6 +31,10 @@ def log_kernel_fallback(m, has_te: bool) -> None:
         "Transformer Engine is not installed"
     tail = f"; {', '.join(asked)} run unfused" if asked else ""
     log.info("Megatron: %s: megatron-core's local (torch-native) layer spec%s", where, tail)
+    if m.sequence_parallel:
+        log.warning("Megatron: sequence_parallel: true accepted without effect: megatron-core's torch-native norm "
+                    "cannot shard along the sequence (that needs Transformer Engine's or Apex's norms); tensor "
+                    "parallelism runs without it: the same numbers, more activation memory per GPU")
 
 
 def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
@@ -46,7 +50,9 @@ def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
                 virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
                 context_parallel_size=m.context_parallel_size,
                 expert_model_parallel_size=m.expert_model_parallel_size,
-                sequence_parallel=m.sequence_parallel, **pipeline)
+                # megatron-core's torch-native norm (the local spec without Apex) asserts sequence parallelism off;
+                # sequence_parallel: true runs as plain tensor parallelism, the same numbers (log_kernel_fallback)
+                sequence_parallel=False, **pipeline)
 
 
 def _recompute_kwargs(m, num_layers: int) -> dict:

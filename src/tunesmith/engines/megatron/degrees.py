@@ -122,15 +122,13 @@ _NEEDS_FUSED_NORM = ("megatron-core's torch-native norm (the local layer spec wi
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP),
     pipeline (PP) and data parallelism run for dense language and vision-language models (full fine-tuning and
-    LoRA), data and expert parallelism for mixture-of-experts models; sequence and virtual-pipeline parallelism,
-    and TP/PP for mixture-of-experts models are named."""
+    LoRA), data and expert parallelism for mixture-of-experts models; virtual-pipeline parallelism and TP/PP for
+    mixture-of-experts models are named. sequence_parallel is accepted and runs as tensor parallelism without it
+    (build._parallel_kwargs)."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
                         f"it (pipeline_model_parallel_size runs 1F1B on GPUs), or {_FSDP2}")
-    if m.sequence_parallel:
-        problems.append(f"sequence_parallel: true cannot run here: {_NEEDS_FUSED_NORM}, and neither is used; set "
-                        "sequence_parallel: false (tensor parallelism runs without it)")
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     if model.num_experts and tp > 1:
         problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} cannot run here: "
