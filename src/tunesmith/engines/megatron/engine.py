@@ -88,6 +88,7 @@ def hf_state_of(model, hf_config) -> dict | None:
     tensor-parallel shards and the pipeline stages gathered (collective; over pipeline stages the whole state is
     on global rank 0 only, None elsewhere)."""
     state = {k: gathered(k, v, model.hf_vocab_size) for k, v in megatron_state(model).items()}
+    # (expert parallelism runs with one pipeline stage, degrees.py: stages_gathered passes its None through)
     state = experts_gathered(model_names(state, model_layers(model)), model.config.num_moe_experts or 0)
     state = stages_gathered(state)
     if state is None:
@@ -213,13 +214,14 @@ def engine_state_file() -> str:
 
 
 def engine_state_path(folder: Path) -> Path:
-    """This rank's engine state in `folder`; one written under other tensor/pipeline degrees is refused by name."""
+    """This rank's engine state in `folder`; one written under other tensor/pipeline/expert degrees is refused by
+    name."""
     path = folder / engine_state_file()
     if not path.exists() and any(folder.glob("engine_state*.pt")):
         found = sorted(p.name for p in folder.glob("engine_state*.pt"))
-        raise CheckpointError(f"{folder} holds {found}, written under other tensor/pipeline-parallel degrees than "
-                             f"this run's (which reads {path.name}); resume with the degrees it was saved with, "
-                             "or start from its Hugging Face weights (model_name_or_path)")
+        raise CheckpointError(f"{folder} holds {found}, written under other tensor/pipeline/expert-parallel degrees "
+                              f"than this run's (which reads {path.name}); resume with the degrees it was saved with, "
+                              "or start from its Hugging Face weights (model_name_or_path)")
     return path
 
 

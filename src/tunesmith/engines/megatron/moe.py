@@ -53,6 +53,7 @@ class EqualTokensMoELayer(MoELayer):
     with one expert-parallel rank, megatron-core's own."""
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        # (the engine passes no padding_mask, which would need the same padding)
         group = self.token_dispatcher.tp_ep_group
         if group is None or group.size() == 1:
             return super().forward(hidden_states, *args, **kwargs)

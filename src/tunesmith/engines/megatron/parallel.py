@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from .shards import global_experts, local_experts, pad_vocabulary, shard, split_of, unpad_vocabulary, unshard
+from .shards import expert_layer, global_experts, local_experts, pad_vocabulary, shard, split_of, unpad_vocabulary, unshard
 
 _BUCKET_BYTES = 256 * 2**20  # gradients all-reduced in flat buckets of about this size
 
@@ -109,14 +109,24 @@ def gathered(name: str, tensor: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def experts_gathered(state: dict | None, num_experts: int) -> dict | None:
     """Every expert of the state (by megatron-core name, tensor-parallel shards already gathered) on the first
-    expert-parallel rank, under its global number; None on the others."""
+    expert-parallel rank, under its global number, with that rank's other weights; None on the others. Only the
+    experts travel, one layer at a time (a whole state in one message would be the model several times over)."""
     if ep_size() == 1 or state is None:
         return state
-    group, size = _state().get_expert_model_parallel_group(), ep_size()
-    mine = global_experts(state, ep_rank(), num_experts // size)
-    parts = [None] * size if ep_rank() == 0 else None
-    tdist.gather_object(mine, parts, dst=tdist.get_global_rank(group, 0), group=group)
-    return {name: tensor for part in parts for name, tensor in part.items()} if parts else None
+    group, size, rank = _state().get_expert_model_parallel_group(), ep_size(), ep_rank()
+    mine = global_experts(state, rank, num_experts // size)
+    by_layer: dict = {}
+    for name in mine:
+        if expert_layer(name) is not None:
+            by_layer.setdefault(expert_layer(name), []).append(name)
+    out = {name: tensor for name, tensor in mine.items() if expert_layer(name) is None} if rank == 0 else None
+    for layer in sorted(by_layer):  # the same layers, in the same order, on every rank
+        parts = [None] * size if rank == 0 else None
+        tdist.gather_object({name: mine[name] for name in by_layer[layer]}, parts,
+                            dst=tdist.get_global_rank(group, 0), group=group)
+        if parts:
+            out.update({name: tensor for part in parts for name, tensor in part.items()})
+    return out
 
 
 def _buckets(grads: list) -> list[list]:
@@ -229,7 +239,7 @@ def grad_norm(params: list) -> torch.Tensor:
         return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     device = params[0].device if params else torch.device("cpu")
     experts = _squares([p for p in params if is_expert(p)], device)
-    if ep_size() > 1:
+    if ep_size() > 1:  # (expert parallelism runs with TP = PP = 1, degrees.py: the next sum adds nothing twice)
         tdist.all_reduce(experts, group=_state().get_expert_model_parallel_group())
     squares = (_squares([p for p in params if not is_expert(p)], device) + experts).reshape(1)
     tdist.all_reduce(squares, group=group)

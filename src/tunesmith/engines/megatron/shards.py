@@ -116,6 +116,12 @@ def _renumbered(name: str, match, index: int) -> str:
     return name[:match.start(1)] + str(index) + name[match.end(1):]
 
 
+def expert_layer(name: str) -> str | None:
+    """The MoE layer (its name up to the experts) of an expert's weight; None for any other weight."""
+    match = _EXPERT.search(name)
+    return name[:match.start()] if match else None
+
+
 def local_experts(full: dict, ep: int, rank: int, num_experts: int) -> dict:
     """Expert-parallel rank `rank`'s part of the full state: its block of num_experts / ep experts, numbered from 0
     as megatron-core's SequentialMLP numbers its local experts; every other weight whole."""
