@@ -67,6 +67,32 @@ def test_megatron_engine_trains_qwen3_moe_with_the_single_engines_losses_and_rou
     assert "model.layers.0.mlp.gate.weight" in _same_weights(mega, single)
 
 
+def test_megatron_lora_on_qwen3_moe_adapts_the_attention_and_refuses_the_experts(tmp_path):
+    """LoRA on an MoE model: the attention projections (the megatron linears), saved as a plain PEFT adapter, resumed
+    exactly; lora_target: all, which adapts the experts and the router through PEFT's 3-D parameters, is refused by
+    name. Its first step (B = 0: the base model) is the single engine's."""
+    lora = [c.replace("tiny:qwen3", "tiny:qwen3_moe") for c in COMMON if c != "finetuning_type=full"] + \
+        ["finetuning_type=lora", "learning_rate=1e-2"]
+    proc = cli("train", *lora, "lora_target=all", "save_strategy=no", f"output_dir={tmp_path / 'all'}", env=MCA,
+               check=False)
+    assert proc.returncode != 0 and "LoRA on a mixture-of-experts model's experts and router" in \
+        re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    attention = [*lora, "lora_target=q_proj,k_proj,v_proj,o_proj"]
+    single, mega, resumed = tmp_path / "single", tmp_path / "megatron", tmp_path / "resumed"
+    cli("train", *attention, "backend=single", "save_strategy=no", f"output_dir={single}")
+    cli("train", *attention, "save_steps=2", f"output_dir={mega}", env=MCA)
+    losses = _losses(mega)
+    assert len(losses) == 4 and losses[0] == pytest.approx(_losses(single)[0], rel=1e-5) and losses[-1] < losses[0]
+    import peft
+    import transformers
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(peft.PeftConfig.from_pretrained(mega).base_model_name_or_path)
+    peft.PeftModel.from_pretrained(base, mega)  # plain PEFT loads it
+    cli("train", *attention, "save_strategy=no", f"output_dir={resumed}",
+        f"resume_from_checkpoint={mega / 'checkpoint-2'}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(losses[2:], rel=1e-6)
+
+
 @pytest.mark.slow
 def test_megatron_engine_trains_dpo_with_a_frozen_reference_as_the_single_engine(tmp_path):
     dpo = [*BASE, "stage=dpo", "dataset=dpo_demo", "finetuning_type=full", "max_samples=32", "logging_steps=1",

@@ -31,8 +31,16 @@ from ...errors import TunesmithError
 
 log = logging.getLogger("tunesmith")
 
-_MOE_LORA = ("finetuning_type: lora for a mixture-of-experts model is not available on backend: megatron yet (full "
-             "fine-tuning is); use finetuning_type: full, or backend: single / fsdp2 for LoRA")
+_MOE_LORA = ("LoRA on a mixture-of-experts model's experts and router (lora_target: all adapts them) is not available "
+             "on backend: megatron; set lora_target: q_proj,k_proj,v_proj,o_proj (the attention, which it adapts), "
+             "or use backend: single / fsdp2 to adapt the experts too")
+
+
+def _check_moe_lora(hf_model) -> None:
+    """An MoE model's LoRA on the megatron engine: the attention projections only (its MLP is the experts and the
+    router, which PEFT adapts through their 3-D parameters)."""
+    if any(".mlp." in name and ".lora_" in name and ".visual." not in name for name, _ in hf_model.named_parameters()):
+        raise TunesmithError(_MOE_LORA)
 
 
 def _check_vision_language(cfg, hf_model) -> None:
@@ -87,7 +95,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         _check_vision_language(cfg, hf_model)
     facts = ModelFacts.of(language_config(hf_config), getattr(hf_config, "vision_config", None))
     if facts.num_experts and cfg.finetune.finetuning_type == "lora":
-        raise TunesmithError(_MOE_LORA)
+        _check_moe_lora(hf_model)
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)

@@ -193,7 +193,7 @@ def lora_state(model) -> dict:
     for i, layer in zip(model_layers(model), model.decoder.layers):
         for linear in FUSED:
             parent_name, attr = linear.split(".")
-            module = getattr(getattr(layer, parent_name), attr)
+            module = getattr(getattr(layer, parent_name), attr, None)  # an MoE layer's MLP has no linear_fc1/2
             if isinstance(module, LoraLinear):
                 out[(i, linear, "A")] = module.lora_A.weight
                 out[(i, linear, "B")] = module.lora_B.weight
