@@ -408,3 +408,17 @@ def test_a_hugging_face_trainer_checkpoint_resumes(tmp_path, caplog):
     with pytest.raises(ckpt.CheckpointError, match=r"optimizer.pt holds pickled objects.*nothing in it was run"):
         train(run_config(tmp_path / "c", max_steps=4, resume_from_checkpoint=str(hf), trust_checkpoint=True))
     assert not marker.exists()
+
+
+def test_a_save_that_fails_for_another_reason_than_the_disk_does_not_blame_the_disk(tmp_path):
+    """A full or read-only disk reaches the save as OSError (or torch's RuntimeError); anything else is a bug in the
+    save, said as such with where it happened, not as "free space"."""
+    (tmp_path / "checkpoint-2").mkdir()
+    try:
+        {}["missing"]
+    except KeyError as err:
+        text = ckpt._save_failure(tmp_path, tmp_path / "checkpoint-4", err)
+    assert "KeyError: 'missing'" in text and "test_checkpoint_faults.py:" in text
+    assert "not in the disk" in text and "free space" not in text
+    disk = ckpt._save_failure(tmp_path, tmp_path / "checkpoint-4", OSError(errno.ENOSPC, "No space left on device"))
+    assert "No space left on device" in disk and "Fix: free space in output_dir" in disk

@@ -241,6 +241,13 @@ def _save_failure(output_dir: Path, final: Path, err: Exception) -> str:
     previous = f"the earlier checkpoint {kept[-1]} is intact" if kept else "no earlier checkpoint exists"
     what = (err.strerror or str(err)) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
     where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
+    if not isinstance(err, (OSError, RuntimeError)):  # not how a full or read-only disk reaches us: a bug
+        import traceback
+
+        frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+        at = f" (at {frame.filename}:{frame.lineno})" if frame else ""
+        return (f"saving {final} failed: {what}{at}; {previous}. This is an error in tunesmith's save, not in the "
+                "disk: please report it with this message")
     try:
         free = f"{shutil.disk_usage(output_dir).free / 2**30:.1f} GiB free there now"
     except OSError:
