@@ -100,7 +100,8 @@ def with_fused_experts(state: dict, model_keys) -> dict:
     for experts, parts in layers.items():
         count = len(parts["down_proj"])
         if any(sorted(parts[part]) != list(range(count)) for part in ("gate_proj", "up_proj", "down_proj")):
-            out.update({f"{experts}{i}.{part}.weight": t for part, by_index in parts.items() for i, t in by_index.items()})
+            out.update({f"{experts}{i}.{part}.weight": tensor
+                        for part, by_index in parts.items() for i, tensor in by_index.items()})
             continue
         out[experts + "gate_up_proj"] = torch.stack([torch.cat([parts["gate_proj"][i], parts["up_proj"][i]])
                                                      for i in range(count)])

@@ -147,7 +147,8 @@ def _with_hf_router(moe_builder):
     from .moe import EqualTokensMoELayer, HFRouter
 
     submodules = dataclasses.replace(moe_builder.keywords["submodules"], router=HFRouter)
-    return functools.partial(EqualTokensMoELayer, *moe_builder.args, **{**moe_builder.keywords, "submodules": submodules})
+    keywords = {**moe_builder.keywords, "submodules": submodules}
+    return functools.partial(EqualTokensMoELayer, *moe_builder.args, **keywords)
 
 
 def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = False):

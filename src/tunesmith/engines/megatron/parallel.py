@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from .shards import expert_layer, global_experts, local_experts, pad_vocabulary, shard, split_of, unpad_vocabulary, unshard
+from .shards import (expert_layer, global_experts, local_experts, pad_vocabulary, shard, split_of, unpad_vocabulary,
+                     unshard)
 
 _BUCKET_BYTES = 256 * 2**20  # gradients all-reduced in flat buckets of about this size
 
