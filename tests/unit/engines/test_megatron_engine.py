@@ -106,8 +106,14 @@ def test_the_engine_refuses_what_it_does_not_run_by_name(world_of_one):
         build_megatron_engine(_engine_config(bf16=True), dense, torch.device("cpu"), 1)
     moe = lambda device, on_meta: transformers.AutoModelForCausalLM.from_config(  # noqa: E731
         transformers.Qwen3MoeConfig(**SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
-    with pytest.raises(TunesmithError, match="finetuning_type: lora for a mixture-of-experts model is not available"):
-        build_megatron_engine(_engine_config(finetuning_type="lora"), moe, torch.device("cpu"), 1)
+    def moe_experts_adapted(device, on_meta):  # what lora_target: all gives: the experts adapted too
+        import peft
+
+        return peft.get_peft_model(moe(device, on_meta), peft.LoraConfig(
+            r=2, target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj"]))
+
+    with pytest.raises(TunesmithError, match="LoRA on a mixture-of-experts model's experts and router"):
+        build_megatron_engine(_engine_config(finetuning_type="lora"), moe_experts_adapted, torch.device("cpu"), 1)
     with pytest.raises(ConfigError, match="expert_model_parallel_size"):
         build_megatron_engine(_engine_config(expert_model_parallel_size=2), moe, torch.device("cpu"), 1)
     with pytest.raises(TunesmithError, match="recompute_granularity: full needs a CUDA GPU"):
