@@ -206,6 +206,10 @@ def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single
         _same_weights(out, single)
         transformers.AutoModelForCausalLM.from_pretrained(out)
     tp = tmp_path / "TP2_PP1_DP1"
+    # sequence_parallel: true (LLaMA-Factory's Qwen2-VL example sets it) runs as plain TP, said in a warning
+    proc = cli("train", *tp2, "sequence_parallel=true", "save_strategy=no", f"output_dir={tmp_path / 'sp'}", env=MCA)
+    assert "sequence_parallel: true accepted without effect" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert _losses(tmp_path / "sp") == pytest.approx(_losses(tp), rel=1e-6)
     ckpt = tp / "checkpoint-2"
     assert (ckpt / "engine_state_tp0_pp0.pt").exists() and (ckpt / "engine_state_tp1_pp0.pt").exists()
     cli("train", *tp2, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
