@@ -67,6 +67,24 @@ def _log_unsharded_optimizer(m) -> None:
                  "own shards, and gradients are summed after the backward", ", ".join(asked))
 
 
+def _check_device(m, device: torch.device, precision: str) -> None:
+    """What needs a CUDA GPU, refused before anything is built."""
+    from .runtime import collectives_can_allocate
+
+    if m.expert_model_parallel_size > 1 and not collectives_can_allocate():
+        raise TunesmithError(f"expert_model_parallel_size: {m.expert_model_parallel_size} needs CUDA GPUs "
+                             "(megatron-core's token dispatcher allocates its all-gathers there); use "
+                             "expert_model_parallel_size: 1 on the CPU (the experts data-parallel)")
+    if m.recompute_granularity and device.type != "cuda":
+        raise TunesmithError(f"recompute_granularity: {m.recompute_granularity} needs a CUDA GPU "
+                             "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
+    if precision == "bf16" and device.type != "cuda":
+        # megatron-core's linear layers restore only CUDA's autocast state in their backward
+        raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
+                             "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
+                             "false) or use pure_bf16: true")
+
+
 def _degrees(m) -> str:
     experts = f" EP={m.expert_model_parallel_size}" if m.expert_model_parallel_size > 1 else ""
     return f"TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size}{experts} DP={dist.data_world()}"
@@ -82,7 +100,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .lora import adapted_parts, add_lora, megatron_targets
     from .parallel import register_data_parallel
     from .rotary import RotaryAngles
-    from .runtime import collectives_can_allocate, has_transformer_engine, init_model_parallel, require_megatron
+    from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
     from .weights import family_map, language_config
 
@@ -100,13 +118,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
     check_available(cfg.megatron, facts)
-    if cfg.megatron.expert_model_parallel_size > 1 and not collectives_can_allocate():
-        raise TunesmithError(f"expert_model_parallel_size: {cfg.megatron.expert_model_parallel_size} needs CUDA GPUs "
-                             "(megatron-core's token dispatcher allocates its all-gathers there); use "
-                             "expert_model_parallel_size: 1 on the CPU (the experts data-parallel)")
-    if cfg.megatron.recompute_granularity and device.type != "cuda":
-        raise TunesmithError(f"recompute_granularity: {cfg.megatron.recompute_granularity} needs a CUDA GPU "
-                             "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
+    precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
+    _check_device(cfg.megatron, device, precision)
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     register_data_parallel()
@@ -115,7 +128,6 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
     reward_head = getattr(hf_model, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
-    precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
 
     def built():
         model = build_gpt(hf_config, config, reward_head=reward_head)
@@ -142,11 +154,6 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
                  if cfg.finetune.pref_reference == "copy" else None)
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
-    if precision == "bf16" and device.type != "cuda":
-        # megatron-core's linear layers restore only CUDA's autocast state in their backward
-        raise TunesmithError("bf16: true (autocast) with backend: megatron needs a CUDA GPU: megatron-core's linear "
-                             "layers run their backward outside the CPU's autocast; train in fp32 on the CPU (bf16: "
-                             "false) or use pure_bf16: true")
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
              precision, _attention_kernel(device, precision),
              f", LoRA on {', '.join(lora_linears) or 'the vision tower'}" if lora_linears is not None else "")
