@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from .errors import TunesmithError
+from .errors import TunesmithError, raised_at
 
 USAGE = """usage: tunesmith <command> [options]
 
@@ -425,11 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if "RANK" not in os.environ:
             raise
         # Under torchrun each failing rank says what failed once, with its rank, and exits.
-        import traceback
-
-        last = traceback.extract_tb(err.__traceback__)[-1]
-        logging.getLogger("tunesmith").error("%s%s: %s (at %s:%d)", _rank_prefix(), type(err).__name__, err,
-                                             last.filename, last.lineno)
+        logging.getLogger("tunesmith").error("%s%s: %s%s", _rank_prefix(), type(err).__name__, err, raised_at(err))
         return 1
     finally:
         from . import dist

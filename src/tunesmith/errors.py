@@ -20,3 +20,14 @@ class DataError(TunesmithError):
 
 class ModelError(TunesmithError):
     """A model, tokenizer or template that cannot be loaded or used."""
+
+
+def raised_at(err: BaseException) -> str:
+    """ " (at file:line)" of the innermost frame `err` was raised in, for a message that is not a stack trace; "" when
+    it carries none."""
+    import traceback
+
+    if err.__traceback__ is None:
+        return ""
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    return f" (at {frame.filename}:{frame.lineno})"

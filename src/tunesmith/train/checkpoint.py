@@ -47,6 +47,7 @@ from ..durable import file_digest as _hash
 from ..durable import fsync_path as _fsync_dir
 from ..durable import write_text as _write_file
 from ..engines.base import CheckpointError, read_torch_file
+from ..errors import raised_at
 from .checkpoint_key import KEY_ENV, ensure_key, key_id, key_path, read_key, signature  # noqa: F401 (KEY_ENV, read_key: the API)
 
 log = logging.getLogger("tunesmith")
@@ -242,12 +243,8 @@ def _save_failure(output_dir: Path, final: Path, err: Exception) -> str:
     what = (err.strerror or str(err)) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
     where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
     if not isinstance(err, (OSError, RuntimeError)):  # not how a full or read-only disk reaches us: a bug
-        import traceback
-
-        frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
-        at = f" (at {frame.filename}:{frame.lineno})" if frame else ""
-        return (f"saving {final} failed: {what}{at}; {previous}. This is an error in tunesmith's save, not in the "
-                "disk: please report it with this message")
+        return (f"saving {final} failed: {what}{raised_at(err)}; {previous}. This is an error in tunesmith's save, "
+                "not in the disk: please report it with this message")
     try:
         free = f"{shutil.disk_usage(output_dir).free / 2**30:.1f} GiB free there now"
     except OSError:
