@@ -115,16 +115,14 @@ def experts_gathered(state: dict | None, num_experts: int) -> dict | None:
     if ep_size() == 1 or state is None:
         return state
     group, size, rank = _state().get_expert_model_parallel_group(), ep_size(), ep_rank()
-    mine = global_experts(state, rank, num_experts // size)
-    by_layer: dict = {}
-    for name in mine:
-        if expert_layer(name) is not None:
-            by_layer.setdefault(expert_layer(name), []).append(name)
-    out = {name: tensor for name, tensor in mine.items() if expert_layer(name) is None} if rank == 0 else None
+    by_layer: dict = {}  # MoE layer -> its experts' weights here; None -> every other weight
+    for name, tensor in global_experts(state, rank, num_experts // size).items():
+        by_layer.setdefault(expert_layer(name), {})[name] = tensor
+    others = by_layer.pop(None, {})
+    out = others if rank == 0 else None
     for layer in sorted(by_layer):  # the same layers, in the same order, on every rank
         parts = [None] * size if rank == 0 else None
-        tdist.gather_object({name: mine[name] for name in by_layer[layer]}, parts,
-                            dst=tdist.get_global_rank(group, 0), group=group)
+        tdist.gather_object(by_layer[layer], parts, dst=tdist.get_global_rank(group, 0), group=group)
         if parts:
             out.update({name: tensor for part in parts for name, tensor in part.items()})
     return out
