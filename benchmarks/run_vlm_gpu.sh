@@ -4,7 +4,7 @@
 #   frozen (default): LLaMA-Factory's default freezing (tower and projector frozen), Liger; a probe and the epoch.
 #   item4: issue 15 item 4, every part trained, Liger: the YAML as is (unpacked; merge_micro_batches on, the
 #          default) and with neat_packing, whole epochs, then a profile of two neat-packed steps with the forward
-#          time of the tower's parts (patch embedding, blocks, mergers).
+#          time of the tower's parts (patch embedding, blocks, mergers); PROFILE=0 leaves the profile out.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 TUNESMITH_CACHE=/tmp/tunesmith-cache
 unset PYTHONDONTWRITEBYTECODE
@@ -20,6 +20,7 @@ if [ "${1:-frozen}" = item4 ]; then
   # shellcheck disable=SC2086
   python benchmarks/vlm_sft.py --work /tmp/vlm --samples 1000 --name neat $all neat_packing=true 2>&1 \
     | tee "$out/vlm_neat.log" | grep -E "RESULT|Error" | cut -c1-3000
+  [ "${PROFILE:-1}" = 1 ] || exit 0
   # shellcheck disable=SC2086
   PROFILE_STEPS=2 timeout 240 python benchmarks/profile_steps.py benchmarks/configs/qwen3_vl_2b_sft.yaml \
     model_name_or_path=/tmp/vlm/model dataset_dir=/tmp/vlm/data output_dir=/tmp/vlm/prof $all neat_packing=true \

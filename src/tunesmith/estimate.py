@@ -37,7 +37,9 @@ the CPU, offload_param (ZeRO-3) the weights.
 Activations for one micro-batch of B rows x S tokens (S = cutoff_len, an upper bound
 unless packing fills every row; preference stages dpo and rm run chosen + rejected, 2B rows),
 with L layers, hidden size H, A attention heads and k = bytes per activation / 2
-(k = 1 with bf16/fp16/pure_bf16, k = 2 in fp32), after Korthikanti et al. 2022
+(k = 1 where the layers compute on 16-bit weights: pure_bf16, FSDP2's mixed precision, DeepSpeed;
+k = 2 in fp32 and under bf16/fp16 autocast over fp32 weights on one process, whose residual stream
+stays fp32: measured 28 GiB for 8,192 tokens of Qwen3-1.7B, the formula gives 29.8), after Korthikanti et al. 2022
 ("Reducing Activation Recomputation in Large Transformer Models", whose per-layer
 s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
     one layer        a1 = B*S*(34*H + 5*A*S) * k bytes; the 5*A*S term (the attention matrix)
@@ -76,7 +78,8 @@ DEFAULT_GPU_GIB = 141.0  # one H200
 
 FOOTNOTE = (
     "weights N*4 B (2 with pure_bf16), grads N_t*4 B (2), AdamW N_t*8 B (4), /W when sharded (fsdp2); "
-    "activations per layer B*S*(34H + 5AS)*k B (k=1 for 16-bit, 2 for fp32; 5AS dropped with sdpa/flash), "
+    "activations per layer B*S*(34H + 5AS)*k B (k=1 on 16-bit weights, 2 in fp32 or autocast over fp32 weights; "
+    "5AS dropped with sdpa/flash), "
     "x L without checkpointing, L*B*S*H*2k + one layer with it; logits B*S*V*4*2 B (0 with Liger); +1 GiB CUDA context"
 )
 
@@ -182,9 +185,22 @@ def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
     return total, trainable
 
 
-def _text_dims(hf_config) -> dict:
+def _text_dims(hf_config, k: int) -> dict:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return {"L": text.num_hidden_layers, "H": text.hidden_size, "A": text.num_attention_heads, "V": text.vocab_size}
+    return {"L": text.num_hidden_layers, "H": text.hidden_size, "A": text.num_attention_heads, "V": text.vocab_size,
+            "k": k}
+
+
+def _activation_factor(cfg: RunConfig, W: int) -> int:
+    """k of the module docstring: 1 where the layers compute on 16-bit weights, 2 where the residual stream is
+    fp32 (fp32 training; autocast over fp32 weights, which the single engine runs)."""
+    m, t = cfg.model, cfg.train
+    if m.pure_bf16:
+        return 1
+    if not (m.bf16 or m.fp16):
+        return 2
+    sixteen_bit_weights = t.wants_deepspeed or (W > 1 and t.backend in ("fsdp2", "auto"))
+    return 1 if sixteen_bit_weights else 2
 
 
 def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float | None = None,
@@ -206,7 +222,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     gpu_gib = gpu_gib or gpu_memory_default() or DEFAULT_GPU_GIB
     model = meta_model(hf_config)
     N, N_t = count_parameters(model, cfg)
-    dims = _text_dims(hf_config)
+    dims = _text_dims(hf_config, _activation_factor(cfg, W))
     L = dims["L"]
     notes: list[str] = []
 
@@ -293,14 +309,13 @@ def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float
     }
 
 
-def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int) -> tuple[float, float]:
-    """(activations, logits) in GiB for one micro-batch with `checkpointed` of the L layers checkpointed; formulas
-    in the module docstring."""
+def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int, micro_batches: int = 1) -> tuple[float, float]:
+    """(activations, logits) in GiB for one forward pass of `micro_batches` micro-batches with `checkpointed` of the
+    L layers checkpointed; formulas in the module docstring."""
     m, t, ft = cfg.model, cfg.train, cfg.finetune
-    L, H, A, V = dims["L"], dims["H"], dims["A"], dims["V"]
-    rows = t.per_device_train_batch_size * (2 if STAGES[ft.stage].data_kind == "pairs" else 1)
+    L, H, A, V, k = dims["L"], dims["H"], dims["A"], dims["V"], dims["k"]
+    rows = micro_batches * t.per_device_train_batch_size * (2 if STAGES[ft.stage].data_kind == "pairs" else 1)
     S = cfg.data.cutoff_len
-    k = 1 if (m.pure_bf16 or m.bf16 or m.fp16) else 2
     flash = m.flash_attn not in ("eager", "disabled")
     per_layer = rows * S * (34 * H + (0 if flash else 5 * A * S)) * k
     layer_input = rows * S * H * 2 * k
@@ -415,3 +430,45 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return str(n)
+
+
+def merged_micro_batches(cfg: RunConfig, checkpointed: int, memory_gib: float, hf_config=None) -> tuple[int, str]:
+    """(m, why): how many of a step's micro-batches (per_device_train_batch_size x cutoff_len tokens each) one
+    forward pass may hold, 1 to gradient_accumulation_steps: the most whose activations, with `checkpointed`
+    layers checkpointed, fit next to the model states in AUTO_MARGIN of the memory. A vision tower's activations
+    count as if every token were an image token (the worst case); a media tower this does not know keeps m = 1."""
+    if hf_config is None:
+        hf_config = model_config(cfg)
+    accum = cfg.train.gradient_accumulation_steps
+    result = estimate_memory(cfg, 1, memory_gib, hf_config=hf_config)
+    states = result["total"] - result["activations"] - result["logits"]
+    dims = _text_dims(hf_config, _activation_factor(cfg, 1))
+    checkpointed = min(checkpointed, dims["L"])
+    media = _media_bytes_per_token(hf_config, dims["k"])
+    if media is None:
+        return 1, "a media tower whose activations are not estimated"
+    tokens = cfg.train.per_device_train_batch_size * cfg.data.cutoff_len
+    budget = AUTO_MARGIN * memory_gib
+
+    def total(m: int) -> float:
+        return states + sum(_activation_gib(cfg, dims, checkpointed, m)) + m * tokens * media / GIB
+
+    m = next((m for m in range(accum, 1, -1) if total(m) <= budget), 1)
+    return m, f"{total(m):.1f} GiB estimated, budget {budget:.1f} GiB = {AUTO_MARGIN:.0%} of {memory_gib:.1f} GiB"
+
+
+def _media_bytes_per_token(hf_config, k: int) -> float | None:
+    """Activation bytes of the vision tower per image token of the language model (every tower layer kept,
+    Korthikanti's 34 x hidden per patch and layer): 0 for a text model; None for a tower other than the
+    Qwen-VL kind, whose patches-per-token this does not know."""
+    if getattr(hf_config, "audio_config", None) is not None:
+        return None
+    vision = getattr(hf_config, "vision_config", None)
+    if vision is None:
+        return 0.0
+    layers = getattr(vision, "depth", None)
+    hidden = getattr(vision, "embed_dim", None) or getattr(vision, "hidden_size", None)
+    merge = getattr(vision, "spatial_merge_size", None)
+    if not (layers and hidden and merge):
+        return None
+    return merge * merge * layers * 34 * hidden * k

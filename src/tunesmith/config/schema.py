@@ -160,10 +160,10 @@ class TrainConfig(_Group):
     per_device_eval_batch_size: int = Field(1, ge=1, description="Rows per evaluation batch.")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
     merge_micro_batches: bool = Field(
-        True, description="Without packing, run the samples of each optimiser step as packed forward passes of up "
-        "to per_device_train_batch_size x cutoff_len tokens: each sample attends only to itself and the loss is "
-        "the same (normalised by the step's label tokens). sft and pt on one process; off for models that cannot "
-        "pack.")
+        True, description="Run the samples (or packed rows) of each optimiser step as fewer packed forward passes, "
+        "of as many micro-batches' tokens (per_device_train_batch_size x cutoff_len each) as the memory estimate "
+        "allows: each sample attends only to itself and the loss is the same (normalised by the step's label "
+        "tokens). sft and pt on one process; off for models that cannot pack.")
     num_train_epochs: float = Field(3.0, gt=0, description="Epochs to train (fractions allowed).")
     max_steps: int = Field(-1, description="Optimiser steps to train; overrides num_train_epochs when > 0.")
     learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")

@@ -110,7 +110,7 @@ def set_up(cfg) -> Runner:
     layers = checkpoint_layers(cfg, device)
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
-    source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids)
+    source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, layers, device)
     runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
     runner.marks.update(marks)
     return runner
@@ -153,7 +153,7 @@ def _steps_per_epoch(cfg, stage, data) -> int:
     return _plan(cfg, data).steps_per_epoch
 
 
-def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
+def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, checkpointed, device):
     if stage.is_online_rl:
         from .rollout_steps import RolloutSteps
 
@@ -164,43 +164,55 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids):
 
     model_config = load_config(cfg.model)
     pad_id = collation_pad_id(getattr(saver, "tokenizer", saver), family_of(model_config))
-    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config))
+    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device))
     return SequenceSteps(cfg, data, plan, method, pad_id, media)
 
 
-def merge_tokens(cfg, method, model_config) -> int:
-    """Tokens per forward pass when the samples of an unpacked optimiser step run packed (merge_micro_batches), or
-    0: the micro-batches run as they are. Their bound, per_device_train_batch_size x cutoff_len, is the micro-batch
-    the memory estimate (and so the checkpointing choice) already assumes."""
+def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device) -> int:
+    """Tokens per forward pass when the samples of an optimiser step run packed (merge_micro_batches), or 0: the
+    micro-batches run as they are. A pass holds up to m micro-batches' worth of tokens (per_device_train_batch_size
+    x cutoff_len each, the micro-batch the checkpointing choice assumed), m from the memory estimate at this run's
+    checkpointing (estimate.merged_micro_batches); packed rows stay rows of cutoff_len."""
     from ..data.collate import collate_rows
+    from ..estimate import merged_micro_batches
     from ..models.families import packing_leak
 
     train = cfg.train
     samples = train.per_device_train_batch_size * train.gradient_accumulation_steps
-    if (not train.merge_micro_batches or cfg.packing or samples == 1 or method.collate is not collate_rows
-            or dist.world() > 1 or packing_leak(model_config) is not None):
+    if (not train.merge_micro_batches or samples == 1 or method.collate is not collate_rows
+            or dist.world() > 1 or packing_leak(model_config) is not None
+            or (cfg.packing and train.gradient_accumulation_steps == 1)):  # packed rows: one pass a step already
         return 0
-    budget = train.per_device_train_batch_size * cfg.data.cutoff_len
-    log.info("merge_micro_batches: the %d samples of each optimiser step run as packed forward passes of up to %d "
-             "tokens (each sample attends only to itself; the loss is the same, normalised by the step's label "
-             "tokens); merge_micro_batches: false runs each micro-batch alone", samples, budget)
+    micro_batches, why = merged_micro_batches(cfg, checkpointed, _memory_gib(device), hf_config=model_config)
+    budget = micro_batches * train.per_device_train_batch_size * cfg.data.cutoff_len
+    log.info("merge_micro_batches: the %d %s of each optimiser step run as packed forward passes of up to %d tokens "
+             "(%d of its %d micro-batches a pass: %s; each sample attends only to itself and the loss is the same, "
+             "normalised by the step's label tokens); merge_micro_batches: false runs each micro-batch alone",
+             samples, "packed rows" if cfg.packing else "samples", budget, micro_batches,
+             train.gradient_accumulation_steps, why)
     return budget
+
+
+def _memory_gib(device: torch.device) -> float:
+    """The memory a run on `device` may use: the GPU's, or the CPU's available memory."""
+    from ..estimate import GIB, gpu_memory_default
+
+    if device.type == "cuda":
+        return gpu_memory_default(device)
+    import psutil
+
+    return psutil.virtual_memory().available / GIB
 
 
 def checkpoint_layers(cfg, device: torch.device) -> int:
     """Layers to checkpoint (estimate.checkpoint_plan against this device's memory), logged in one line."""
-    from ..estimate import GIB, estimate_memory, explicit_checkpointing, gpu_memory_default
+    from ..estimate import estimate_memory, explicit_checkpointing
 
     setting = cfg.model.gradient_checkpointing
     if setting != "auto":
         log.info(explicit_checkpointing(setting))
         return EVERY_LAYER if setting else 0
-    if device.type == "cuda":
-        memory = gpu_memory_default(device)
-    else:
-        import psutil
-
-        memory = psutil.virtual_memory().available / GIB
+    memory = _memory_gib(device)
     try:
         plan = estimate_memory(cfg, num_gpus=dist.world(), gpu_gib=memory)
     except Exception as err:  # noqa: BLE001 - an estimate that cannot be made must not stop the run

