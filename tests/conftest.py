@@ -116,3 +116,16 @@ def assert_packed_equals_unpacked(model, rows: list, pad_id: int, media=None) ->
     unpacked = per_sample_losses(model, [[r] for r in rows], pad_id, media)
     packed = per_sample_losses(model, [rows[:half], rows[half:]], pad_id, media)
     torch.testing.assert_close(packed, unpacked, rtol=1e-4, atol=1e-4)
+
+
+def tensors_of(value) -> list:
+    """Every tensor inside a model output (ModelOutput, dict, tuple or list), in order."""
+    import torch
+
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, dict) or hasattr(value, "values"):
+        return [t for v in value.values() for t in tensors_of(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_of(v)]
+    return []

@@ -18,6 +18,9 @@ from __future__ import annotations
 import torch
 
 VARLEN = "tunesmith_varlen"
+# A Qwen-VL vision tower hands its images' boundaries (cu_seqlens) only to an implementation whose name says
+# "flash"; any other gets one SDPA call per image in every layer, after a host synchronisation.
+VISION_VARLEN = "tunesmith_flash_vision"
 _registered = False
 
 
@@ -33,6 +36,7 @@ def register() -> str:
         from transformers.masking_utils import AttentionMaskInterface
 
         AttentionInterface.register(VARLEN, varlen_attention)
+        AttentionInterface.register(VISION_VARLEN, vision_varlen_attention)
         AttentionMaskInterface.register(VARLEN, _padding_mask_only)
         _registered = True
     return VARLEN
@@ -72,6 +76,51 @@ def flash_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor, 
     q, k, v = (t.to(dtype) for t in (q_NHD, k_NHD, v_NHD))
     return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout,
                                                    True, False, scale=scale)[0]
+
+
+def use_varlen_in_vision_tower(tower: torch.nn.Module) -> None:
+    """Let a Qwen-VL vision tower attend within each image through one variable-length FlashAttention call a
+    layer (non-causal), as it does with the flash-attn package."""
+    register()
+    tower.config._attn_implementation = VISION_VARLEN
+
+
+def vision_varlen_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0, scaling=None,
+                            cu_seq_lens_q=None, max_length_q=None, **kwargs):
+    """Non-causal attention within each image: query/key/value [1, H, N, D] over every patch of the forward,
+    cu_seq_lens_q the images' boundaries -> ([1, N, H, D], None). Off CUDA, one SDPA call per image."""
+    if cu_seq_lens_q is None:
+        raise ValueError("vision_varlen_attention needs the images' boundaries (cu_seq_lens_q)")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, H, D]
+    if query.device.type != "cuda":
+        return _attention_per_segment(q, k, v, cu_seq_lens_q, scaling), None
+    dtype = _half_dtype(v)
+    cu = cu_seq_lens_q.to(torch.int32)
+    longest = _longest(cu, max_length_q)
+    out = torch.ops.aten._flash_attention_forward(q.to(dtype), k.to(dtype), v.to(dtype), cu, cu, longest, longest,
+                                                  dropout, False, False, scale=scaling)[0]
+    return out.unsqueeze(0), None
+
+
+_last_longest: tuple = (None, 0)  # (the cu_seqlens tensor, its longest segment): every layer of a pass shares it
+
+
+def _longest(cu_seqlens: torch.Tensor, given) -> int:
+    """The longest segment as a Python int, read from the GPU once per tensor (not once per layer)."""
+    global _last_longest
+    if isinstance(given, int):
+        return given
+    if _last_longest[0] is not cu_seqlens:
+        _last_longest = (cu_seqlens, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
+    return _last_longest[1]
+
+
+def _attention_per_segment(q_NHD, k_NHD, v_NHD, cu_seqlens: torch.Tensor, scale) -> torch.Tensor:
+    bounds = cu_seqlens.tolist()
+    outs = [torch.nn.functional.scaled_dot_product_attention(
+        *(t[a:b].transpose(0, 1) for t in (q_NHD, k_NHD, v_NHD)), scale=scale).transpose(0, 1)
+        for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(outs).unsqueeze(0)
 
 
 def _half_dtype(value: torch.Tensor) -> torch.dtype:

@@ -68,6 +68,9 @@ class Family:
         video processor's crop size, pooled), frames sampled one by one (LLaVA-NeXT-Video).
     vision_model_type: the family is the checkpoints of `model_types` whose vision tower is this one (Pixtral-12B
         is a LLaVA checkpoint with a Pixtral tower and processor); None: every checkpoint of `model_types`.
+    vision_varlen: the vision tower's attention takes its images' boundaries (cu_seqlens) the way transformers hands
+        them to flash-attn: under the varlen attention it runs as one variable-length FlashAttention call a layer
+        (`attention.use_varlen_in_vision_tower`) instead of one SDPA call per image.
     collation_pad_token: the token training batches pad their rows with, when the tokenizer's pad token cannot be:
         Gemma 3n's is its embedding's zero padding row, and its AltUp takes the square root of each position's
         hidden magnitude, whose gradient at that zero is infinite (NaN everywhere after one padded batch). Padding
@@ -94,6 +97,7 @@ class Family:
     first_position: int = 0
     vision_model_type: str | None = None
     collation_pad_token: str | None = None
+    vision_varlen: bool = False
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -142,6 +146,7 @@ _QWEN_VL = {
     "uses_mrope": True,
     "markers": (("image", "<|vision_start|><|image_pad|><|vision_end|>"),
                 ("video", "<|vision_start|><|video_pad|><|vision_end|>")),
+    "vision_varlen": True,
 }
 
 _GLM4V = dict(

@@ -11,8 +11,8 @@ import torch
 
 from ..config.schema import ModelConfig
 from ..errors import ModelError
+from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
-from .attention import varlen_available
 from .families import family_of, load_refusal, packing_leak, text_family_of
 from .kernels import linearize_patch_embeds
 from .tiny import resolve_model_path
@@ -235,6 +235,10 @@ def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
 def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     model.config.use_cache = False
     linearize_patch_embeds(model)
+    family = family_of(model.config)
+    if family is not None and family.vision_varlen and getattr(model.config, "_attn_implementation", None) == VARLEN:
+        for path in family.vision_tower:
+            use_varlen_in_vision_tower(model.get_submodule(path))
     if checkpoint_layers > 0:
         enable_checkpointing(model, checkpoint_layers)
     return model.to(device) if device is not None else model
