@@ -42,17 +42,32 @@ class SFTBatch:
     max_seqlen: int = 0
 
     def to(self, device) -> "SFTBatch":
-        moved = {f.name: _to(getattr(self, f.name), device) for f in fields(self)}
+        """The batch on `device`; each sample's media grids stay on the CPU (they only feed the mRoPE positions,
+        computed there: models/inputs.mrope_position_ids)."""
+        moved = {f.name: getattr(self, f.name) if f.name == "media_per_sample" else _to(getattr(self, f.name), device)
+                 for f in fields(self)}
         return SFTBatch(**moved)
 
 
+    def pin_memory(self) -> "SFTBatch":
+        """The DataLoader's pin-memory thread calls this: page-locked tensors, so `to(device)` copies them while the
+        GPU computes (a pageable copy makes the host wait for it)."""
+        return SFTBatch(**{f.name: getattr(self, f.name) if f.name == "media_per_sample"
+                           else _apply(getattr(self, f.name), torch.Tensor.pin_memory) for f in fields(self)})
+
+
 def _to(value, device):
+    return _apply(value, lambda t: t.to(device, non_blocking=True))
+
+
+def _apply(value, fn):
+    """fn on every tensor in value (a tensor, or dicts and lists of them)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
+        return fn(value)
     if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
+        return {k: _apply(v, fn) for k, v in value.items()}
     if isinstance(value, list):
-        return [_to(v, device) for v in value]
+        return [_apply(v, fn) for v in value]
     return value
 
 

@@ -21,20 +21,22 @@ from .families import family_of
 
 def mrope_position_ids(model, batch) -> torch.Tensor:
     """[4, B, T] position ids: row 0 the per-sample text positions (so the mask keeps samples apart),
-    rows 1-3 each sample's own 3-D positions from the model's `compute_3d_position_ids`."""
+    rows 1-3 each sample's own 3-D positions from the model's `compute_3d_position_ids`. Computed on the CPU
+    and sent once: on the GPU every sample's lookups would each wait for the device (dozens a forward)."""
     inner = _rope_module(model)
-    text = batch.position_ids_BT
+    text, segments, input_ids, types = (t.cpu() for t in (batch.position_ids_BT, batch.segment_ids_BT,
+                                                            batch.input_ids_BT, batch.token_types_BT))
     out = text.unsqueeze(0).repeat(4, 1, 1)
     for b in range(text.shape[0]):
-        for seg in batch.segment_ids_BT[b].unique().tolist():
+        for seg in segments[b].unique().tolist():
             if seg < 0:
                 continue
-            cols = (batch.segment_ids_BT[b] == seg).nonzero().squeeze(-1)
-            ids = batch.input_ids_BT[b, cols].unsqueeze(0)
-            pos = _segment_positions(inner, ids, batch.media_per_sample[seg], batch.token_types_BT[b, cols].unsqueeze(0))
+            cols = (segments[b] == seg).nonzero().squeeze(-1)
+            grids = {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.media_per_sample[seg].items()}
+            pos = _segment_positions(inner, input_ids[b, cols].unsqueeze(0), grids, types[b, cols].unsqueeze(0))
             if pos is not None:
                 out[1:, b, cols] = pos[:, 0].to(out.dtype)
-    return out
+    return out.to(batch.position_ids_BT.device, non_blocking=True)
 
 
 def _rope_module(model):
