@@ -32,6 +32,16 @@ def test_flash_over_all_images_matches_sdpa_per_image():
         torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)
 
 
+def test_fp32_outside_autocast_stays_fp32_sdpa_per_image():
+    """A rollout's `generate` runs the fp32 master weights without autocast: the tower's projection after the
+    attention takes fp32, so the attention may not hand it FlashAttention's bf16."""
+    cu = torch.tensor([0, 100, 164], device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(1, 4, 164, 64, device="cuda") for _ in range(3))
+    out = vision_varlen_attention(None, q, k, v, cu_seq_lens_q=cu, scaling=0.125)[0]
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, _attention_per_segment(*(t[0].transpose(0, 1) for t in (q, k, v)), cu, 0.125))
+
+
 def test_the_tiny_qwen3_vl_towers_features_match_transformers_sdpa():
     from tunesmith.config.load import build_config
     from tunesmith.models.load import auto_model_class, load_config
@@ -43,14 +53,19 @@ def test_the_tiny_qwen3_vl_towers_features_match_transformers_sdpa():
     grids = torch.tensor([[1, 8, 8], [1, 4, 12], [2, 4, 4]], device="cuda")
     pixels = torch.randn(int(grids.prod(-1).sum()), vision.in_channels * vision.temporal_patch_size
                          * vision.patch_size ** 2, device="cuda")
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        stock = model.model.get_image_features(pixels, grids)
+    with torch.no_grad():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            stock = model.model.get_image_features(pixels, grids)
+        stock_fp32 = model.model.get_image_features(pixels, grids)  # as a rollout's generate runs it
         use_varlen_in_vision_tower(model.model.visual)
-        ours = model.model.get_image_features(pixels, grids)
-    ours, stock = tensors_of(ours), tensors_of(stock)
-    assert len(ours) == len(stock) > 0
-    for a, b in zip(ours, stock):
-        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ours = model.model.get_image_features(pixels, grids)
+        ours_fp32 = model.model.get_image_features(pixels, grids)
+    for mine, theirs, tolerance in ((ours, stock, 3e-2), (ours_fp32, stock_fp32, 1e-5)):
+        mine, theirs = tensors_of(mine), tensors_of(theirs)
+        assert len(mine) == len(theirs) > 0
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tolerance, atol=tolerance)
 
 
 def test_a_collated_batch_is_pinned_for_an_asynchronous_copy():

@@ -88,11 +88,13 @@ def use_varlen_in_vision_tower(tower: torch.nn.Module) -> None:
 def vision_varlen_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0, scaling=None,
                             cu_seq_lens_q=None, max_length_q=None, **kwargs):
     """Non-causal attention within each image: query/key/value [1, H, N, D] over every patch of the forward,
-    cu_seq_lens_q the images' boundaries -> ([1, N, H, D], None). Off CUDA, one SDPA call per image."""
+    cu_seq_lens_q the images' boundaries -> ([1, N, H, D], None). Off CUDA, and in fp32 outside autocast (a
+    rollout's `generate` on fp32 master weights), one SDPA call per image in the inputs' dtype."""
     if cu_seq_lens_q is None:
         raise ValueError("vision_varlen_attention needs the images' boundaries (cu_seq_lens_q)")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, H, D]
-    if query.device.type != "cuda":
+    full_precision = query.dtype == torch.float32 and not torch.is_autocast_enabled("cuda")
+    if query.device.type != "cuda" or full_precision:
         return _attention_per_segment(q, k, v, cu_seq_lens_q, scaling), None
     dtype = _half_dtype(v)
     cu = cu_seq_lens_q.to(torch.int32)
