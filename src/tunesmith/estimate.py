@@ -39,7 +39,9 @@ unless packing fills every row; preference stages dpo and rm run chosen + reject
 with L layers, hidden size H, A attention heads and k = bytes per activation / 2
 (k = 1 where the layers compute on 16-bit weights: pure_bf16, FSDP2's mixed precision, DeepSpeed;
 k = 2 in fp32 and under bf16/fp16 autocast over fp32 weights on one process, whose residual stream
-stays fp32: measured 28 GiB for 8,192 tokens of Qwen3-1.7B, the formula gives 29.8), after Korthikanti et al. 2022
+stays fp32. On issue 15's workload (Qwen3-1.7B, 4 x 2048 tokens, Liger, one H200) the total is 59.6 GiB against
+a device peak of 54.3 GiB (nvidia-smi; 42.8 GiB allocated, the rest the allocator's cached blocks); with k = 1 it
+was 44.7 GiB, under the device peak), after Korthikanti et al. 2022
 ("Reducing Activation Recomputation in Large Transformer Models", whose per-layer
 s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
     one layer        a1 = B*S*(34*H + 5*A*S) * k bytes; the 5*A*S term (the attention matrix)
