@@ -219,6 +219,30 @@ def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single
 
 
 @pytest.mark.slow
+def test_megatron_distributed_optimizer_shards_the_state_and_resumes_exactly(tmp_path, monkeypatch):
+    """use_distributed_optimizer over DP=2 (2 gloo processes): the unsharded optimizer's losses and weights, a
+    checkpoint holding the whole optimizer state in the plain format, and an exact resume from it."""
+    from test_distributed import _two_ranks
+
+    _two_ranks(monkeypatch)
+    dp2 = [*TWO_RANKS, "per_device_train_batch_size=1"]
+    plain, sharded, resumed = tmp_path / "plain", tmp_path / "sharded", tmp_path / "resumed"
+    cli("train", *dp2, "save_steps=2", f"output_dir={plain}", env=MCA)
+    proc = cli("train", *dp2, "use_distributed_optimizer=true", "save_steps=2", f"output_dir={sharded}", env=MCA)
+    assert "sharded over the 2 data-parallel ranks (ZeRO-1)" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert len(_losses(sharded)) == 4 and _losses(sharded) == pytest.approx(_losses(plain), rel=1e-6)
+    _same_weights(sharded, plain)
+    ours, theirs = (torch.load(out / "checkpoint-2" / "engine_state.pt", weights_only=True)["optimizer"]
+                    for out in (sharded, plain))
+    assert ours["state"].keys() == theirs["state"].keys() and len(ours["state"]) > 0  # every parameter's moments
+    for index, moments in ours["state"].items():
+        torch.testing.assert_close(moments["exp_avg_sq"], theirs["state"][index]["exp_avg_sq"], rtol=1e-5, atol=1e-12)
+    cli("train", *dp2, "use_distributed_optimizer=true", "save_strategy=no", f"output_dir={resumed}",
+        f"resume_from_checkpoint={sharded / 'checkpoint-2'}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(sharded)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_path, monkeypatch):
     """Qwen3-MoE with expert_model_parallel_size=2 on 2 gloo processes: each rank holds half of the experts and reads
     its own micro-batches (data-parallel otherwise). Unpacked rows of different lengths, so the ranks' token counts

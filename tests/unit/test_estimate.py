@@ -255,7 +255,8 @@ def test_a_step_runs_in_as_few_passes_as_the_memory_allows():
 def test_a_vision_tower_counts_as_if_every_token_were_an_image_token():
     from transformers import Qwen3VLConfig
 
-    vl = Qwen3VLConfig(text_config={**QWEN3_1_7B, "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20]}},
+    rope = {"rope_type": "default", "mrope_section": [24, 20, 20]}
+    vl = Qwen3VLConfig(text_config={**QWEN3_1_7B, "rope_scaling": rope},
                        vision_config=dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048,
                                           spatial_merge_size=2, deepstack_visual_indexes=[5, 11, 17]))
     # per 2,048 tokens: 7.4 GiB in the language model, 12.8 GiB in the tower (4 patches a token, 24 layers)

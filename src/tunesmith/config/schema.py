@@ -234,7 +234,7 @@ class MegatronConfig(_Group):
                                        "sequence; needs Transformer Engine attention).")
     expert_model_parallel_size: int = Field(1, ge=1, description="megatron: expert-parallel degree (MoE models).")
     use_distributed_optimizer: bool = Field(False, description="megatron: shard optimizer states over data-parallel "
-                                            "ranks (no effect on one process).")
+                                            "ranks (ZeRO-1; no effect on one process or under expert parallelism).")
     overlap_grad_reduce: bool = Field(False, description="megatron: overlap the gradient reduction with the "
                                       "backward pass (no effect on one process).")
     overlap_param_gather: bool = Field(False, description="megatron: overlap the parameter all-gather with the "

@@ -11,19 +11,22 @@ from ..config.schema import TrainConfig
 
 
 def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameter_groups(model, cfg), **adamw_options(cfg), fused=device.type == "cuda")
+
+
+def parameter_groups(model, cfg: TrainConfig) -> list[dict]:
+    """The trainable parameters in two groups: with weight decay, and without (biases and norms)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
-        lr=cfg.learning_rate,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_epsilon,
-        fused=device.type == "cuda",
-    )
+    return [g for g in groups if g["params"]]
+
+
+def adamw_options(cfg: TrainConfig) -> dict:
+    return {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon}
 
 
 def warmup_steps(cfg: TrainConfig, total_steps: int) -> int:

@@ -16,6 +16,7 @@ Modules, one concern each:
   parallel.py  over several processes: weights into shards and back, gradient sums, the whole gradient's norm
   pipeline.py  the schedule over pipeline stages on any device (gpipe), the last stage's results to every stage
   schedule.py  the micro-batch schedule and the loss scale it needs
+  zero.py      use_distributed_optimizer: the optimizer state sharded over the data-parallel ranks
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.
 """
@@ -58,13 +59,21 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
             "SDPA with a block-diagonal packed mask")
 
 
-def _log_unsharded_optimizer(m) -> None:
-    """mcore_adapter's YAMLs set these; over several data-parallel ranks they would save memory, not change
-    numbers, and the engine does not do them yet: said once."""
-    asked = [k for k in ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather") if getattr(m, k)]
+def _log_optimizer_keys(m) -> None:
+    """mcore_adapter's YAMLs set these; over several data-parallel ranks they save memory or time, not change
+    numbers. use_distributed_optimizer shards the optimizer state (zero.py); the overlaps are not done: said once."""
+    from .zero import shards_optimizer
+
+    if shards_optimizer(m):
+        log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d data-parallel "
+                 "ranks (ZeRO-1)", dist.data_world())
+    asked = [k for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(m, k)]
+    if m.use_distributed_optimizer and m.expert_model_parallel_size > 1:
+        asked.insert(0, "use_distributed_optimizer (under expert parallelism)")
     if asked and dist.data_world() > 1:
-        log.info("Megatron: %s accepted without effect: every data-parallel rank keeps the optimizer state of its "
-                 "own shards, and gradients are summed after the backward", ", ".join(asked))
+        log.info("Megatron: %s accepted without effect: gradients are summed after the backward%s", ", ".join(asked),
+                 "; every data-parallel rank keeps the optimizer state of its own shards"
+                 if m.expert_model_parallel_size > 1 and m.use_distributed_optimizer else "")
 
 
 def _check_device(m, device: torch.device, precision: str) -> None:
@@ -103,6 +112,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
     from .weights import family_map, language_config
+    from .zero import sharded_optimizer, shards_optimizer
 
     require_megatron()
     hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
@@ -123,7 +133,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     register_data_parallel()
-    _log_unsharded_optimizer(cfg.megatron)
+    _log_optimizer_keys(cfg.megatron)
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
@@ -152,7 +162,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     # pref_reference: copy: the starting policy, adapters included, frozen
     reference = (with_adapters(built()).to(device).eval().requires_grad_(False)
                  if cfg.finetune.pref_reference == "copy" else None)
-    optimizer = build_optimizer(model, cfg.train, device)
+    optimizer = (sharded_optimizer(model, cfg.train) if shards_optimizer(cfg.megatron)
+                 else build_optimizer(model, cfg.train, device))
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
              precision, _attention_kernel(device, precision),

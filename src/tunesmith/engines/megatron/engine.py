@@ -41,6 +41,7 @@ from .shards import shard
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
 from .vision import hf_vision_tower
+from .zero import gather_state
 from .weights import family_map, language_config
 from .weights.layers import Shape
 
@@ -149,6 +150,7 @@ class MegatronEngine:
     def save(self, path: Path) -> None:
         """The optimizer and schedule of this rank's shards (the data-parallel replicas hold the same: the first
         writes them)."""
+        gather_state(self.optimizer)  # use_distributed_optimizer: the shards to the first data-parallel rank
         if writes_engine_state():
             write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                              Path(path) / engine_state_file())
