@@ -28,7 +28,8 @@ from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.families import collation_pad_id, family_of
 from ..models.kernels import share_input_casts
-from ..models.load import load_config, load_model, load_preprocessing, pick_device
+from ..models.attention import VARLEN
+from ..models.load import attn_implementation, load_config, load_model, load_preprocessing, pick_device
 from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import EpochPlan
@@ -172,7 +173,8 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
     """Tokens per forward pass when the samples of an optimiser step run packed (merge_micro_batches), or 0: the
     micro-batches run as they are. A pass holds up to m micro-batches' worth of tokens (per_device_train_batch_size
     x cutoff_len each, the micro-batch the checkpointing choice assumed), m from the memory estimate at this run's
-    checkpointing (estimate.merged_micro_batches); packed rows stay rows of cutoff_len."""
+    checkpointing (estimate.merged_micro_batches); packed rows stay rows of cutoff_len. Unpacked samples go into one
+    row a pass, so m > 1 needs attention that tells them apart by boundaries (varlen, flash-attention)."""
     from ..data.collate import collate_rows
     from ..estimate import merged_micro_batches
     from ..models.families import packing_leak
@@ -183,7 +185,19 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
             or dist.world() > 1 or packing_leak(model_config) is not None
             or (cfg.packing and train.gradient_accumulation_steps == 1)):  # packed rows: one pass a step already
         return 0
-    micro_batches, why = merged_micro_batches(cfg, checkpointed, _memory_gib(device), hf_config=model_config)
+    attention = attn_implementation(cfg.model, device, model_config)
+    if not cfg.packing and attention not in _LINEAR_ATTENTION:
+        # unpacked samples are laid end to end in one row a pass, whose mask (SDPA) or scores (eager) grow with the
+        # row's length squared, which the estimate counts per cutoff_len row: a pass stays within one micro-batch's
+        # tokens (a row of B x cutoff_len), and eager, whose scores that already exceeds, runs each micro-batch alone
+        if attention == "eager" and train.per_device_train_batch_size > 1:
+            return 0
+        micro_batches, why = 1, f"attention '{attention}' holds the row length squared: one micro-batch's tokens"
+    else:
+        try:
+            micro_batches, why = merged_micro_batches(cfg, checkpointed, _memory_gib(device), hf_config=model_config)
+        except Exception as err:  # noqa: BLE001 - an estimate that cannot be made must not stop the run
+            micro_batches, why = 1, f"the memory estimate failed: {err}"
     budget = micro_batches * train.per_device_train_batch_size * cfg.data.cutoff_len
     log.info("merge_micro_batches: the %d %s of each optimiser step run as packed forward passes of up to %d tokens "
              "(%d of its %d micro-batches a pass: %s; each sample attends only to itself and the loss is the same, "
@@ -191,6 +205,10 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
              samples, "packed rows" if cfg.packing else "samples", budget, micro_batches,
              train.gradient_accumulation_steps, why)
     return budget
+
+
+# attention whose memory grows with the tokens of a pass, not their square (packed samples told apart by boundaries)
+_LINEAR_ATTENTION = (VARLEN, "flash_attention_2", "flash_attention_3")
 
 
 def _memory_gib(device: torch.device) -> float:

@@ -102,3 +102,37 @@ def test_deepspeed_in_one_process_gives_the_same_losses_merged(tmp_path):
     finally:
         dist.shutdown()  # the one-process group DeepSpeed needs, as the CLI ends it (later modules make their own)
     assert merged.step_losses == pytest.approx(alone.step_losses, rel=1e-5)
+
+
+def _merge_budget(monkeypatch, attention, estimate=None, **overrides):
+    from types import SimpleNamespace
+
+    from conftest import run_config
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.models.load import load_config
+    from tunesmith.train import setup
+
+    cfg = run_config("/tmp/unused", per_device_train_batch_size=2, gradient_accumulation_steps=4, cutoff_len=256,
+                     **overrides)
+    monkeypatch.setattr(setup, "attn_implementation", lambda *a: attention)
+    if estimate is not None:
+        monkeypatch.setattr("tunesmith.estimate.merged_micro_batches", estimate)
+    return setup.merge_tokens(cfg, SimpleNamespace(collate=collate_rows), load_config(cfg.model), 0,
+                              torch.device("cpu"))
+
+
+def test_unpacked_passes_grow_past_one_micro_batch_only_with_boundary_attention(monkeypatch):
+    """Unpacked samples share one row a pass: SDPA's mask and eager's scores grow with its length squared."""
+    four = lambda *a, **k: (4, "fits")  # noqa: E731
+    assert _merge_budget(monkeypatch, "tunesmith_varlen", four) == 4 * 2 * 256
+    assert _merge_budget(monkeypatch, "flash_attention_2", four) == 4 * 2 * 256
+    assert _merge_budget(monkeypatch, "sdpa", four) == 2 * 256  # one micro-batch's tokens a pass
+    assert _merge_budget(monkeypatch, "eager", four) == 0  # batch 2: no merging
+    assert _merge_budget(monkeypatch, "sdpa", four, packing=True) == 4 * 2 * 256  # rows stay cutoff_len wide
+
+
+def test_a_failed_estimate_keeps_one_micro_batch_a_pass(monkeypatch):
+    def fails(*a, **k):
+        raise ValueError("no config")
+
+    assert _merge_budget(monkeypatch, "tunesmith_varlen", fails) == 2 * 256
