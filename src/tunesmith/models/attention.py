@@ -112,9 +112,11 @@ def _longest(cu_seqlens: torch.Tensor, given) -> int:
     global _last_longest
     if isinstance(given, int):
         return given
-    if _last_longest[0] is not cu_seqlens:
-        _last_longest = (cu_seqlens, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
-    return _last_longest[1]
+    tensor, longest = _last_longest  # one read: another thread's forward may replace the pair meanwhile
+    if tensor is not cu_seqlens:
+        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        _last_longest = (cu_seqlens, longest)
+    return longest
 
 
 def _attention_per_segment(q_NHD, k_NHD, v_NHD, cu_seqlens: torch.Tensor, scale) -> torch.Tensor:

@@ -235,13 +235,19 @@ def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
 def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     model.config.use_cache = False
     linearize_patch_embeds(model)
+    use_vision_varlen(model)
+    if checkpoint_layers > 0:
+        enable_checkpointing(model, checkpoint_layers)
+    return model.to(device) if device is not None else model
+
+
+def use_vision_varlen(model) -> None:
+    """Under the varlen attention, a Qwen-VL vision tower attends through one call a layer
+    (attention.use_varlen_in_vision_tower); `model` the transformers model (not a PeftModel)."""
     family = family_of(model.config)
     if family is not None and family.vision_varlen and getattr(model.config, "_attn_implementation", None) == VARLEN:
         for path in family.vision_tower:
             use_varlen_in_vision_tower(model.get_submodule(path))
-    if checkpoint_layers > 0:
-        enable_checkpointing(model, checkpoint_layers)
-    return model.to(device) if device is not None else model
 
 
 def enable_checkpointing(model, layers: int) -> None:

@@ -14,6 +14,8 @@ import torch
 
 from ..errors import TunesmithError
 from ..models.attention import VARLEN
+from ..models.forward import base_model
+from ..models.load import use_vision_varlen
 from .engine import OnTrainingModel, Rollouts, Sampling, cut_at_stop
 
 PAGE_SIZE = 32  # tokens per KV block
@@ -65,7 +67,8 @@ class HFPagedRollout(OnTrainingModel):
         finally:
             self.model.train(was_training)
             if self.model.config._attn_implementation != attention:
-                self.model.set_attn_implementation(attention)
+                self.model.set_attn_implementation(attention)  # every sub-config, the vision tower's too
+                use_vision_varlen(base_model(self.model))
         outputs = list(results.values())  # prompt-major: each prompt's n requests together
         failed = [o.request_id for o in outputs if o.error is not None]
         if len(outputs) != len(prompts) * n or failed:
