@@ -41,7 +41,7 @@ from .shards import shard
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
 from .vision import hf_vision_tower
-from .zero import gather_state
+from .zero import drop_gathered_state, gather_state
 from .weights import family_map, language_config
 from .weights.layers import Shape
 
@@ -154,6 +154,7 @@ class MegatronEngine:
         if writes_engine_state():
             write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                              Path(path) / engine_state_file())
+        drop_gathered_state(self.optimizer)
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))

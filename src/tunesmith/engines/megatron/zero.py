@@ -39,3 +39,10 @@ def gather_state(optimizer) -> None:
 
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.consolidate_state_dict(to=0)
+
+
+def drop_gathered_state(optimizer) -> None:
+    """After the write: the first rank's consolidated copy of every shard (a whole optimizer state in CPU memory)
+    would otherwise stay until the next save."""
+    if hasattr(optimizer, "_all_state_dicts"):
+        optimizer._all_state_dicts = []
