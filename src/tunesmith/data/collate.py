@@ -42,22 +42,18 @@ class SFTBatch:
     max_seqlen: int = 0
 
     def to(self, device) -> "SFTBatch":
-        """The batch on `device`; each sample's media grids stay on the CPU (they only feed the mRoPE positions,
-        computed there: models/inputs.mrope_position_ids)."""
-        moved = {f.name: getattr(self, f.name) if f.name == "media_per_sample" else _to(getattr(self, f.name), device)
-                 for f in fields(self)}
-        return SFTBatch(**moved)
-
+        return self._mapped(lambda t: t.to(device, non_blocking=True))
 
     def pin_memory(self) -> "SFTBatch":
         """The DataLoader's pin-memory thread calls this: page-locked tensors, so `to(device)` copies them while the
         GPU computes (a pageable copy makes the host wait for it)."""
+        return self._mapped(torch.Tensor.pin_memory)
+
+    def _mapped(self, fn) -> "SFTBatch":
+        """fn on every tensor of the batch but each sample's media grids, which stay on the CPU (they only feed the
+        mRoPE positions, computed there: models/inputs.mrope_position_ids)."""
         return SFTBatch(**{f.name: getattr(self, f.name) if f.name == "media_per_sample"
-                           else _apply(getattr(self, f.name), torch.Tensor.pin_memory) for f in fields(self)})
-
-
-def _to(value, device):
-    return _apply(value, lambda t: t.to(device, non_blocking=True))
+                           else _apply(getattr(self, f.name), fn) for f in fields(self)})
 
 
 def _apply(value, fn):
