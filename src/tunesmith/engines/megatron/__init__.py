@@ -68,12 +68,11 @@ def _log_optimizer_keys(m) -> None:
         log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d data-parallel "
                  "ranks (ZeRO-1)", dist.data_world())
     asked = [k for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(m, k)]
-    if m.use_distributed_optimizer and m.expert_model_parallel_size > 1:
-        asked.insert(0, "use_distributed_optimizer (under expert parallelism)")
+    if m.use_distributed_optimizer and not shards_optimizer(m):  # with DP > 1: under expert parallelism
+        asked.insert(0, "use_distributed_optimizer (under expert parallelism every data-parallel rank keeps the "
+                        "optimizer state of its own shards)")
     if asked and dist.data_world() > 1:
-        log.info("Megatron: %s accepted without effect: gradients are summed after the backward%s", ", ".join(asked),
-                 "; every data-parallel rank keeps the optimizer state of its own shards"
-                 if m.expert_model_parallel_size > 1 and m.use_distributed_optimizer else "")
+        log.info("Megatron: %s accepted without effect: gradients are summed after the backward", ", ".join(asked))
 
 
 def _check_device(m, device: torch.device, precision: str) -> None:
