@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 
 _OWN_GROUP = False  # init() made the default process group
+# What init() set in the environment for a one-process group, with the values before: shutdown puts those back
+# (a LOCAL_RANK left behind makes a later `tunesmith train` in a child process think torchrun started it)
+_ENV_SET: dict[str, str | None] = {}
 _DATA: tuple | None = None  # (group, rank, size) registered by a model-parallel engine; None: every rank
 
 
@@ -39,7 +42,9 @@ def init(timeout_s: int = 1800, force: bool = False) -> None:
     else:
         # One process: an in-memory store, no port (a port picked here could be taken before it is bound, and a
         # MASTER_PORT left in the environment would reach child processes whose group then cannot listen on it).
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+            _ENV_SET.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     global _OWN_GROUP
     _OWN_GROUP = True
@@ -121,6 +126,12 @@ def shutdown(finished: bool = False) -> None:
             dist.barrier()
         dist.destroy_process_group()
     _OWN_GROUP = False
+    for key, before in _ENV_SET.items():
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    _ENV_SET.clear()
     set_data_parallel(None, 0, 1)
 
 
