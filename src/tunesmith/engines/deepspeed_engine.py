@@ -25,6 +25,7 @@ import torch.distributed as dist
 from ..config.deepspeed import offloads, read_ds_config, zero_settings
 from ..errors import ConfigError
 from ..models.forward import run_forward
+from ..models.safetensors_write import save_weights
 from .base import (CheckpointError, LossFn, NonFiniteError, StepOutput, StepResult, eval_mode,
                    forward_module, nonfinite, schedule_at, switched_to_reference)
 from .optim import realign_schedule
@@ -212,7 +213,7 @@ class DeepSpeedEngine:
         module = self.ds.module
         state = self.ds._zero3_consolidated_16bit_state_dict() if self.stage == 3 else None
         if dist.get_rank() == 0:
-            module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+            save_weights(module, path, state)
             saver.save_pretrained(str(path))
         dist.barrier()
 

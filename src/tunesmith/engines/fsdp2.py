@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from ..errors import TunesmithError
+from ..models.safetensors_write import save_weights
 from ..models.weights import weights_by_model_key
 from .blocks import compile_each, transformer_blocks
 from .base import (CheckpointError, LossFn, StepOutput, StepResult, read_torch_file, schedule_at,
@@ -142,7 +143,7 @@ class FSDP2Engine:
         """Gather the full weights (to CPU, rank 0) and write a normal Hugging Face folder."""
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
-            self.model.save_pretrained(str(path), state_dict=full, safe_serialization=True)
+            save_weights(self.model, path, full)
             saver.save_pretrained(str(path))
         dist.barrier()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.host_copy import host_state_dict
+from ..models.safetensors_write import save_weights
 from ..models.weights import load_model_weights
 from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, read_torch_file, schedule_at,
                    switched_to_reference, write_torch_file)
@@ -67,9 +67,7 @@ class SingleEngine:
         schedule_at(self.optimizer, self.scheduler, step)
 
     def export_hf(self, path: Path, saver) -> None:
-        # A PEFT model saves only its adapters: copying the whole model to the host first would be wasted.
-        state = None if hasattr(self.model, "peft_config") else host_state_dict(self.model.state_dict())
-        self.model.save_pretrained(str(path), safe_serialization=True, state_dict=state)
+        save_weights(self.model, path)
         saver.save_pretrained(str(path))
 
     def full_state_for_rollout(self) -> dict:

@@ -26,6 +26,7 @@ import torch
 from ... import dist
 from ...errors import TunesmithError
 from ...models.forward import base_model
+from ...models.safetensors_write import save_weights
 from ...models.weights import load_model_weights
 from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer,
                     read_torch_file, schedule_at, switched_to_reference, write_torch_file)
@@ -196,7 +197,7 @@ class MegatronEngine:
                     copy_lora(tower_adapters(hf_vision_tower(self.hf_model)), tower_adapters(self.model.visual))
             else:
                 self.hf_model.load_state_dict(state, strict=True)
-            self.hf_model.save_pretrained(str(path), safe_serialization=True)
+            save_weights(self.hf_model, path)
             saver.save_pretrained(str(path))
         dist.barrier()
 
