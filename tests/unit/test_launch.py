@@ -17,3 +17,19 @@ def test_force_torchrun_and_children(monkeypatch):
     assert launch.wants_torchrun()
     monkeypatch.setenv("LOCAL_RANK", "0")  # a torchrun child never relaunches
     assert not launch.wants_torchrun()
+
+
+def test_exit_quickly_finishes_like_the_interpreter():
+    """atexit handlers run, a non-daemon thread is waited for, buffered output is flushed, the code is kept."""
+    import subprocess
+    import sys
+
+    script = ("import atexit, threading, time\n"
+              "from tunesmith.cli import exit_quickly\n"
+              "atexit.register(lambda: print('atexit ran'))\n"
+              "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+              "print('buffered', end=' ')\n"
+              "exit_quickly(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == "buffered thread done\natexit ran\n"
