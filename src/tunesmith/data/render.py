@@ -23,7 +23,7 @@ from ..errors import DataError
 from ..stages import STAGES
 from .budget import char_budget, cut_messages
 from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
-from .sample import where
+from .sample import span_labels, where
 
 IGNORE_INDEX = -100
 
@@ -223,14 +223,10 @@ def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     if opts.train_on_prompt:
         labels = list(ids)
     else:
-        labels = [tok if _inside(start, spans) else IGNORE_INDEX for tok, (start, _) in zip(ids, enc["offset_mapping"])]
+        labels = span_labels(ids, enc["offset_mapping"], spans)
     truncated = len(ids) > opts.cutoff_len
     return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len], "num_truncated": int(truncated),
             "num_text_cut": int(text_cut)}
-
-
-def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
-    return any(start <= pos < end for start, end in spans)
 
 
 def render_pt(sample: dict, tokenizer, opts: RenderOptions) -> dict:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 ROLES = ("system", "user", "assistant", "tool")
 
 SAMPLE_COLUMNS = ("messages", "tools", "images", "videos", "audios", "rejected", "kto_tag", "source", "index", "extra")
@@ -59,3 +61,13 @@ def make_sample(
 def where(sample: dict) -> str:
     """'dataset <name>, record <i>' for error messages."""
     return f"dataset '{sample.get('source', '?')}', record {sample.get('index', '?')}"
+
+
+def span_labels(ids: list[int], offsets, spans: list[tuple[int, int]], ignore_index: int = -100) -> list[int]:
+    """Each token's id where its first character (`offsets`: the tokenizer's offset mapping) lies inside one of
+    the character spans, else ignore_index."""
+    starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(ids))
+    inside = np.zeros(len(ids), dtype=bool)
+    for start, end in spans:
+        inside |= (starts >= start) & (starts < end)
+    return np.where(inside, np.asarray(ids, dtype=np.int64), ignore_index).tolist()
