@@ -14,6 +14,7 @@ from ..errors import ModelError
 from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .families import family_of, load_refusal, packing_leak, text_family_of
+from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
 from .tiny import resolve_model_path
 
@@ -200,17 +201,14 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         log.info("enable_liger_kernel with torch_compile: the compiled blocks fuse the norms, rotary and gated MLP "
                  "(Liger's kernels for them are left out); the fused linear + cross-entropy stays")
     if on_meta:
-        from accelerate import init_empty_weights
-
-        with init_empty_weights(include_buffers=False):
-            model = model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
-        return _finish_model(model, cfg, None, checkpoint_layers)
+        return _finish_model(_meta_model(model_class, config, dtype, cfg, device), cfg, None, checkpoint_layers)
     if cfg.random_init:
         return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device, checkpoint_layers)
+    half = checkpoint_half_dtype(path) if dtype == torch.float32 else None  # loaded as stored, upcast on the device
     try:
         model = model_class.from_pretrained(
             path,
-            dtype=dtype,
+            dtype=half or dtype,
             attn_implementation=attn_implementation(cfg, device, config),
             trust_remote_code=cfg.trust_remote_code,
             cache_dir=cfg.cache_dir,
@@ -223,7 +221,17 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     except ImportError as err:
         extra = "; pip install 'tunesmith[gemma3n]'" if "timm" in str(err) else ""  # Gemma 3n's image encoder
         raise ModelError(f"{cfg.model_name_or_path} needs a package that is not installed: {err}{extra}") from None
+    if half is not None:
+        upcast_loaded(model, lambda: _meta_model(model_class, config, dtype, cfg, device))
     return _finish_model(model, cfg, device, checkpoint_layers)
+
+
+def _meta_model(model_class, config, dtype, cfg: ModelConfig, device):
+    """The model with its parameters on the meta device (no memory) and its buffers real, on the CPU."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
 
 
 def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
