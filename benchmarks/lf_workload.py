@@ -178,22 +178,23 @@ def run_one(work: Path, name: str, tool: str, overrides: dict, lf_site: str | No
     start = time.perf_counter()
     with open(log_dir / f"{name}.log", "w") as log:
         code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    end_to_end = time.perf_counter() - start
+    end_to_end, exited = time.perf_counter() - start, time.time()
     peak = meter.stop()
     result = {"name": name, "tool": tool, "overrides": overrides, "returncode": code,
               "end_to_end_s": round(end_to_end, 1), "peak_gpu_gib": round(peak, 1)}
     if code == 0:
-        result.update(_tunesmith_numbers(output) if tool == "tunesmith" else _lf_numbers(output))
+        result.update(_tunesmith_numbers(output, exited) if tool == "tunesmith" else _lf_numbers(output))
     return result
 
 
-def _tunesmith_numbers(output: Path) -> dict:
-    s = json.loads((output / "train_summary.json").read_text())
+def _tunesmith_numbers(output: Path, exited: float) -> dict:
+    summary = output / "train_summary.json"  # written right after the final save
+    s = json.loads(summary.read_text())
     losses = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     return {"train_s": round(s["train_seconds"], 1), "train_tokens": s["train_tokens"],
             "tokens_per_s": s["train_tokens_per_s"], "steps": s["global_step"],
-            "final_loss": losses[-1]["loss"] if losses else None, "allocated_peak_gib": s.get("peak_memory_gib"),
-            "phases": s.get("phases")}
+            "final_loss": losses[-1]["loss"] if losses else None, "logged_losses": [m["loss"] for m in losses], "allocated_peak_gib": s.get("peak_memory_gib"),
+            "phases": {**s.get("phases", {}), "exit": round(exited - summary.stat().st_mtime, 2)}}
 
 
 def _lf_numbers(output: Path) -> dict:
