@@ -459,7 +459,10 @@ def exit_quickly(code: int) -> None:
             thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, a closed stream: as the interpreter, carry on
+            pass
     os._exit(code)
 
 

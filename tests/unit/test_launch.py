@@ -33,3 +33,12 @@ def test_exit_quickly_finishes_like_the_interpreter():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 3
     assert done.stdout == "buffered thread done\natexit ran\n"
+
+
+def test_exit_quickly_with_stdout_closed_keeps_the_code():
+    import subprocess
+    import sys
+
+    script = "import sys\nfrom tunesmith.cli import exit_quickly\nsys.stdout.close()\nexit_quickly(0)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == ""
