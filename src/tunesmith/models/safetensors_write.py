@@ -60,12 +60,12 @@ def write_safetensors(tensors: dict[str, torch.Tensor], filename, metadata: dict
 
 
 def _write_parts(fd: int, parts: list, start: int) -> None:
-    """Each (bytes, offset) part at start + offset; a GPU part is copied to pinned memory while the one before it
+    """Each (bytes, offset) part at start + offset; a CUDA part is copied to pinned memory while the one before it
     is written."""
     buffers, pending = [], None  # pending: (host bytes, file offset, copy done event)
     for data, offset in parts:
-        if data.device.type == "cpu":
-            ready = (data, start + offset, None)
+        if data.device.type != "cuda":  # the CPU's bytes as they lie; another device's (MPS) copied over plainly
+            ready = (data.cpu(), start + offset, None)
         else:
             if not buffers:
                 buffers = [torch.empty(PART_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
