@@ -193,7 +193,8 @@ def _tunesmith_numbers(output: Path, exited: float) -> dict:
     losses = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     return {"train_s": round(s["train_seconds"], 1), "train_tokens": s["train_tokens"],
             "tokens_per_s": s["train_tokens_per_s"], "steps": s["global_step"],
-            "final_loss": losses[-1]["loss"] if losses else None, "logged_losses": [m["loss"] for m in losses], "allocated_peak_gib": s.get("peak_memory_gib"),
+            "final_loss": losses[-1]["loss"] if losses else None, "logged_losses": [m["loss"] for m in losses],
+            "allocated_peak_gib": s.get("peak_memory_gib"),
             "phases": {**s.get("phases", {}), "exit": round(exited - summary.stat().st_mtime, 2)}}
 
 

@@ -231,13 +231,15 @@ def _meta_model(model_class, config, dtype, cfg: ModelConfig, device):
     from accelerate import init_empty_weights
 
     with init_empty_weights(include_buffers=False):
-        return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
+        return model_class.from_config(config, dtype=dtype,
+                                       attn_implementation=attn_implementation(cfg, device, config))
 
 
 def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
     """Random weights, created on the device (a 8B model in fp32 would take minutes on the CPU)."""
     with torch.device(device):
-        return model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation(cfg, device, config))
+        return model_class.from_config(config, dtype=dtype,
+                                       attn_implementation=attn_implementation(cfg, device, config))
 
 
 def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
