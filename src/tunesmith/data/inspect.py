@@ -52,7 +52,7 @@ def print_inspection(console: Console, data, report: dict, tokenizer, index: int
     for name, info in report.get("datasets", {}).items():
         table.add_row(name, str(info.get("rows")), str(info.get("skipped", 0)))
     console.print(table)
-    lengths = train["length"]
+    lengths = data.train_lengths()
     console.print(
         f"{len(train)} samples, {sum(lengths):,} tokens (min {min(lengths)}, mean {sum(lengths) / len(lengths):.0f}, "
         f"max {max(lengths)}); truncated: {report.get('num_truncated', 0)} (text cut to the character budget "

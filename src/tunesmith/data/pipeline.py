@@ -37,6 +37,15 @@ class PreparedData:
     train: object | None  # datasets.Dataset with input_ids, labels, length
     eval: object | None
     report: dict = field(default_factory=dict)
+    _train_lengths: list | None = field(default=None, repr=False)
+
+    def train_lengths(self) -> list[int]:
+        """Each training sample's token count, read once. datasets >= 4 hands the column as a lazy Column whose
+        iteration reads Arrow item by item (8 s for a million rows on the CPU machine); sliced it is one read
+        (0.04 s)."""
+        if self._train_lengths is None:
+            self._train_lengths = list(self.train["length"][:])
+        return self._train_lengths
 
 
 def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:

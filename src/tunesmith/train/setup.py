@@ -145,9 +145,7 @@ def _use_chat_template(cfg, tokenizer, saver) -> None:
 
 
 def _plan(cfg, data, **overrides) -> EpochPlan:
-    # a list: datasets >= 4 hands a lazy Column, every item access of which reads Arrow (slow in the packing loop)
-    return EpochPlan.from_config(cfg, list(data.train["length"]), world=data_parallel_size(cfg, dist.world()),
-                                 **overrides)
+    return EpochPlan.from_config(cfg, data.train_lengths(), world=data_parallel_size(cfg, dist.world()), **overrides)
 
 
 def _steps_per_epoch(cfg, stage, data) -> int:
