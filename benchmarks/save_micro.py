@@ -1,6 +1,6 @@
 """Where the final save's seconds go: a model on the GPU (fp32 masters) written with save_pretrained as is, with its
-state dict copied to the CPU first, and with tunesmith's writer (models/safetensors_write.py) at several thread
-counts; the writer's files are read back and compared with the model.
+state dict copied to the CPU first, and with tunesmith's writer (models/safetensors_write.py) at several shard
+sizes (the shards written side by side); the writer's files are read back and compared with the model.
 
     python benchmarks/save_micro.py MODEL_DIR [--out save.json]
 """
@@ -61,7 +61,8 @@ def main() -> None:
         else:
             safetensors_write.SHARD_SIZE = shard_size
             result[name] = {"total_s": _timed(lambda: save_weights(model, folder)),
-                            "files": len(list(folder.glob("*.safetensors"))), "same_weights": _same_as_model(model, folder)}
+                            "files": len(list(folder.glob("*.safetensors"))),
+                            "same_weights": _same_as_model(model, folder)}
     result["bytes"] = sum(f.stat().st_size for f in Path("/tmp/save-as_is").iterdir())
     report(result, args.out)
 

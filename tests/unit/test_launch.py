@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 from tunesmith import launch
 
 
@@ -19,26 +22,22 @@ def test_force_torchrun_and_children(monkeypatch):
     assert not launch.wants_torchrun()
 
 
+def _python(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+
 def test_exit_quickly_finishes_like_the_interpreter():
     """atexit handlers run, a non-daemon thread is waited for, buffered output is flushed, the code is kept."""
-    import subprocess
-    import sys
-
-    script = ("import atexit, threading, time\n"
-              "from tunesmith.cli import exit_quickly\n"
-              "atexit.register(lambda: print('atexit ran'))\n"
-              "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
-              "print('buffered', end=' ')\n"
-              "exit_quickly(3)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = _python("import atexit, threading, time\n"
+                   "from tunesmith.cli import exit_quickly\n"
+                   "atexit.register(lambda: print('atexit ran'))\n"
+                   "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+                   "print('buffered', end=' ')\n"
+                   "exit_quickly(3)\n")
     assert done.returncode == 3
     assert done.stdout == "buffered thread done\natexit ran\n"
 
 
 def test_exit_quickly_with_stdout_closed_keeps_the_code():
-    import subprocess
-    import sys
-
-    script = "import sys\nfrom tunesmith.cli import exit_quickly\nsys.stdout.close()\nexit_quickly(0)\n"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = _python("import sys\nfrom tunesmith.cli import exit_quickly\nsys.stdout.close()\nexit_quickly(0)\n")
     assert done.returncode == 0 and done.stderr == ""
