@@ -16,7 +16,7 @@ import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ContextManager, Protocol
+from typing import Callable, ContextManager, Protocol
 
 import torch
 
@@ -36,9 +36,14 @@ class CheckpointError(TunesmithError):
 
 @dataclass
 class StepResult:
+    """grad_norm and skipped are floats/bools, or 0-dim device tensors that the Runner reads once the GPU has
+    finished them (train/step_values.py), so that step() need not wait for the GPU."""
+
     grad_norm: float
-    skipped: bool  # non-finite gradient with skip_nonfinite: true
+    skipped: bool  # non-finite loss or gradient: the update was not applied
     lr: float
+    may_skip: bool = True  # False (skip_nonfinite: false): a skipped step is an error, raised when it is read
+    on_skip: Callable[[], None] | None = None  # the engine's own follow-up when the skip is read (see local_step)
 
 
 def combine_sum(key: str, total, value):
@@ -57,7 +62,8 @@ class StepOutput:
     """This rank's sums over the micro-batches of one forward_backward call.
 
     add() keeps device tensors as they are (reading one would make the host wait for the GPU in the middle of
-    the step); settle() turns them into floats once, after the last backward is queued."""
+    the step); the Runner reads them once the GPU has finished them (train/step_values.py). An engine that
+    must have host values (a collective over pipeline stages) calls settle()."""
 
     loss: float = 0.0
     sums: dict = field(default_factory=dict)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ..models.forward import run_forward
 from .base import LossFn, NonFiniteError, StepOutput, StepResult, eval_mode, forward_module, nonfinite
+from .optim import take_back_schedule_step
 
 
 def _local_norm(params: list) -> torch.Tensor:
@@ -15,16 +17,25 @@ def _local_norm(params: list) -> torch.Tensor:
 
 
 def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, skip_nonfinite: bool,
-                  nonfinite_loss: bool, total_norm=_local_norm) -> StepResult:
+                  nonfinite_loss, total_norm=_local_norm) -> StepResult:
     """Unscale (fp16), clip, refuse or skip a non-finite step, update, schedule, zero the gradients.
-    `total_norm(params)`: the gradients' norm (an engine whose parameters are shards gives the whole model's)."""
+    `total_norm(params)`: the gradients' norm (an engine whose parameters are shards gives the whole model's).
+    `nonfinite_loss`: False, or a device bool tensor (a micro-batch's loss was not finite).
+
+    A fused AdamW on plain tensors takes the whole decision on the device: it divides by the clipping factor
+    (its `grad_scale`, the hook AMP uses) and skips the update when `found_inf` is set, so the step never waits
+    for the GPU, and the result holds device tensors that the Runner reads once the GPU is done with them."""
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler:
         scaler.unscale_(optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = _clip(params, optimizer, max_norm, fold_into_step=scaler is None, total_norm=total_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    total = total_norm(params) if grads else None
+    if scaler is None and optimizer.defaults.get("fused") and type(total) is torch.Tensor:  # not FSDP2's DTensors
+        return _step_on_device(optimizer, scheduler, total, nonfinite_loss, max_norm, skip_nonfinite)
+    grad_norm = _clip(grads, total, max_norm)
     lr = scheduler.get_last_lr()[0]
-    if (nonfinite_loss or not math.isfinite(grad_norm)) and scaler is None:
+    if (bool(nonfinite_loss) or not math.isfinite(grad_norm)) and scaler is None:
         optimizer.zero_grad(set_to_none=True)
         if not skip_nonfinite:
             raise NonFiniteError(f"non-finite loss or gradient (grad norm {grad_norm})")
@@ -34,27 +45,37 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
         scaler.update()
     else:
         optimizer.step()
-        optimizer.grad_scale = None
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(grad_norm, False, lr)
 
 
-def _clip(params: list, optimizer, max_norm: float, fold_into_step: bool, total_norm=_local_norm) -> float:
-    """The gradients' total norm, and the gradients scaled to at most max_norm, as clip_grad_norm_ does. The norm
-    is read on the host anyway (logging, the non-finite check), so nothing is scaled when it is within the bound,
-    and a fused AdamW divides by the clipping factor inside its own update (its `grad_scale`, the hook AMP uses)
-    rather than in a separate pass over every gradient."""
-    grads = [p.grad for p in params if p.grad is not None]
+def _step_on_device(optimizer, scheduler, total: torch.Tensor, nonfinite_loss, max_norm: float,
+                    skip_nonfinite: bool) -> StepResult:
+    """clip_grad_norm_'s factor max_norm / (norm + 1e-6), at most 1, as the fused update's divisor; a non-finite
+    norm or loss sets found_inf, and the update leaves parameters, moments and step counts as they were."""
+    lr = scheduler.get_last_lr()[0]
+    norm = total.detach().float()
+    found_inf = (~torch.isfinite(norm) | nonfinite_loss).float()
+    optimizer.found_inf = found_inf
+    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0) if math.isfinite(max_norm) else None
+    try:
+        optimizer.step()
+    finally:
+        optimizer.grad_scale = optimizer.found_inf = None
+    scheduler.step()  # on a skipped update, taken back when the Runner reads the result (on_skip)
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(norm, found_inf.bool(), lr, may_skip=skip_nonfinite,
+                      on_skip=functools.partial(take_back_schedule_step, optimizer, scheduler))
+
+
+def _clip(grads: list, total, max_norm: float) -> float:
+    """The gradients' total norm read on the host, and the gradients scaled to at most max_norm, as
+    clip_grad_norm_ does (nothing is scaled when the norm is within the bound)."""
     if not grads:
         return 0.0
-    total = total_norm(params)
     grad_norm = float(total)
-    if not math.isfinite(grad_norm) or grad_norm <= max_norm:
-        return grad_norm
-    if fold_into_step and optimizer.defaults.get("fused") and type(total) is torch.Tensor:  # not FSDP2's DTensors
-        optimizer.grad_scale = (total + 1e-6) / max_norm
-    else:
+    if math.isfinite(grad_norm) and grad_norm > max_norm:
         torch._foreach_mul_(grads, max_norm / (grad_norm + 1e-6))
     return grad_norm
 
@@ -81,7 +102,7 @@ def backward_each(engine, micro_batches: list, loss_fn: LossFn, loss_scale: int 
         loss = out.loss * loss_scale if loss_scale != 1 else out.loss
         (engine.scaler.scale(loss) if engine.scaler else loss).backward()
         total.add(out)
-    return total.settle()
+    return total  # device tensors: the Runner reads them when the GPU is done (train/step_values.py)
 
 
 @torch.no_grad()
@@ -97,7 +118,7 @@ def forward_each(engine, micro_batches: list, fn: LossFn) -> list:
 
 
 def step_of(engine, total_norm=_local_norm) -> StepResult:
-    bad_loss, engine._nonfinite_loss = bool(engine._nonfinite_loss), False
+    bad_loss, engine._nonfinite_loss = engine._nonfinite_loss, False
     return clip_and_step(engine.model, engine.optimizer, engine.scheduler, engine.scaler,
                          max_grad_norm=engine.max_grad_norm, skip_nonfinite=engine.skip_nonfinite,
                          nonfinite_loss=bad_loss, total_norm=total_norm)

@@ -63,3 +63,10 @@ def realign_schedule(optimizer, scheduler) -> None:
     for group, value in zip(optimizer.param_groups, values):
         group["lr"] = value
     scheduler._last_lr = values
+
+
+def take_back_schedule_step(optimizer, scheduler) -> None:
+    """Undo one scheduler.step(): the update it followed was skipped (found non-finite on the device), and the
+    schedule counts applied updates."""
+    scheduler.last_epoch -= 1
+    realign_schedule(optimizer, scheduler)

@@ -27,6 +27,7 @@ from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss, write_results
 from .progress import TrainProgress
 from .signals import StopFlag
+from .step_values import StepValues
 from .steps import Step, loss_fn, run_prepasses, step_stats
 
 log = logging.getLogger("tunesmith")
@@ -92,56 +93,96 @@ class Runner:
         log.info("resumed from %s at step %d", path, self.state["global_step"])
 
     def _train_steps(self, stop: StopFlag, bar, sinks) -> None:
-        window = _Window()
+        """Queue step k, then read step k-1's values (step_values.py): while the host reads and logs, the GPU
+        has step k to work on. A step after which something reads the weights or the run's state (evaluation,
+        a save, the last step, a stop) is read before the next one is queued."""
+        window, pending = _Window(), None
         while self.state["global_step"] < self.total_steps:
-            step = self.source.next_step(self.engine)
-            self._run_step(step, window)
-            bar.update(self.state["global_step"], window.last.get(self.source.progress_key, float("nan")))
-            self._after_step(window, sinks, bar, step.epoch_ended)
+            queued = self._queue_step(self.source.next_step(self.engine))
+            if pending is not None:
+                self._settle(pending, window, bar, sinks)
             # Every rank must agree to stop at the same step, or they would desync in the collective save.
-            if dist.max_int(int(stop.requested)):
+            stopping = bool(dist.max_int(int(stop.requested)))
+            pending = queued if self._may_defer(queued) and not stopping else None
+            if pending is not None:
+                continue
+            self._settle(queued, window, bar, sinks)
+            self._evaluate_and_save(queued, bar, sinks)
+            if stopping:
                 if self.saved_step != self.state["global_step"]:
                     self._save()
                 self.result.interrupted = True
                 log.warning("stopped at step %d; resume with resume_from_checkpoint: true", self.state["global_step"])
                 return
 
-    def _run_step(self, step: Step, window) -> None:
+    def _queue_step(self, step: Step) -> "_Queued":
+        """Run the step's updates as far as the host need not wait for the GPU."""
         started = time.perf_counter()
-        number = self.state["global_step"] + 1
-        losses, norms, lr, sums, count = [], [], 0.0, {}, 0
+        outs, results = [], []
         for update in step.updates:
             run_prepasses(self.engine, self.method, update)
             stats = step_stats(self.method, update)
-            out = self.engine.forward_backward(update, loss_fn(self.method, stats))
-            try:
-                result = self.engine.step()
-            except NonFiniteError as err:
-                raise TunesmithError(f"step {number}: {err}. Lower learning_rate, or set skip_nonfinite: true") from None
+            outs.append(self.engine.forward_backward(update, loss_fn(self.method, stats)))
+            results.append(self._engine_step(self.state["global_step"] + 1))
+        tokens = dist.data_sum_int(step.num_tokens)
+        self.state["global_step"] += 1
+        self.state["tokens_seen"] += tokens
+        return _Queued(self.state["global_step"], step, tokens, StepValues(outs, results), started)
+
+    def _engine_step(self, number: int):
+        try:
+            return self.engine.step()
+        except NonFiniteError as err:
+            raise _nonfinite(number, err) from None
+
+    def _may_defer(self, queued: "_Queued") -> bool:
+        """Whether reading the step can wait until the next one is queued: one data-parallel rank (the values
+        need no collective), a sequence stage (online RL times each update itself), and nothing due at it."""
+        number, ended = queued.number, queued.step.epoch_ended
+        return (dist.data_world() == 1 and queued.step.train_tokens is None and number < self.total_steps
+                and not (self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps,
+                                                         number, ended, False))
+                and not self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, number, ended, False))
+
+    def _settle(self, queued: "_Queued", window, bar, sinks) -> None:
+        """Read the step's values: skipped steps, divergence, metrics, the progress bar and logging."""
+        number, step = queued.number, queued.step
+        outs, results = queued.values.read()
+        losses, norms, sums, count = [], [], {}, 0
+        for out, result in zip(outs, results):
             if result.skipped:
-                self.state["num_skipped_steps"] += 1
-                log.warning("step %d skipped: non-finite loss or gradient", number)
+                self._skipped(number, result)
             losses.append(dist.data_sum_float(out.loss))  # each data-parallel rank holds its share of the step loss
             self._check_divergence(number, result, losses[-1])
             norms.append(result.grad_norm)
-            lr = result.lr
             count += out.count
             for key, value in out.sums.items():
                 sums[key] = combine_sum(key, sums.get(key), value)
-        seconds = time.perf_counter() - started
-        self.state["global_step"] = number
-        num_tokens = dist.data_sum_int(step.num_tokens)
-        self.state["tokens_seen"] += num_tokens
-        metrics = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": lr,
+        seconds = time.perf_counter() - queued.started
+        metrics = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": results[-1].lr,
                    **step.metrics}
         if step.train_tokens is not None:
             metrics.update(time_train=seconds,
                            train_tokens_per_s=dist.data_sum_int(step.train_tokens) / max(seconds, 1e-9))
         sums = {k: dist.data_max_float(v) if k.endswith("_max") else dist.data_sum_float(v)
                 for k, v in sorted(sums.items())}
-        window.add(metrics, sums, dist.data_sum_int(count), num_tokens)
+        window.add(metrics, sums, dist.data_sum_int(count), queued.tokens)
         self.result.step_losses.append(metrics["loss"])
         self.result.global_step = number
+        bar.update(number, window.last.get(self.source.progress_key, float("nan")))
+        if number % self.cfg.output.logging_steps == 0 or number == self.total_steps:
+            metrics = window.flush(epoch=number / self.source.steps_per_epoch)
+            bar.print_metrics(number, metrics)
+            for sink in sinks:
+                sink.log(metrics, number)
+
+    def _skipped(self, number: int, result) -> None:
+        if not result.may_skip:
+            raise _nonfinite(number, NonFiniteError(f"non-finite loss or gradient (grad norm {result.grad_norm})"))
+        self.state["num_skipped_steps"] += 1
+        log.warning("step %d skipped: non-finite loss or gradient", number)
+        if result.on_skip is not None:  # the engine learns of the skip only now (the LR schedule moved on)
+            result.on_skip()
 
     def _check_divergence(self, number: int, result, loss: float) -> None:
         """max_bad_steps updates in a row that were skipped, or had exactly zero gradient under a nonzero loss
@@ -155,18 +196,12 @@ class Runner:
                 "zero gradient: training has diverged. The last checkpoint is kept; lower learning_rate (or raise "
                 "warmup), then resume from it or start again. max_bad_steps sets how many such updates are tolerated")
 
-    def _after_step(self, window, sinks, bar, epoch_ended: bool) -> None:
-        step = self.state["global_step"]
-        last = step == self.total_steps
-        if step % self.cfg.output.logging_steps == 0 or last:
-            metrics = window.flush(epoch=step / self.source.steps_per_epoch)
-            bar.print_metrics(step, metrics)
-            for sink in sinks:
-                sink.log(metrics, step)
-        if self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps, step,
-                                           epoch_ended, last):
+    def _evaluate_and_save(self, queued: "_Queued", bar, sinks) -> None:
+        number, ended, last = queued.number, queued.step.epoch_ended, queued.number == self.total_steps
+        if self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps, number, ended,
+                                           last):
             self._log_eval(sinks, bar)
-        if self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, step, epoch_ended, last=False):
+        if self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, number, ended, last=False):
             self._save()
 
     def _evaluates(self) -> bool:
@@ -279,3 +314,18 @@ def phase_seconds(marks: dict[str, float]) -> dict[str, float]:
     (read, render, tokenize, cache), model (load, engine, optimizer, data loader and resume), train, final save."""
     return {name: round(marks[end] - marks[begin], 2) for name, begin, end in _PHASES
             if begin in marks and end in marks}
+
+
+@dataclass
+class _Queued:
+    """A step whose work is queued; its values are read by Runner._settle."""
+
+    number: int
+    step: Step
+    tokens: int  # the real tokens of the step over every data-parallel rank
+    values: StepValues
+    started: float
+
+
+def _nonfinite(number: int, err: Exception) -> TunesmithError:
+    return TunesmithError(f"step {number}: {err}. Lower learning_rate, or set skip_nonfinite: true")

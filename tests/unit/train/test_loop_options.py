@@ -102,16 +102,33 @@ def _nan_on_second_step(monkeypatch):
     monkeypatch.setattr(sft, "sft_loss", flaky)
 
 
-def test_nonfinite_in_the_loop_names_the_step(tmp_path, monkeypatch):
+def _fused_adamw(monkeypatch):
+    """The optimizer a CUDA run gets (fused AdamW: the step decides clipping and skipping on the device, and the
+    Runner reads the result a step late), here on the CPU."""
+    from tunesmith.engines import optim
+
+    def fused(model, cfg, device):
+        return torch.optim.AdamW(optim.parameter_groups(model, cfg), **optim.adamw_options(cfg), fused=True)
+
+    monkeypatch.setattr(optim, "build_optimizer", fused)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["host-step", "device-step"])
+def test_nonfinite_in_the_loop_names_the_step(tmp_path, monkeypatch, fused):
+    if fused:
+        _fused_adamw(monkeypatch)
     _nan_on_second_step(monkeypatch)
     with pytest.raises(TunesmithError, match=r"step 2: non-finite"):
         train(run_config(tmp_path / "o", max_steps=3))
 
 
-def test_skip_nonfinite_counts_skipped_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["host-step", "device-step"])
+def test_skip_nonfinite_counts_skipped_steps(tmp_path, monkeypatch, fused):
     import json
 
+    if fused:
+        _fused_adamw(monkeypatch)
     _nan_on_second_step(monkeypatch)
     result = train(run_config(tmp_path / "o", max_steps=3, skip_nonfinite=True))
-    assert result.global_step == 3
+    assert result.global_step == 3 and all(map(torch.isfinite, torch.tensor(result.step_losses)[[0, 2]]))
     assert json.loads((tmp_path / "o" / "train_summary.json").read_text())["num_skipped_steps"] == 1
