@@ -40,6 +40,10 @@ class SFTBatch:
     # Segment boundaries over the flattened batch (samples and padding runs), int32, for varlen attention.
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int = 0
+    # Indices of the supervised targets in targets_BT.reshape(-1), found on the CPU (the fused output layer takes
+    # only those rows, and finding them on the GPU would make the host wait for it). Code that changes targets_BT
+    # sets it to None (then they are found on the device).
+    counted_rows: torch.Tensor | None = None
 
     def to(self, device) -> "SFTBatch":
         return self._mapped(lambda t: t.to(device, non_blocking=True))
@@ -112,6 +116,7 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
         num_tokens=sum(widths),
         cu_seqlens=torch.tensor([0] + segment_lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32),
         max_seqlen=max(segment_lengths),
+        counted_rows=(targets.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1),
     )
     if media is not None:
         _add_media(batch, [s for row in rows for s in row], media)

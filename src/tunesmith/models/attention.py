@@ -15,6 +15,9 @@ plain SDPA, so one model serves training, evaluation and rollouts.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 
 VARLEN = "tunesmith_varlen"
@@ -22,6 +25,7 @@ VARLEN = "tunesmith_varlen"
 # "flash"; any other gets one SDPA call per image in every layer, after a host synchronisation.
 VISION_VARLEN = "tunesmith_flash_vision"
 _registered = False
+_boundaries_given = contextvars.ContextVar("tunesmith_boundaries_given", default=False)
 
 
 def varlen_available(device: torch.device) -> bool:
@@ -38,8 +42,34 @@ def register() -> str:
         AttentionInterface.register(VARLEN, varlen_attention)
         AttentionInterface.register(VISION_VARLEN, vision_varlen_attention)
         AttentionMaskInterface.register(VARLEN, _padding_mask_only)
+        _skip_packed_search_when_given()
         _registered = True
     return VARLEN
+
+
+@contextlib.contextmanager
+def boundaries_given():
+    """Inside it, the model's forward gets each sample's boundaries (packed_cu_seqlens): transformers' search for
+    packed samples in the position ids, which reads a GPU value on the host and so makes the host wait for the
+    GPU at every forward, is skipped (the varlen attention builds no mask from it)."""
+    token = _boundaries_given.set(True)
+    try:
+        yield
+    finally:
+        _boundaries_given.reset(token)
+
+
+def _skip_packed_search_when_given() -> None:
+    from transformers import masking_utils
+
+    search = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if search is None:  # a transformers release without the search has nothing to skip
+        return
+
+    def find_packed_sequence_indices(position_ids, *args, **kwargs):
+        return None if _boundaries_given.get() else search(position_ids, *args, **kwargs)
+
+    masking_utils.find_packed_sequence_indices = find_packed_sequence_indices
 
 
 def _padding_mask_only(*args, attention_mask=None, **kwargs):

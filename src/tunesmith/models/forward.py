@@ -15,12 +15,14 @@ coefficient for the loss to add. Evaluation and no-gradient passes never ask.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
 
+from .attention import boundaries_given
 from .inputs import model_inputs
 
 OutputKind = Literal["logits", "nll", "rewards"]
@@ -65,15 +67,18 @@ def run_forward(model, batch, kind: OutputKind) -> ModelOutputs:
     if coef is not None:
         inputs["output_router_logits"] = True
     head = fused_loss_head(model) if kind == "nll" else None
+    given = boundaries_given() if inputs.get("packed_cu_seqlens") is not None else contextlib.nullcontext()
     if head is None:
-        out = model(**inputs)
+        with given:
+            out = model(**inputs)
         return _with_aux(ModelOutputs(logits_BTV=out.logits), out, coef)
-    head.loss_targets = batch.targets_BT.reshape(-1)
+    head.loss_targets, head.loss_rows = batch.targets_BT.reshape(-1), getattr(batch, "counted_rows", None)
     try:
-        out = model(**inputs)
+        with given:
+            out = model(**inputs)
         return _with_aux(ModelOutputs(nll_sum=out.logits), out, coef)  # the head returned the NLL sum
     finally:
-        head.loss_targets = None
+        head.loss_targets = head.loss_rows = None
 
 
 def router_aux_loss_coef(model) -> float | None:

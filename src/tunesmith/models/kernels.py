@@ -23,15 +23,16 @@ def install_fused_ce(model) -> None:
 
 
 def install_loss_head(head: torch.nn.Module, loss) -> torch.nn.Module:
-    """Let the output layer return loss(weight, hidden [N, H], targets [N]) instead of logits while
-    `head.loss_targets` is set. Parameters and their names are unchanged (checkpoints load as before)."""
+    """Let the output layer return loss(weight, hidden [N, H], targets [N], rows) instead of logits while
+    `head.loss_targets` is set; `head.loss_rows`: the indices of the counted targets when the collator found them
+    (else None). Parameters and their names are unchanged (checkpoints load as before)."""
     plain_forward = head.forward
-    head.loss_targets = None
+    head.loss_targets = head.loss_rows = None
 
     def forward(hidden):
         if head.loss_targets is None:
             return plain_forward(hidden)
-        return loss(head.weight, hidden.reshape(-1, hidden.shape[-1]), head.loss_targets).float()
+        return loss(head.weight, hidden.reshape(-1, hidden.shape[-1]), head.loss_targets, head.loss_rows).float()
 
     head.forward = forward
     return head

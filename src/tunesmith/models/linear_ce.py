@@ -107,11 +107,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return gh, gw, None, None, None, None
 
 
-def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                             counted: torch.Tensor | None = None) -> torch.Tensor:
     """sum over counted targets of -log softmax(hidden @ weight.T)[target]; targets == -100 are not counted.
     hidden [N, H], weight [V, H], targets [N]; an fp32 scalar. Only the counted rows reach the output layer
-    (prompt tokens of SFT never need their logits); finding them is the one host synchronisation."""
-    counted = (targets != IGNORE_INDEX).nonzero().squeeze(1)
+    (prompt tokens of SFT never need their logits). `counted`: their indices, as the collator found them on the
+    CPU; without it they are found here, which makes the host wait for the GPU."""
+    if counted is None:
+        counted = (targets != IGNORE_INDEX).nonzero().squeeze(1)
     hidden, targets = hidden.index_select(0, counted), targets.index_select(0, counted)
     dtype = _compute_dtype(hidden)
     fused = ce_rows.available(hidden.device)
@@ -121,7 +124,7 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets
 
 
 class ChunkedLinearCrossEntropy(torch.nn.Module):
-    """The loss object `models.kernels.install_loss_head` takes: loss(weight, hidden, targets) -> NLL sum."""
+    """The loss object `models.kernels.install_loss_head` takes: loss(weight, hidden, targets, rows) -> NLL sum."""
 
-    def forward(self, weight, hidden, targets):
-        return linear_cross_entropy_sum(hidden, weight, targets)
+    def forward(self, weight, hidden, targets, rows=None):
+        return linear_cross_entropy_sum(hidden, weight, targets, rows)

@@ -276,6 +276,7 @@ def _pad_to_same_count(batches: list) -> list:
     while len(padded) < most:
         dummy = copy.copy(batches[-1])
         dummy.targets_BT = torch.full_like(batches[-1].targets_BT, IGNORE_INDEX)
+        dummy.counted_rows = None  # found again from the new targets
         dummy.num_label_tokens, dummy.num_samples, dummy.num_tokens = 0, 0, 0
         dummy.extra = dict(batches[-1].extra)
         padded.append(dummy)

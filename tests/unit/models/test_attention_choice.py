@@ -14,3 +14,19 @@ def test_sdpa_on_a_gpu_in_bf16_uses_the_variable_length_kernel_for_packed_rows(m
     assert load.attn_implementation(ModelConfig(flash_attn="sdpa"), gpu) == "sdpa"  # fp32: no flash kernel
     assert load.attn_implementation(ModelConfig(flash_attn="sdpa", bf16=True), cpu) == "sdpa"
     assert load.attn_implementation(ModelConfig(flash_attn="eager", bf16=True), gpu) == "eager"
+
+
+def test_packed_search_is_skipped_only_when_boundaries_are_given():
+    """transformers' search for packed samples reads a GPU value on the host; a forward that hands the varlen
+    attention its boundaries skips it, every other forward (SDPA/eager masks from position ids) keeps it."""
+    from transformers import masking_utils
+
+    from tunesmith.models.attention import boundaries_given, register
+
+    register()
+    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    found = masking_utils.find_packed_sequence_indices(positions)
+    assert found is not None and found[0, -1] == 1
+    with boundaries_given():
+        assert masking_utils.find_packed_sequence_indices(positions) is None
+    assert masking_utils.find_packed_sequence_indices(positions) is not None

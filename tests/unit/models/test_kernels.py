@@ -46,7 +46,7 @@ def test_a_loss_head_returns_the_nll_sum_inside_the_models_forward(tiny_qwen3):
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
-    def plain_ce(weight, hidden, targets):
+    def plain_ce(weight, hidden, targets, rows):
         return F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=-100, reduction="sum")
 
     head = install_loss_head(model.get_output_embeddings(), plain_ce)

@@ -122,3 +122,20 @@ def test_fused_row_kernel_matches_the_eager_path():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_rows_found_by_the_collator_give_the_same_loss():
+    """The collator's counted_rows (found on the CPU, no host wait on a GPU) select the same rows as the loss's
+    own search."""
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.models.linear_ce import linear_cross_entropy_sum
+
+    rows = [[{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}, {"input_ids": [9, 10, 11], "labels": [9, 10, 11]}],
+            [{"input_ids": [12, 13], "labels": [-100, 13]}]]
+    batch = collate_rows(rows, pad_id=0)
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(batch.targets_BT.numel(), 16), torch.randn(40, 16)
+    targets = batch.targets_BT.reshape(-1)
+    assert batch.counted_rows.tolist() == (targets != -100).nonzero().squeeze(1).tolist()
+    torch.testing.assert_close(linear_cross_entropy_sum(hidden, weight, targets, batch.counted_rows),
+                               linear_cross_entropy_sum(hidden, weight, targets))
