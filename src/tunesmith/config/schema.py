@@ -51,7 +51,8 @@ class ModelConfig(_Group):
         "FlashAttention given each packed sample's boundaries, no mask) on GPU in bf16/fp16, else sdpa; "
         "disabled = eager."
     )
-    enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's RMSNorm, SwiGLU and RoPE, and tunesmith's linear + cross-entropy.")
+    enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's SwiGLU, RoPE and RMSNorm (PyTorch's "
+                                      "fused RMSNorm over the hidden size) and tunesmith's linear + cross-entropy.")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="Recompute activations in the backward pass (less memory, about 30% slower): true = "
         "every layer, false = none, auto = decided per run from the memory estimate: off when the run fits with a "

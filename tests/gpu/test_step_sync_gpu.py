@@ -1,0 +1,78 @@
+"""GPU: a step's values reach the host without waiting for work queued after them (train/step_values.py), the
+device-side clipping and skipping of a fused AdamW (engines/local_step.py) equal clip_grad_norm_ + step, and
+PyTorch's fused RMSNorm (models/norms.py) gives transformers' under bf16 autocast.
+
+    python -m pytest -q -s tests/gpu/test_step_sync_gpu.py      # on the device machine
+"""
+
+import time
+
+import pytest
+import torch
+
+from tunesmith.engines.base import StepOutput, StepResult
+from tunesmith.engines.local_step import clip_and_step
+from tunesmith.train.step_values import StepValues
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_values_are_read_without_waiting_for_later_work():
+    out = StepOutput(torch.tensor(2.5, device="cuda"), {"n": torch.tensor(3.0, device="cuda")}, 4)
+    values = StepValues([out], [StepResult(torch.tensor(0.75, device="cuda"), torch.tensor(False, device="cuda"),
+                                           1e-5)])
+    torch.cuda._sleep(int(3e9))  # about two seconds of GPU work queued after the step
+    started = time.perf_counter()
+    outs, results = values.read()
+    waited = time.perf_counter() - started
+    torch.cuda.synchronize()
+    assert waited < 0.5, f"read() waited {waited:.2f} s for work queued after the step"
+    assert (outs[0].loss, outs[0].sums, outs[0].count) == (2.5, {"n": 3.0}, 4)
+    assert (results[0].grad_norm, results[0].skipped) == (0.75, False)
+
+
+@pytest.mark.parametrize("scale", [10.0, 0.01])
+def test_device_step_equals_clip_grad_norm_then_step(scale):
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).cuda()
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * scale
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+
+    model, optimizer = build()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    result = clip_and_step(model, optimizer, scheduler, None, max_grad_norm=1.0, skip_nonfinite=False,
+                           nonfinite_loss=torch.tensor(False, device="cuda"))
+    reference, ref_optimizer = build()
+    norm = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0)
+    ref_optimizer.step()
+    assert result.grad_norm.is_cuda and float(result.grad_norm) == pytest.approx(float(norm), rel=1e-6)
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_fused_rms_norm_matches_transformers_under_autocast():
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from tunesmith.models.norms import fused_rms_norm
+
+    torch.manual_seed(0)
+    for hidden_dtype, size in ((torch.float32, 2048), (torch.bfloat16, 128)):
+        norm = Qwen3RMSNorm(size).cuda()
+        with torch.no_grad():
+            norm.weight.add_(torch.randn(size, device="cuda") * 0.1)
+        hidden = torch.randn(4096, size, device="cuda", dtype=hidden_dtype, requires_grad=True)
+        grads = []
+        for fn in (norm, lambda h: fused_rms_norm(norm, h)):
+            hidden.grad = norm.weight.grad = None
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = fn(hidden)
+            y.backward(torch.ones_like(y))
+            grads.append((y.detach(), hidden.grad.clone(), norm.weight.grad.clone()))
+        (y, dx, dw), (hf_y, hf_dx, hf_dw) = grads[1], grads[0]
+        assert y.dtype == dx.dtype == hidden_dtype and dw.dtype == torch.float32
+        tolerance = 1e-2 if hidden_dtype == torch.bfloat16 else 1e-5  # bf16 rounding of the heads' output
+        for got, expected in ((y, hf_y), (dx, hf_dx), (dw, hf_dw)):
+            error = float((got.float() - expected.float()).norm() / expected.float().norm())
+            assert error < tolerance, (hidden_dtype, error)
