@@ -5,6 +5,10 @@
                                                                      8 micro-batches makes a large trace)
     PROFILE_TOTAL=12 python benchmarks/profile_steps.py ...         (run 12 optimiser steps instead of 48; the first
                                                                      third are warm-up, not timed)
+    PROFILE_LOOP=1 python benchmarks/profile_steps.py ... save_final_model=false
+                                                                    (the Runner's own loop, which queues step k
+                                                                     before it reads step k-1: no phase timings,
+                                                                     the profile and tokens/s of the last steps)
 
 For vision/audio-language models the forward passes of the model's parts are profiled as ranges of their own
 ("part:<group>.<child>", e.g. part:vision_tower.patch_embed, part:vision_tower.blocks, part:projector.merger,
@@ -73,6 +77,34 @@ def mark_parts(model) -> list:
     return handles
 
 
+def profile_loop(runner, total: int, profiled: int):
+    """The Runner's own loop for `total` steps, the last `profiled` under the profiler (pass save_final_model=false:
+    the timing ends after the final save)."""
+    runner.total_steps = total
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    prof = torch.profiler.profile(activities=activities)
+    queue, seen = runner._queue_step, {"steps": 0, "tokens": 0, "start": None}
+
+    def queued(step):
+        seen["steps"] += 1
+        if seen["steps"] == total - profiled + 1:
+            _sync()
+            prof.__enter__()
+            seen["start"] = time.perf_counter()
+        if seen["start"] is not None:
+            seen["tokens"] += step.num_tokens
+        return queue(step)
+
+    runner._queue_step = queued
+    runner.run()
+    _sync()
+    seconds = time.perf_counter() - seen["start"]
+    prof.__exit__(None, None, None)
+    print(f"the Runner's loop, last {profiled} steps under the profiler: {1e3 * seconds / profiled:.1f} ms a step; "
+          f"{seen['tokens'] / profiled:.0f} tokens; {seen['tokens'] / seconds:.0f} tokens/s")
+    return prof
+
+
 def main() -> None:
     """Drives the Runner's engine and step source by hand, timing each part of PROFILE_TOTAL (48) optimiser steps."""
     yaml_path, overrides = parse_cli_items(sys.argv[1:])
@@ -81,6 +113,9 @@ def main() -> None:
     mark_parts(engine.model)
     profiled = int(os.environ.get("PROFILE_STEPS", "8"))
     total = int(os.environ.get("PROFILE_TOTAL", "48"))
+    if os.environ.get("PROFILE_LOOP") == "1":
+        print_tables(profile_loop(runner, total, profiled), profiled)
+        return
     warm_up = min(8, total // 3)
     waits, computes, steps, tokens = 0.0, 0.0, 0.0, 0
     for i in range(total):
@@ -105,7 +140,15 @@ def main() -> None:
     n = total - warm_up
     print(f"per optimiser step over {n}: data wait {1e3 * waits / n:.1f} ms, forward+backward {1e3 * computes / n:.1f} ms, "
           f"optimiser {1e3 * steps / n:.1f} ms; {tokens / n:.0f} tokens; {tokens / (waits + computes + steps):.0f} tokens/s")
+    print_tables(prof, profiled)
+
+
+def print_tables(prof, profiled: int) -> None:
     averages = prof.key_averages()
+    # as the table's total, without "Command Buffer Full" (the host blocked on a full launch queue, no GPU work)
+    kernels = [e for e in averages if e.device_type != torch.autograd.DeviceType.CPU and e.key != "Command Buffer Full"]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e3 / profiled
+    print(f"GPU busy {busy:.1f} ms a step (kernel time; one stream, so no overlap)")
     parts = [e for e in averages if e.key.startswith("part:")]
     if parts:
         print(f"forward time of the model's parts over the last {profiled} steps (CPU / GPU inside each range, ms):")
