@@ -1,12 +1,13 @@
 """RMSNorm through PyTorch's fused kernel (`torch.nn.functional.rms_norm`, one kernel each way on CUDA).
 
 Liger's RMSNorm is a Triton kernel launched from Python: on an H200 its forward and backward cost 0.6-0.7 ms
-of host time per norm (measured, benchmarks/results/2026-12-05-norm-and-step-sync.md), and a Qwen3 step
-runs 113 of them, so the host, not the GPU, set the pace of the step. PyTorch's fused kernel does the same
-work for a quarter of the host time. Numerics: as Liger's, the output has the input's dtype: under bf16
-autocast the fp32 residual stream is normalised in fp32 exactly as transformers does (up to the order of
-the sum), and the bf16 q/k heads are normalised and scaled in fp32 and rounded to bf16 once (transformers
-rounds the normalised value, then multiplies by the fp32 weight and keeps fp32; Liger rounds twice).
+of host time per norm (benchmarks/results/2026-12-04-step-sync-and-norms.md), and a Qwen3 step runs 113 of
+them, so the host, not the GPU, set the pace of the step. PyTorch's fused kernel does the same work for a
+quarter of the host time, and as fast on the GPU for norms over the hidden size; over the q/k heads' 128
+features its weight-gradient reduction is slow, so those keep Liger's kernel. Numerics: as Liger's, the
+output has the input's dtype; under bf16 autocast the fp32 residual stream is normalised in fp32 exactly as
+transformers does (up to the order of the sum); a half-precision input is normalised and scaled in fp32 and
+rounded once.
 """
 
 from __future__ import annotations
