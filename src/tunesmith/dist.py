@@ -63,7 +63,9 @@ def is_main() -> bool:
 
 
 def _all_reduce(value, dtype, op, over_data: bool):
-    if not dist.is_initialized() or (over_data and data_world() == 1):
+    # one rank needs no collective (a one-process group is Megatron's on one GPU): reading the result would make
+    # the host wait for every step queued before it
+    if not dist.is_initialized() or world() == 1 or (over_data and data_world() == 1):
         return value
     t = torch.tensor([value], dtype=dtype, device=_device())
     dist.all_reduce(t, op=op, group=_DATA[0] if over_data and _DATA is not None else None)

@@ -6,6 +6,7 @@ import functools
 import math
 
 import torch
+import torch.distributed as tdist
 
 from ..models.forward import run_forward
 from .base import LossFn, NonFiniteError, StepOutput, StepResult, eval_mode, forward_module, nonfinite
@@ -57,6 +58,8 @@ def _step_on_device(optimizer, scheduler, total: torch.Tensor, nonfinite_loss, m
     lr = scheduler.get_last_lr()[0]
     norm = total.detach().float()
     found_inf = (~torch.isfinite(norm) | nonfinite_loss).float()
+    if tdist.is_initialized() and tdist.get_world_size() > 1:  # one rank's non-finite loss skips the step everywhere
+        tdist.all_reduce(found_inf, op=tdist.ReduceOp.MAX)  # queued on the device, nothing read on the host
     optimizer.found_inf = found_inf
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0) if math.isfinite(max_norm) else None
     try:

@@ -67,6 +67,8 @@ def realign_schedule(optimizer, scheduler) -> None:
 
 def take_back_schedule_step(optimizer, scheduler) -> None:
     """Undo one scheduler.step(): the update it followed was skipped (found non-finite on the device), and the
-    schedule counts applied updates."""
+    schedule counts applied updates. (Our schedules are LambdaLRs; another kind is left to move on.)"""
+    if getattr(scheduler, "lr_lambdas", None) is None:
+        return
     scheduler.last_epoch -= 1
     realign_schedule(optimizer, scheduler)

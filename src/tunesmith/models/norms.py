@@ -36,7 +36,8 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
     changed = 0
     for module in model.modules():
         if (isinstance(module, LigerRMSNorm) and module.offset == 0.0 and module.casting_mode == "llama"
-                and getattr(module, "weight", None) is not None and module.weight.numel() >= NARROWEST):
+                and getattr(module, "weight", None) is not None and module.weight.numel() >= NARROWEST
+                and getattr(module, "group_size", None) is None):  # Liger's grouped RMSNorm normalises groups
             module.forward = fused_rms_norm.__get__(module)
             changed += 1
     return changed

@@ -35,7 +35,7 @@ class StepValues:
             stacked = torch.stack([flat[i].detach().reshape(()).to(torch.float32) for i in self._on_gpu])
             self._copy = stacked.to("cpu", non_blocking=True)  # pinned, so the copy is asynchronous
             self._done = torch.cuda.Event()
-            self._done.record()
+            self._done.record(torch.cuda.current_stream(stacked.device))
 
     def read(self) -> tuple[list[StepOutput], list[StepResult]]:
         """The outputs and results with host values (float, bool); waits for this step's copy only."""

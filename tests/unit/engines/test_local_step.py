@@ -55,3 +55,27 @@ def test_fused_step_skips_a_nonfinite_update_on_the_device(bad):
     assert scheduler.last_epoch == 2
     result.on_skip()
     assert scheduler.last_epoch == 1 and optimizer.param_groups[0]["lr"] == pytest.approx(0.1 / 2)
+
+
+def _skip_worker(rank: int, store_path: str):
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", store=tdist.FileStore(store_path, 2), rank=rank, world_size=2)
+    try:
+        model, optimizer = _model_and_optimizer(True, 1.0)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        result = clip_and_step(model, optimizer, scheduler, None, max_grad_norm=1.0, skip_nonfinite=True,
+                               nonfinite_loss=torch.tensor(rank == 1))  # only rank 1 saw a non-finite loss
+        assert bool(result.skipped), f"rank {rank} applied an update that rank 1 skipped"
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_a_skip_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    """A pipeline's last stage alone sees the loss: its non-finite loss must skip the update on every rank, or the
+    ranks' weights would part."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_skip_worker, args=(str(tmp_path / "store"),), nprocs=2, join=True)
