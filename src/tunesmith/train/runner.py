@@ -138,11 +138,8 @@ class Runner:
     def _may_defer(self, queued: "_Queued") -> bool:
         """Whether reading the step can wait until the next one is queued: one data-parallel rank (the values
         need no collective), a sequence stage (online RL times each update itself), and nothing due at it."""
-        number, ended = queued.number, queued.step.epoch_ended
-        return (dist.data_world() == 1 and queued.step.train_tokens is None and number < self.total_steps
-                and not (self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps,
-                                                         number, ended, False))
-                and not self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, number, ended, False))
+        return (dist.data_world() == 1 and queued.step.train_tokens is None and queued.number < self.total_steps
+                and not self._eval_due(queued) and not self._save_due(queued))
 
     def _settle(self, queued: "_Queued", window, bar, sinks) -> None:
         """Read the step's values: skipped steps, divergence, metrics, the progress bar and logging."""
@@ -197,12 +194,19 @@ class Runner:
                 "warmup), then resume from it or start again. max_bad_steps sets how many such updates are tolerated")
 
     def _evaluate_and_save(self, queued: "_Queued", bar, sinks) -> None:
-        number, ended, last = queued.number, queued.step.epoch_ended, queued.number == self.total_steps
-        if self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps, number, ended,
-                                           last):
+        if self._eval_due(queued):
             self._log_eval(sinks, bar)
-        if self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, number, ended, last=False):
+        if self._save_due(queued):
             self._save()
+
+    def _eval_due(self, queued: "_Queued") -> bool:
+        last = queued.number == self.total_steps
+        return self._evaluates() and self._due(self.cfg.train.eval_strategy, self.cfg.train.eval_steps,
+                                               queued.number, queued.step.epoch_ended, last)
+
+    def _save_due(self, queued: "_Queued") -> bool:
+        return self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, queued.number,
+                         queued.step.epoch_ended, last=False)
 
     def _evaluates(self) -> bool:
         return self.cfg.train.eval_strategy != "no"
