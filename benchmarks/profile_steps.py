@@ -77,12 +77,16 @@ def mark_parts(model) -> list:
     return handles
 
 
+def _profiler():
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                              torch.profiler.ProfilerActivity.CUDA])
+
+
 def profile_loop(runner, total: int, profiled: int):
     """The Runner's own loop for `total` steps, the last `profiled` under the profiler (pass save_final_model=false:
     the timing ends after the final save)."""
     runner.total_steps = total
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    prof = torch.profiler.profile(activities=activities)
+    prof = _profiler()
     queue, seen = runner._queue_step, {"steps": 0, "tokens": 0, "start": None}
 
     def queued(step):
@@ -123,8 +127,7 @@ def main() -> None:
         step = source.next_step(engine)
         t1 = time.perf_counter()
         if i == total - profiled:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof = _profiler()
             prof.__enter__()
         for update in step.updates:
             run_prepasses(engine, method, update)
