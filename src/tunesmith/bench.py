@@ -10,7 +10,9 @@ batch and precision through the Hugging Face Trainer in the same process for com
 
 MFU = tokens/s x FLOPs/token / (989e12 x GPUs), FLOPs/token = 6*N + 12*L*H*d_head*S (DESIGN.md):
 N = parameters that do matmuls (an untied input-embedding table excluded), L layers, H heads,
-S = mean sample length (each sample attends only within itself, packed or not).
+S = mean sample length (each sample attends only within itself, packed or not); for a mixture of experts N counts
+the parameters a token uses (attention, router, its top-k experts). With logging_steps=1 the result also holds
+steady_tokens_per_s / steady_mfu: the mean per-step rate after the first 3 steps.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from .models.shapes import SHAPES
 
 PEAK_BF16 = 989e12
+WARMUP_LOGS = 3  # logged steps left out of the steady rate
 
 
 def model_folder(shape: str, root: Path) -> Path:
@@ -31,15 +34,17 @@ def model_folder(shape: str, root: Path) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     from .errors import ConfigError
+    from .models.shapes import family
     from .models.tiny import build_tiny
 
     if shape not in SHAPES:
         raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
-    tiny = build_tiny("qwen3")
+    tiny = build_tiny(family(shape))
     folder = root / shape
     config = AutoConfig.from_pretrained(tiny)
     for key, value in (SHAPES[shape] or {}).items():
-        setattr(config, key, value)
+        if key != "model_type":
+            setattr(config, key, value)
     config.layer_types = ["full_attention"] * config.num_hidden_layers
     config.save_pretrained(folder)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
@@ -67,11 +72,15 @@ def synthetic_data(folder: Path, num: int, min_len: int, max_len: int, vocab: in
 
 
 def flops_per_token(config, mean_len: float) -> float:
-    """6*N + 12*L*H*d_head*S, N = matmul parameters (input embedding excluded unless tied, as the lm_head)."""
+    """6*N + 12*L*H*d_head*S, N = matmul parameters (input embedding excluded unless tied, as the lm_head); for a
+    mixture of experts the parameters a token uses: its top-k experts and the router."""
     h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
     d = getattr(config, "head_dim", None) or h // heads
     kv = config.num_key_value_heads
-    per_layer = h * d * (2 * heads + 2 * kv) + 3 * h * config.intermediate_size
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    mlp = (3 * h * config.intermediate_size if not experts
+           else config.num_experts_per_tok * 3 * h * config.moe_intermediate_size + h * experts)
+    per_layer = h * d * (2 * heads + 2 * kv) + mlp
     n = layers * per_layer + config.vocab_size * h  # the lm_head matmul (tied or not)
     return 6 * n + 12 * layers * heads * d * mean_len
 
@@ -109,6 +118,10 @@ def run(shape: str, num_samples: int, min_len: int, max_len: int, overrides: dic
               "loss_curve": [m["loss"] for m in logged if "loss" in m],
               "flops_per_token": flops_per_token(config, mean_len)}
     result["mfu"] = result["train_tokens_per_s"] * result["flops_per_token"] / (PEAK_BF16 * gpus)
+    steady = [m["tokens_per_s"] for m in logged if "loss" in m and "tokens_per_s" in m][WARMUP_LOGS:]
+    if steady:  # logging_steps=1: the steps after compilation, autotuning and the allocator have settled
+        result["steady_tokens_per_s"] = sum(steady) / len(steady)
+        result["steady_mfu"] = result["steady_tokens_per_s"] * result["flops_per_token"] / (PEAK_BF16 * gpus)
     if hf_baseline and dist.is_main():
         result["hf_trainer"] = hf_trainer_baseline(cfg, folder, data)
     if torch.cuda.is_available():

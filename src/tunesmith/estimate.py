@@ -117,9 +117,9 @@ def config_for_estimate(yaml_path: str | None, overrides: dict) -> RunConfig:
 
 def shape_config(shape: str):
     """The transformers config of a named shape of `tunesmith bench` (Qwen3 architectures; tiny = tiny:qwen3)."""
-    from transformers import AutoConfig, Qwen3Config
+    from transformers import AutoConfig
 
-    from .models.shapes import SHAPES
+    from .models.shapes import SHAPES, family
     from .errors import ConfigError
     from .models.tiny import build_tiny
 
@@ -127,7 +127,8 @@ def shape_config(shape: str):
         raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
     if SHAPES[shape] is None:
         return AutoConfig.from_pretrained(build_tiny("qwen3"))
-    return Qwen3Config(**SHAPES[shape])
+    values = {k: v for k, v in SHAPES[shape].items() if k != "model_type"}
+    return AutoConfig.for_model(family(shape), **values)
 
 
 def model_config(cfg: RunConfig):

@@ -187,6 +187,21 @@ def test_estimate_on_a_named_shape_offline():
     assert "shape qwen3-8b: 8.19B parameters" in text and "sharded by fsdp2" in text
 
 
+def test_the_reduced_qwen3_moe_shape_is_a_mixture_of_experts_and_its_flops_count_the_active_experts():
+    from tunesmith.bench import flops_per_token
+    from tunesmith.estimate import config_for_estimate, shape_config
+
+    config = shape_config("qwen3-30b-a3b-8l")
+    assert config.model_type == "qwen3_moe" and config.num_experts == 128 and config.num_hidden_layers == 8
+    r = estimate_memory(config_for_estimate(None, {"finetuning_type": "full", "bf16": True}), 1, 141.0,
+                        hf_config=config)
+    assert abs(r["params"] - 5.61e9) / 5.61e9 < 0.01  # 8 x (128 experts of 4.7M + attention 19M) + 2 x 311M
+    # a token uses its 8 experts and the router, not all 128, and the output layer
+    attention, experts = 2048 * 128 * (2 * 32 + 2 * 4), 8 * 3 * 2048 * 768 + 2048 * 128
+    active = 8 * (attention + experts) + 151936 * 2048
+    assert flops_per_token(config, 1100) == 6 * active + 12 * 8 * 32 * 128 * 1100
+
+
 def test_estimate_of_a_hub_id_offline_is_one_clear_error():
     code, text = _cli_estimate("model_name_or_path=no-such-org/no-such-model")
     assert code == 1 and "Traceback" not in text

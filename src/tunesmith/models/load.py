@@ -237,10 +237,18 @@ def _meta_model(model_class, config, dtype, cfg: ModelConfig, device):
 
 
 def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
-    """Random weights, created on the device (a 8B model in fp32 would take minutes on the CPU)."""
-    with torch.device(device):
-        return model_class.from_config(config, dtype=dtype,
-                                       attn_implementation=attn_implementation(cfg, device, config))
+    """Random weights, created on a GPU (a 8B model in fp32 would take minutes on the CPU): the Megatron engine's
+    CPU template is filled on this process's GPU and moved to the CPU."""
+    on = device
+    if device.type == "cpu" and torch.cuda.is_available():
+        on = torch.device("cuda", torch.cuda.current_device())
+    with torch.device(on):
+        model = model_class.from_config(config, dtype=dtype,
+                                        attn_implementation=attn_implementation(cfg, device, config))
+    if on != device:
+        model.to(device)
+        torch.cuda.empty_cache()
+    return model
 
 
 def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
