@@ -99,8 +99,8 @@ class Runner:
         window, pending = _Window(), None
         while self.state["global_step"] < self.total_steps:
             queued = self._queue_step(self.source.next_step(self.engine))
-            if pending is not None:
-                self._settle(pending, window, bar, sinks)
+            if pending is not None:  # its time ends where the next step's queueing began
+                self._settle(pending, window, bar, sinks, ended=queued.started)
             # Every rank must agree to stop at the same step, or they would desync in the collective save.
             stopping = bool(dist.max_int(int(stop.requested)))
             pending = queued if self._may_defer(queued) and not stopping else None
@@ -141,10 +141,12 @@ class Runner:
         return (dist.data_world() == 1 and queued.step.train_tokens is None and queued.number < self.total_steps
                 and not self._eval_due(queued) and not self._save_due(queued))
 
-    def _settle(self, queued: "_Queued", window, bar, sinks) -> None:
-        """Read the step's values: skipped steps, divergence, metrics, the progress bar and logging."""
+    def _settle(self, queued: "_Queued", window, bar, sinks, ended: float | None = None) -> None:
+        """Read the step's values: skipped steps, divergence, metrics, the progress bar and logging. `ended`: when
+        the step's time ended (the next step's queueing began), else now, after its values are read."""
         number, step = queued.number, queued.step
         outs, results = queued.values.read()
+        ended = time.perf_counter() if ended is None else ended
         losses, norms, sums, count = [], [], {}, 0
         for out, result in zip(outs, results):
             if result.skipped:
@@ -155,7 +157,7 @@ class Runner:
             count += out.count
             for key, value in out.sums.items():
                 sums[key] = combine_sum(key, sums.get(key), value)
-        seconds = time.perf_counter() - queued.started
+        seconds = ended - queued.started
         metrics = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": results[-1].lr,
                    **step.metrics}
         if step.train_tokens is not None:
@@ -163,12 +165,12 @@ class Runner:
                            train_tokens_per_s=dist.data_sum_int(step.train_tokens) / max(seconds, 1e-9))
         sums = {k: dist.data_max_float(v) if k.endswith("_max") else dist.data_sum_float(v)
                 for k, v in sorted(sums.items())}
-        window.add(metrics, sums, dist.data_sum_int(count), queued.tokens)
+        window.add(metrics, sums, dist.data_sum_int(count), queued.tokens, queued.started)
         self.result.step_losses.append(metrics["loss"])
         self.result.global_step = number
         bar.update(number, window.last.get(self.source.progress_key, float("nan")))
         if number % self.cfg.output.logging_steps == 0 or number == self.total_steps:
-            metrics = window.flush(epoch=number / self.source.steps_per_epoch)
+            metrics = window.flush(epoch=number / self.source.steps_per_epoch, ended=ended)
             bar.print_metrics(number, metrics)
             for sink in sinks:
                 sink.log(metrics, number)
@@ -285,9 +287,11 @@ class _Window:
         self.sums: dict[str, float] = {}
         self.count = 0
         self.tokens = 0
-        self.started = time.perf_counter()
+        self.started: float | None = None  # when the window's first step was queued
 
-    def add(self, metrics: dict, sums: dict, count: int, tokens: int):
+    def add(self, metrics: dict, sums: dict, count: int, tokens: int, started: float):
+        if self.started is None:
+            self.started = started
         self.steps.append(metrics)
         for key, value in sums.items():
             self.sums[key] = combine_sum(key, self.sums.get(key), value)
@@ -295,8 +299,10 @@ class _Window:
         self.tokens += tokens
         self.last = metrics
 
-    def flush(self, epoch: float) -> dict:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+    def flush(self, epoch: float, ended: float) -> dict:
+        """The window's metrics; its tokens/s over the time from its first step's queueing to `ended` (a step read
+        after the next one was queued ends where that one began: the time is not counted twice)."""
+        elapsed = max(ended - self.started, 1e-9)
         keys = [k for k in self.steps[-1] if all(k in m for m in self.steps)]
         metrics = {k: sum(m[k] for m in self.steps) / len(self.steps) for k in keys}
         metrics.update(lr=self.steps[-1]["lr"], epoch=round(epoch, 4), tokens_per_s=self.tokens / elapsed)

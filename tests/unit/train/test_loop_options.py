@@ -132,3 +132,18 @@ def test_skip_nonfinite_counts_skipped_steps(tmp_path, monkeypatch, fused):
     result = train(run_config(tmp_path / "o", max_steps=3, skip_nonfinite=True))
     assert result.global_step == 3 and all(map(torch.isfinite, torch.tensor(result.step_losses)[[0, 2]]))
     assert json.loads((tmp_path / "o" / "train_summary.json").read_text())["num_skipped_steps"] == 1
+
+
+def test_a_logging_windows_time_runs_from_its_first_steps_queueing_to_where_its_last_step_ended():
+    """A step read after the next one was queued ends where that one began: the windows' times add up to the run's
+    and the last one is not a sliver (8B TP=2 logged 7.6e5 tokens/s for its last step when the window started at
+    the previous flush)."""
+    from tunesmith.train.runner import _Window
+
+    window = _Window()
+    window.add({"loss": 1.0, "lr": 0.1}, {}, 4, 1000, started=10.0)
+    window.add({"loss": 3.0, "lr": 0.2}, {}, 4, 1000, started=11.0)
+    metrics = window.flush(epoch=0.5, ended=12.0)
+    assert metrics["tokens_per_s"] == 1000.0 and metrics["loss"] == 2.0 and metrics["lr"] == 0.2
+    window.add({"loss": 1.0, "lr": 0.3}, {}, 4, 500, started=12.0)
+    assert window.flush(epoch=1.0, ended=12.5)["tokens_per_s"] == 1000.0
