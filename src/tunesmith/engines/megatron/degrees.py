@@ -128,7 +128,7 @@ def unavailable_problems(m, model: ModelFacts) -> list[str]:
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
-                        f"it (pipeline_model_parallel_size runs 1F1B on GPUs), or {_FSDP2}")
+                        f"it (pipeline_model_parallel_size runs without it), or {_FSDP2}")
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     if model.num_experts and tp > 1:
         problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} cannot run here: "

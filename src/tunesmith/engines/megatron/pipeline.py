@@ -2,12 +2,11 @@
 
 Every stage reads the same micro-batches (they are one model replica: dist.py's data-parallel group holds one
 rank of each stage); the first stage embeds, each stage runs its layers on the hidden states the one before sent
-it, the last computes the loss. On CUDA megatron-core's 1F1B schedule trains (schedule.py): its point-to-point
-buffers are CUDA tensors. `gpipe` runs the same forward-step and loss functions with torch.distributed's send
-and recv, so on any device (the CPU's gloo included): every micro-batch forward through the stages, then every
-backward in the same order, each stage sending its input's gradient back. It computes the same gradients as 1F1B,
-keeping every micro-batch's activations (the CPU tests' sizes), and also serves the passes without gradients
-(evaluation, log-probs) on both devices.
+it, the last computes the loss. `gpipe` runs megatron-core's forward-step and loss-function contract with
+torch.distributed's send and recv, on any device (the CPU's gloo included): every micro-batch forward through the
+stages, then every backward in the same order, each stage sending its input's gradient back. It keeps every
+micro-batch's activations until the backward. It trains on GPUs too (schedule.py says why megatron-core's 1F1B
+schedule does not), and serves the passes without gradients (evaluation, log-probs).
 
 The last stage alone has the loss and the outputs; `from_last_stage` gives them to every stage, since the Runner
 logs from rank 0, a first stage.

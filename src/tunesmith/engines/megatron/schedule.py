@@ -6,11 +6,14 @@ divided by the normaliser of the whole optimiser step (the Runner's label tokens
 so the loss handed to the schedule is multiplied by the number of micro-batches, and the
 gradients come out as the plain sum over micro-batches that the normaliser expects.
 
-On CUDA the engine runs megatron-core's own schedule (get_forward_backward_func: no pipelining
-at PP=1, 1F1B beyond). megatron-core's schedules allocate on CUDA, so on the CPU the same
-forward-step and loss functions run through `local_schedule`, which does what the no-pipelining
-schedule does (forward, divide by the micro-batch count, backward), or over pipeline stages
-through pipeline.gpipe.
+Without pipeline stages the engine runs megatron-core's no-pipelining schedule on CUDA; it allocates on
+CUDA, so on the CPU the same forward-step and loss functions run through `local_schedule`, which does
+what it does (forward, divide by the micro-batch count, backward). Over pipeline stages the micro-batches
+run through pipeline.gpipe on every device: on two H200s megatron-core's 1F1B schedule gave other
+losses than one process from the first step on (a 4-layer Qwen3, PP=2, unpacked rows: 12.139 against
+12.232, and 8.3 against 3.4 after 20 steps), where gpipe gives one process's curve within 0.1%
+(benchmarks/results/2026-12-04-megatron-2gpu.md). GPipe holds every micro-batch's activations of the
+step until its backward, where 1F1B holds at most one per stage.
 
 A mixture-of-experts model's router load-balancing loss (transformers' formula, moe.py) is computed in
 the forward step from the routers' logits and handed to the loss with the model's coefficient, as the
@@ -84,21 +87,21 @@ def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: b
 
 
 def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOutput:
-    """megatron-core's schedule on CUDA (no pipelining, or 1F1B over the stages); on the CPU the same functions
-    through local_schedule, or gpipe over pipeline stages. Every stage returns the last stage's sums."""
+    """gpipe over pipeline stages; else megatron-core's no-pipelining schedule on CUDA, local_schedule on the CPU.
+    Every stage returns the last stage's sums."""
     total = StepOutput()
     count = len(micro_batches)
     step = forward_step_func(engine, loss_fn, total, count)
     engine.model.train()
-    if engine.device.type == "cuda":
+    if pipelined():
+        _gpipe(engine, step, engine.model, micro_batches, forward_only=False)
+    elif engine.device.type == "cuda":
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         lengths = [b.input_ids_BT.shape for b in micro_batches]
         get_forward_backward_func()(forward_step_func=step, data_iterator=iter(micro_batches), model=[engine.model],
                                     num_microbatches=count, seq_length=max(s[1] for s in lengths),
                                     micro_batch_size=max(s[0] for s in lengths), forward_only=False)
-    elif pipelined():
-        _gpipe(engine, step, engine.model, micro_batches, forward_only=False)
     else:
         local_schedule(step, iter(micro_batches), engine.model, count)
     return from_last_stage(total.settle())
