@@ -4,6 +4,8 @@
 #   source .device-wheels/activate.sh && bash benchmarks/multi_gpu.sh text1   # 1.7B (1 GPU), 4B 1->2 GPUs, 8B FSDP2
 #   source .device-wheels/activate.sh && bash benchmarks/multi_gpu.sh text2   # 8B ZeRO-2/3, loss parity, VLM FSDP2
 #   source .device-wheels/activate.sh && bash benchmarks/multi_gpu.sh vlm2    # Qwen3-VL-8B ZeRO-2, GRPO on 2 GPUs
+#   source .device-wheels/activate.sh && bash benchmarks/multi_gpu.sh megatron  # issue 19: 8B Megatron TP/PP vs
+#        FSDP2, ZeRO-2/3; reduced Qwen3-MoE EP=2 vs FSDP2 (in parts: megatron_8b, others_8b, moe_speed)
 set -uo pipefail
 export HF_HUB_OFFLINE=1 TUNESMITH_CACHE=/tmp/tunesmith-cache TOKENIZERS_PARALLELISM=false
 out=${OUT:-/tmp/out}
@@ -33,6 +35,30 @@ W1="--shape qwen3-1.7b --num_samples 1000 --min_len 200 --max_len 2000 bf16=true
 S4="--shape qwen3-4b --num_samples 1000 --min_len 200 --max_len 2000 bf16=true packing=true cutoff_len=4096 enable_liger_kernel=true per_device_train_batch_size=2 gradient_accumulation_steps=2 max_steps=20 logging_steps=1"
 S8="--shape qwen3-8b --num_samples 1000 --min_len 200 --max_len 2000 bf16=true packing=true cutoff_len=4096 enable_liger_kernel=true per_device_train_batch_size=2 gradient_accumulation_steps=2 max_steps=15 logging_steps=1"
 P="--shape qwen3-0.6b --num_samples 400 --min_len 200 --max_len 2000 bf16=true packing=true cutoff_len=2048 max_steps=20 logging_steps=1 learning_rate=1e-4"
+
+# Issue 19 item 2: Qwen3-8B shape, full SFT, packed rows of 2048, bf16 autocast over fp32 masters, 16 rows of 2048
+# per optimiser step in every layout (micro-batches of 2 rows: 8 on the one TP/PP replica, 4 per FSDP2/ZeRO rank),
+# each engine with its fastest settings (Liger where it applies: not under megatron-core's modules)
+M8="--shape qwen3-8b --num_samples 1000 --min_len 200 --max_len 2000 bf16=true packing=true cutoff_len=2048 max_steps=15 logging_steps=1 per_device_train_batch_size=2"
+MOE="--shape qwen3-30b-a3b-8l --num_samples 1000 --min_len 200 --max_len 2000 bf16=true packing=true cutoff_len=2048 max_steps=15 logging_steps=1 per_device_train_batch_size=2 gradient_accumulation_steps=4"
+
+megatron_8b() {
+  bench 8b_megatron_tp2 2 $M8 gradient_accumulation_steps=8 backend=megatron tensor_model_parallel_size=2
+  bench 8b_megatron_pp2 2 $M8 gradient_accumulation_steps=8 backend=megatron pipeline_model_parallel_size=2
+}
+
+others_8b() {
+  bench 8b_fsdp2 2 $M8 gradient_accumulation_steps=4 backend=fsdp2 enable_liger_kernel=true
+  bench 8b_zero2 2 $M8 gradient_accumulation_steps=4 enable_liger_kernel=true deepspeed=$DS/ds_z2.json
+  bench 8b_zero3 2 $M8 gradient_accumulation_steps=4 enable_liger_kernel=true deepspeed=$DS/ds_z3.json
+}
+
+moe_speed() {
+  bench moe_megatron_ep2 2 $MOE backend=megatron expert_model_parallel_size=2
+  bench moe_fsdp2 2 $MOE backend=fsdp2 enable_liger_kernel=true
+}
+
+megatron() { megatron_8b; others_8b; moe_speed; }
 
 text1() {
   python -c "from tunesmith.models.tiny import build_tiny; build_tiny('qwen3')"  # once, before parallel runs

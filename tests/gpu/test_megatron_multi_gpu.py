@@ -7,10 +7,12 @@ The model and data are test_megatron_parity.py's (a random-initialised Qwen3 of 
 alpaca_demo's 400 samples), unpacked here: packed, the demo fills about 13 rows of 1024 tokens, so every epoch
 would end inside a step, where data-parallel ranks wrap around to the epoch's first rows (train/plan.rank_share)
 and a single replica does not; unpacked, the 20 steps of 8 samples stay inside the first epoch and every layout
-reads the same samples (the one-GPU parity test covers packing). Every run goes through tunesmith's own launcher
-(torchrun, one process per GPU) with 8 samples per optimiser step: FSDP2 and DP=2 two per rank and micro-batch,
-TP=2 and PP=2 (one model replica over both GPUs) four. Skipped with fewer than 2 CUDA GPUs or without
-megatron-core. On a 2-GPU machine:
+reads the same samples (the one-GPU parity test covers packing). Every run is torchrun with one process per GPU and
+8 samples per optimiser step: FSDP2 and DP=2 two per rank and micro-batch, TP=2 and PP=2 (one model replica over
+both GPUs) four. FSDP2 runs through tunesmith's own launcher; each Megatron run through train_and_check_export.py,
+which trains as `tunesmith train` does, saves the final model and then checks that the saved folder, loaded in
+plain transformers, gives the engine's logits on a micro-batch of the run's data (issue 19 item 3). Skipped with
+fewer than 2 CUDA GPUs or without megatron-core. On a 2-GPU machine:
 
     source .device-wheels/activate.sh && python -m pytest -q -s tests/gpu/test_megatron_multi_gpu.py
 
@@ -20,6 +22,10 @@ same flow on two CPU processes with the tiny shape in fp32 (checks the test itse
 
 import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +33,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from test_megatron_parity import (COMMON, DRY_RUN, REPO, STEPS, VL_COMMON, _init_model,  # noqa: E402
-                                  _init_moe_model, _init_vl_model, _train)  # (skips without CUDA)
+                                  _init_moe_model, _init_vl_model, _rows, _train)  # (skips without CUDA)
 
 if not DRY_RUN and torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
@@ -72,15 +78,32 @@ def _fsdp2_reference(tmp_path_factory, name: str, init, common: list, port: int,
     return model, folder, losses
 
 
+def _train_and_check_export(model: Path, out: Path, *extra, port: int, common: list) -> tuple[list, float, dict]:
+    """The Megatron run on two processes through train_and_check_export.py (training as `tunesmith train` does, the
+    final model saved, then its logits in plain transformers against the engine's): losses, seconds, the check."""
+    started = time.perf_counter()
+    check = out.parent / f"{out.name}_export_check.json"
+    env = {k: v for k, v in _two_processes(port).items() if k not in ("FORCE_TORCHRUN", "NPROC_PER_NODE")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(port), str(REPO / "tests" / "gpu" / "train_and_check_export.py"), str(check),
+                           f"model_name_or_path={model}", *common, f"output_dir={out}", *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [r["loss"] for r in _rows(out) if "loss" in r], time.perf_counter() - started, json.loads(check.read_text())
+
+
 def _megatron_matches(reference, layout: str, common: list, port: int, report: dict, out_env: str, label: str,
                       layouts: dict = LAYOUTS):
     """The Megatron engine in `layout` (of `layouts`) from FSDP2's folder: every step's loss within 1% relative of
-    FSDP2's; the report to stdout and to the file `out_env` names."""
+    FSDP2's, and the saved folder's logits in transformers those of the engine's model (fp32 on both sides); the
+    report to stdout and to the file `out_env` names."""
     model, folder, expected = reference
-    losses, seconds = _train(model, folder / layout, "backend=megatron", *layouts[layout], *EXTRA,
-                             env=_two_processes(port + sorted(layouts).index(layout)), common=common)
+    losses, seconds, export = _train_and_check_export(model, folder / layout, "backend=megatron", *layouts[layout],
+                                                      *EXTRA, port=port + sorted(layouts).index(layout),
+                                                      common=common)
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, expected)]
     report[layout] = {"losses": losses, "seconds": seconds, "rel_diff": rel, "max_rel_diff": max(rel),
+                      "export_check": export,
                       "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                       "torch": torch.__version__}
     print(json.dumps({f"{label} {layout}": report[layout]}))
@@ -89,6 +112,7 @@ def _megatron_matches(reference, layout: str, common: list, port: int, report: d
             json.dump({"steps": STEPS, **report}, f, indent=1)
     assert len(losses) == len(expected) == (3 if DRY_RUN else STEPS)
     assert max(rel) < 0.01, rel
+    assert export["positions"] > 0 and export["max_abs_diff"] <= 1e-3 * max(1.0, export["max_abs_logit"]), export
 
 
 @pytest.fixture(scope="module")
