@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from .models.shapes import SHAPES
 
 PEAK_BF16 = 989e12
 WARMUP_LOGS = 3  # logged steps left out of the steady rate
@@ -33,18 +32,15 @@ def model_folder(shape: str, root: Path) -> Path:
     """config.json of the shape plus the tiny tokenizer; weights are created at random by `random_init`."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from .errors import ConfigError
-    from .models.shapes import family
+    from .models.shapes import family, shape_values
     from .models.tiny import build_tiny
 
-    if shape not in SHAPES:
-        raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
+    values = shape_values(shape)
     tiny = build_tiny(family(shape))
     folder = root / shape
     config = AutoConfig.from_pretrained(tiny)
-    for key, value in (SHAPES[shape] or {}).items():
-        if key != "model_type":
-            setattr(config, key, value)
+    for key, value in values.items():
+        setattr(config, key, value)
     config.layer_types = ["full_attention"] * config.num_hidden_layers
     config.save_pretrained(folder)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)

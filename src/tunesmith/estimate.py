@@ -119,15 +119,12 @@ def shape_config(shape: str):
     """The transformers config of a named shape of `tunesmith bench` (Qwen3 architectures; tiny = tiny:qwen3)."""
     from transformers import AutoConfig
 
-    from .models.shapes import SHAPES, family
-    from .errors import ConfigError
+    from .models.shapes import SHAPES, family, shape_values
     from .models.tiny import build_tiny
 
-    if shape not in SHAPES:
-        raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
+    values = shape_values(shape)
     if SHAPES[shape] is None:
         return AutoConfig.from_pretrained(build_tiny("qwen3"))
-    values = {k: v for k, v in SHAPES[shape].items() if k != "model_type"}
     return AutoConfig.for_model(family(shape), **values)
 
 

@@ -23,3 +23,13 @@ SHAPES = {
 def family(shape: str) -> str:
     """The model_type of a named shape (qwen3 unless it says otherwise)."""
     return (SHAPES[shape] or {}).get("model_type", "qwen3")
+
+
+def shape_values(shape: str) -> dict:
+    """The config values of a named shape, its model_type left out (`family` gives it); an unknown name is an error
+    that lists the known ones."""
+    from ..errors import ConfigError
+
+    if shape not in SHAPES:
+        raise ConfigError([f"unknown --shape '{shape}'; known: {', '.join(SHAPES)}"])
+    return {k: v for k, v in (SHAPES[shape] or {}).items() if k != "model_type"}
