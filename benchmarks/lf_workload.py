@@ -220,10 +220,12 @@ def same_data_tokens(results: list[dict]) -> None:
 
 
 def flops_per_token(mean_len: float) -> float:
-    h, layers, heads, d, kv = (SHAPE[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                   "head_dim", "num_key_value_heads"))
-    n = layers * (h * d * (2 * heads + 2 * kv) + 3 * h * SHAPE["intermediate_size"]) + SHAPE["vocab_size"] * h
-    return 6 * n + 12 * layers * heads * d * mean_len
+    """DESIGN.md's FLOPs per token of SHAPE, by `tunesmith bench`'s formula."""
+    import types
+
+    from tunesmith.bench import flops_per_token as of_config
+
+    return of_config(types.SimpleNamespace(**SHAPE), mean_len)
 
 
 def table(results: list[dict], mean_len: float) -> str:
