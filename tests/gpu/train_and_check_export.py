@@ -36,19 +36,20 @@ def saved_logits(folder: Path, batch) -> tuple[torch.Tensor, str]:
 
     config = AutoConfig.from_pretrained(folder)
     model = auto_model_class(config).from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
-    stored = str(next(iter(_stored_dtypes(folder))))
+    stored = ",".join(sorted(_stored_dtypes(folder)))
     model.to(batch.input_ids_BT.device).eval()
     with torch.no_grad():
         return run_forward(model, batch, "logits").logits_BTV.float(), stored
 
 
-def _stored_dtypes(folder: Path) -> set:
+def _stored_dtypes(folder: Path) -> set[str]:
+    """The dtypes of every tensor in the folder's safetensors files (read from their headers)."""
     from safetensors import safe_open
 
     found = set()
     for file in folder.glob("*.safetensors"):
         with safe_open(str(file), "pt") as f:
-            found |= {f.get_slice(name).get_dtype() for name in list(f.keys())[:4]}
+            found |= {f.get_slice(name).get_dtype() for name in f.keys()}
     return found
 
 
