@@ -1,6 +1,7 @@
 """GPU: a step's values reach the host without waiting for work queued after them (train/step_values.py), the
 device-side clipping and skipping of a fused AdamW (engines/local_step.py) equal clip_grad_norm_ + step, and
-PyTorch's fused RMSNorm (models/norms.py) gives transformers' under bf16 autocast.
+PyTorch's fused RMSNorm (models/norms.py) gives transformers' under bf16 autocast, and so does the autocast
+linear (models/autocast_linear.py).
 
     python -m pytest -q -s tests/gpu/test_step_sync_gpu.py      # on the device machine
 """
@@ -76,3 +77,29 @@ def test_fused_rms_norm_matches_transformers_under_autocast():
         for got, expected in ((y, hf_y), (dx, hf_dx), (dw, hf_dw)):
             error = float((got.float() - expected.float()).norm() / expected.float().norm())
             assert error < tolerance, (hidden_dtype, error)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_autocast_linear_matches_autocast_on_cuda(bias):
+    """models/autocast_linear.py on CUDA (its backward writes fp32 through torch.mm(out_dtype=)): autocast's
+    output exactly, and its gradients within one bf16 rounding (the GEMMs' fp32 sums, not rounded to bf16)."""
+    from tunesmith.models.autocast_linear import use_autocast_linears
+
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(2048, 1024, bias=bias, device="cuda")
+    patched = torch.nn.Linear(2048, 1024, bias=bias, device="cuda")
+    patched.load_state_dict(reference.state_dict())
+    use_autocast_linears(patched)
+    x = torch.randn(3, 700, 2048, device="cuda")
+    grads = []
+    for layer in (reference, patched):
+        leaf = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(leaf * 2.0)
+        out.float().square().sum().backward()
+        grads.append((out, leaf.grad, layer.weight.grad, layer.bias.grad if bias else None))
+    (out_ref, gx_ref, gw_ref, gb_ref), (out_new, gx_new, gw_new, gb_new) = grads
+    torch.testing.assert_close(out_new, out_ref, rtol=0, atol=0)
+    for got, expected in ((gx_new, gx_ref), (gw_new, gw_ref)) + (((gb_new, gb_ref),) if bias else ()):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=1e-2 * expected.abs().max().item())

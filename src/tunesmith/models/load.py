@@ -16,6 +16,7 @@ from .attention import register as register_varlen
 from .families import family_of, load_refusal, packing_leak, text_family_of
 from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
+from .autocast_linear import use_autocast_linears
 from .norms import use_fused_rms_norms
 from .tiny import resolve_model_path
 
@@ -256,6 +257,7 @@ def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     linearize_patch_embeds(model)
     if cfg.enable_liger_kernel:
         use_fused_rms_norms(model)
+    use_autocast_linears(model)
     use_vision_varlen(model)
     if checkpoint_layers > 0:
         enable_checkpointing(model, checkpoint_layers)
