@@ -243,6 +243,22 @@ def test_megatron_distributed_optimizer_shards_the_state_and_resumes_exactly(tmp
 
 
 @pytest.mark.slow
+def test_megatron_overlap_grad_reduce_gives_the_data_parallel_run(tmp_path, monkeypatch):
+    """overlap_grad_reduce over DP=2 (2 gloo processes, two micro-batches a step): the gradient sums started in the
+    backward give the plain data-parallel run's losses and weights, and the log says it is on."""
+    from test_distributed import _two_ranks
+
+    _two_ranks(monkeypatch)
+    dp2 = [*TWO_RANKS, "per_device_train_batch_size=1", "save_strategy=no"]
+    plain, overlapped = tmp_path / "plain", tmp_path / "overlapped"
+    cli("train", *dp2, f"output_dir={plain}", env=MCA)
+    proc = cli("train", *dp2, "overlap_grad_reduce=true", f"output_dir={overlapped}", env=MCA)
+    assert "overlap_grad_reduce: the data-parallel gradient sum starts" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert len(_losses(overlapped)) == 4 and _losses(overlapped) == pytest.approx(_losses(plain), rel=1e-6)
+    _same_weights(overlapped, plain)
+
+
+@pytest.mark.slow
 def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_path, monkeypatch):
     """Qwen3-MoE with expert_model_parallel_size=2 on 2 gloo processes: each rank holds half of the experts and reads
     its own micro-batches (data-parallel otherwise). Unpacked rows of different lengths, so the ranks' token counts

@@ -236,10 +236,11 @@ class MegatronConfig(_Group):
     expert_model_parallel_size: int = Field(1, ge=1, description="megatron: expert-parallel degree (MoE models).")
     use_distributed_optimizer: bool = Field(False, description="megatron: shard optimizer states over data-parallel "
                                             "ranks (ZeRO-1; no effect on one process or under expert parallelism).")
-    overlap_grad_reduce: bool = Field(False, description="megatron: overlap the gradient reduction with the "
-                                      "backward pass (no effect on one process).")
-    overlap_param_gather: bool = Field(False, description="megatron: overlap the parameter all-gather with the "
-                                       "forward pass (needs use_distributed_optimizer; no effect on one process).")
+    overlap_grad_reduce: bool = Field(False, description="megatron: start the data-parallel gradient sum during "
+                                      "the backward pass (no effect on one process or over pipeline stages).")
+    overlap_param_gather: bool = Field(False, description="megatron: accepted for Megatron YAMLs, without effect: "
+                                       "the sharded optimizer sends its shards after the step (needs "
+                                       "use_distributed_optimizer).")
     recompute_granularity: Literal["full", "selective"] | None = Field(
         None, description="megatron: activation recomputation: full (whole layers) or selective (core attention).")
     recompute_num_layers: int | None = Field(

@@ -17,6 +17,7 @@ Modules, one concern each:
   pipeline.py  the schedule over pipeline stages on any device (gpipe), the last stage's results to every stage
   schedule.py  the micro-batch schedule and the loss scale it needs
   zero.py      use_distributed_optimizer: the optimizer state sharded over the data-parallel ranks
+  overlap.py   overlap_grad_reduce: the data-parallel gradient sum started in the step's last backward
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.
 """
@@ -61,18 +62,29 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
 
 def _log_optimizer_keys(m) -> None:
     """mcore_adapter's YAMLs set these; over several data-parallel ranks they save memory or time, not change
-    numbers. use_distributed_optimizer shards the optimizer state (zero.py); the overlaps are not done: said once."""
+    numbers. use_distributed_optimizer shards the optimizer state (zero.py), overlap_grad_reduce starts the
+    gradient sum in the backward (overlap.py) except over pipeline stages; what has no effect is said once."""
+    from .pipeline import pipelined
     from .zero import shards_optimizer
 
+    if dist.data_world() == 1:
+        return
     if shards_optimizer(m):
         log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d data-parallel "
                  "ranks (ZeRO-1)", dist.data_world())
-    asked = [k for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(m, k)]
+    if m.overlap_grad_reduce and not pipelined():
+        log.info("Megatron: overlap_grad_reduce: the data-parallel gradient sum starts bucket by bucket in the "
+                 "step's last backward")
+    ignored = []
     if m.use_distributed_optimizer and not shards_optimizer(m):  # with DP > 1: under expert parallelism
-        asked.insert(0, "use_distributed_optimizer (under expert parallelism every data-parallel rank keeps the "
-                        "optimizer state of its own shards)")
-    if asked and dist.data_world() > 1:
-        log.info("Megatron: %s accepted without effect: gradients are summed after the backward", ", ".join(asked))
+        ignored.append("use_distributed_optimizer (under expert parallelism every data-parallel rank keeps the "
+                       "optimizer state of its own shards)")
+    if m.overlap_grad_reduce and pipelined():
+        ignored.append("overlap_grad_reduce (over pipeline stages gradients are summed after the backward)")
+    if m.overlap_param_gather:
+        ignored.append("overlap_param_gather (the sharded optimizer sends its updated shards after the step)")
+    if ignored:
+        log.info("Megatron: accepted without effect: %s", "; ".join(ignored))
 
 
 def _check_device(m, device: torch.device, precision: str) -> None:
@@ -106,7 +118,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .degrees import ModelFacts, check_available, check_degrees
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
     from .lora import adapted_parts, add_lora, megatron_targets
-    from .parallel import register_data_parallel
+    from .parallel import overlapped_grad_sum, register_data_parallel
+    from .pipeline import pipelined
     from .rotary import RotaryAngles
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
@@ -167,6 +180,9 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
              precision, _attention_kernel(device, precision),
              f", LoRA on {', '.join(lora_linears) or 'the vision tower'}" if lora_linears is not None else "")
-    return MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
-                          precision=precision, max_grad_norm=cfg.train.max_grad_norm,
-                          skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)
+    engine = MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
+                            precision=precision, max_grad_norm=cfg.train.max_grad_norm,
+                            skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)
+    if cfg.megatron.overlap_grad_reduce and not pipelined():
+        engine.overlapped = overlapped_grad_sum([p for p in model.parameters() if p.requires_grad])
+    return engine

@@ -120,6 +120,7 @@ class MegatronEngine:
         self._on_reference = False
         self._nonfinite_loss = False
         self.balancing = RouterBalancing.of(hf_model)  # MoE: transformers' load-balancing loss (moe.py); dense: None
+        self.overlapped = None  # overlap_grad_reduce: the data-parallel sum the last backward starts (overlap.py)
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return run_forward_backward(self, micro_batches, loss_fn)
@@ -145,7 +146,7 @@ class MegatronEngine:
         return switched_to_reference(self)
 
     def step(self) -> StepResult:
-        reduce_gradients(self.model)
+        reduce_gradients(self.model, self.overlapped)
         return step_of(self, total_norm=grad_norm)
 
     def save(self, path: Path) -> None:

@@ -147,6 +147,20 @@ def _sum_in_place(grads: list, group) -> None:
             grad.copy_(summed)
 
 
+def data_parallel_group(param):
+    """The group a parameter's gradient is summed over: the data-parallel group, an expert's the
+    expert-data-parallel group (the ranks that hold the same experts)."""
+    return _state().get_expert_data_parallel_group() if is_expert(param) else _state().get_data_parallel_group()
+
+
+def overlapped_grad_sum(params: list):
+    """overlap.OverlappedGradSum over the parameters some other rank holds a replica of (None when none does)."""
+    from .overlap import OverlappedGradSum
+
+    summed = [p for p in params if tdist.get_world_size(data_parallel_group(p)) > 1]
+    return OverlappedGradSum(summed, data_parallel_group) if summed else None
+
+
 def sum_over_data_parallel(params: list) -> None:
     """Every gradient summed over the data-parallel group (an expert's under expert parallelism: over the
     expert-data-parallel group), in flat buckets."""
@@ -194,11 +208,16 @@ def sum_tied_copies(model) -> None:
     tdist.all_reduce(weight.grad, group=_state().get_embedding_group())
 
 
-def reduce_gradients(model) -> None:
-    """After the step's last backward: the gradients this rank holds made the whole model's (its shards')."""
+def reduce_gradients(model, overlapped=None) -> None:
+    """After the step's last backward: the gradients this rank holds made the whole model's (its shards'); the
+    data-parallel sum through `overlapped` (an OverlappedGradSum the backward started) when given. The sums are
+    linear, so their order does not matter."""
     sum_partial_replicas(model)
     sum_tied_copies(model)
-    sum_over_data_parallel([p for p in model.parameters() if p.requires_grad])
+    if overlapped is not None:
+        overlapped.finish()
+    else:
+        sum_over_data_parallel([p for p in model.parameters() if p.requires_grad])
 
 
 def model_layers(model) -> range:

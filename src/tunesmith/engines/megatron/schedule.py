@@ -99,12 +99,22 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         lengths = [b.input_ids_BT.shape for b in micro_batches]
-        get_forward_backward_func()(forward_step_func=step, data_iterator=iter(micro_batches), model=[engine.model],
-                                    num_microbatches=count, seq_length=max(s[1] for s in lengths),
-                                    micro_batch_size=max(s[0] for s in lengths), forward_only=False)
+        get_forward_backward_func()(forward_step_func=step, data_iterator=_arming(micro_batches, engine.overlapped),
+                                    model=[engine.model], num_microbatches=count,
+                                    seq_length=max(s[1] for s in lengths), micro_batch_size=max(s[0] for s in lengths),
+                                    forward_only=False)
     else:
-        local_schedule(step, iter(micro_batches), engine.model, count)
+        local_schedule(step, _arming(micro_batches, engine.overlapped), engine.model, count)
     return from_last_stage(total.settle())
+
+
+def _arming(micro_batches: list, overlapped):
+    """The micro-batches, one by one; `overlapped` (overlap.py) armed as the last is taken: the schedule runs each
+    micro-batch's backward before it takes the next, so the last one's backward is the step's last."""
+    for index, batch in enumerate(micro_batches):
+        if overlapped is not None and index == len(micro_batches) - 1:
+            overlapped.arm()
+        yield batch
 
 
 def forward_values(engine, module, micro_batches: list, fn: LossFn) -> list:

@@ -1,0 +1,134 @@
+"""overlap_grad_reduce: the data-parallel gradient sum started during the step's last backward.
+
+Without it the engine sums every gradient over the data-parallel group after the backward (parallel.py). With
+it, each parameter's gradient hook (fired once its gradient of the step's last micro-batch is accumulated) marks
+it ready; a bucket of about BUCKET_BYTES whose parameters are all ready is flattened and all-reduced without
+waiting, while the backward goes on with the earlier layers. Buckets are launched strictly in their order, so
+every rank issues the same collectives in the same order: in the first step the parameters in reverse order,
+then in the order their gradients came in the first step on the group's first rank (as DDP rebuilds its
+buckets). step() launches what is left (parameters whose gradient never came this step, as zeros) and waits for
+all of them.
+
+A parameter without a gradient on some ranks (a vision tower no image reached there) takes zeros there; one
+without a gradient on any rank keeps none (each bucket carries a presence flag per parameter, summed with it),
+as parallel.sum_over_data_parallel does. An expert's gradient is summed over the expert-data-parallel group in
+buckets of its own. Pipeline stages (gpipe runs the micro-batches' backwards out of order) sum after the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+
+from ...errors import TunesmithError
+
+BUCKET_BYTES = 64 * 2**20  # small enough that the first buckets leave while most of the backward is still to run
+
+
+class _Bucket:
+    def __init__(self, params: list, group):
+        self.params, self.group = params, group
+        self.waiting = len(params)
+        self.flat = self.work = None
+
+    def launch(self) -> None:
+        """All-reduce the bucket without waiting; each gradient becomes a view of the flat buffer the sum lands in
+        (the separate gradient tensors are freed: no copy back, no second gradient in memory)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        present = torch.tensor([float(p.grad is not None) for p in self.params], dtype=grads[0].dtype,
+                               device=grads[0].device)
+        self.flat = torch.cat([g.reshape(-1) for g in grads] + [present])
+        offset = 0
+        for param in self.params:
+            param.grad = self.flat[offset:offset + param.numel()].view_as(param)
+            offset += param.numel()
+        self.work = tdist.all_reduce(self.flat, group=self.group, async_op=True)
+
+    def finish(self) -> None:
+        self.work.wait()
+        for param, count in zip(self.params, self.flat[-len(self.params):].tolist()):
+            if count == 0:  # no rank had a gradient for it: none, so the optimizer skips it
+                param.grad = None
+        self.flat = self.work = None
+        self.waiting = len(self.params)
+
+
+def _buckets(params: list, group) -> list[_Bucket]:
+    """`params` in buckets of about BUCKET_BYTES (one dtype each), in the given order."""
+    out, bucket, size = [], [], 0
+    for param in params:
+        if bucket and (size + param.numel() * param.element_size() > BUCKET_BYTES or param.dtype != bucket[0].dtype):
+            out.append(_Bucket(bucket, group))
+            bucket, size = [], 0
+        bucket.append(param)
+        size += param.numel() * param.element_size()
+    return out + ([_Bucket(bucket, group)] if bucket else [])
+
+
+class OverlappedGradSum:
+    """The data-parallel sum of `params`' gradients, bucket by bucket as the armed backward produces them;
+    `group_of` gives a parameter's data-parallel group."""
+
+    def __init__(self, params: list, group_of):
+        by_group: dict = {}
+        for param in reversed(params):  # until the first step shows the order the backward produces them
+            by_group.setdefault(group_of(param), []).append(param)
+        self.groups = list(by_group)
+        self._bucket([by_group[group] for group in self.groups])
+        self.order_known = False
+        self.armed = False
+        self.ready: list = []  # the parameters whose final gradient came, in the order they came
+        for param in params:
+            param.register_post_accumulate_grad_hook(self._on_grad)
+
+    def _bucket(self, orders: list) -> None:
+        self.sequences = [_buckets(order, group) for order, group in zip(orders, self.groups)]
+        self.bucket_of = {id(p): (i, b) for i, seq in enumerate(self.sequences) for b in seq for p in b.params}
+        self.next = [0] * len(self.sequences)  # per sequence: the first bucket not yet launched
+
+    def arm(self) -> None:
+        """The next backward is the step's last: its gradients are final when their hooks fire."""
+        self.armed = True
+
+    def _on_grad(self, param) -> None:
+        if not self.armed:
+            return
+        index, bucket = self.bucket_of[id(param)]
+        if any(param is seen for seen in self.ready):
+            raise TunesmithError("overlap_grad_reduce: a parameter's gradient arrived twice in the step's last "
+                                 "backward (after its data-parallel sum had started); set overlap_grad_reduce: false")
+        self.ready.append(param)
+        bucket.waiting -= 1
+        self._launch_ready(index)
+
+    def _launch_ready(self, index: int) -> None:
+        seq = self.sequences[index]
+        while self.next[index] < len(seq) and seq[self.next[index]].waiting == 0:
+            seq[self.next[index]].launch()
+            self.next[index] += 1
+
+    def finish(self) -> None:
+        """Launch the buckets left (gradients that never came this step), in order, and wait for every sum. After
+        the first step the buckets follow the order its gradients came in on each group's first rank (a
+        parameter the backward reaches late, a vision tower's, would otherwise hold back every bucket after it)."""
+        for index, seq in enumerate(self.sequences):
+            for bucket in seq[self.next[index]:]:
+                bucket.launch()
+            for bucket in seq:
+                bucket.finish()
+        if not self.order_known and self.armed:  # every rank of a group arms the same steps
+            self._bucket([self._first_rank_order(index) for index in range(len(self.sequences))])
+            self.order_known = True
+        self.armed, self.ready, self.next = False, [], [0] * len(self.sequences)
+
+    def _first_rank_order(self, index: int) -> list:
+        """The sequence's parameters in the order their gradients came on its group's first rank (those that did
+        not come last, in the order they had)."""
+        params = [p for bucket in self.sequences[index] for p in bucket.params]
+        position = {id(p): i for i, p in enumerate(params)}
+        came = [position[id(p)] for p in self.ready if id(p) in position]
+        seen = set(came)
+        order = [came + [i for i in range(len(params)) if i not in seen]]
+        group = self.groups[index]
+        tdist.broadcast_object_list(order, src=tdist.get_global_rank(group, 0), group=group)
+        return [params[i] for i in order[0]]
