@@ -412,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if wants_torchrun():
             return relaunch(argv)
+    if argv[0] == "train":
+        from . import prefetch
+
+        prefetch.start()
     _setup_logging()
     finished = False
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dist
+from .. import dist, prefetch
 from ..config.load import redacted, save_config
 from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.pipeline import prepare_data, render_options, write_skipped_records
@@ -92,6 +92,7 @@ def set_up(cfg) -> Runner:
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     stage = STAGES[cfg.finetune.stage]
+    prefetch.finish()  # before data preparation forks its workers
     marks = {"process_start": _process_start(), "data_start": time.time()}
     with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
         data = prepare_data(cfg, tokenizer, media)
