@@ -237,7 +237,7 @@ class MegatronConfig(_Group):
     use_distributed_optimizer: bool = Field(False, description="megatron: shard optimizer states over data-parallel "
                                             "ranks (ZeRO-1; no effect on one process or under expert parallelism).")
     overlap_grad_reduce: bool = Field(False, description="megatron: start the data-parallel gradient sum during "
-                                      "the backward pass (no effect on one process or over pipeline stages).")
+                                      "the backward pass (no effect on one process).")
     overlap_param_gather: bool = Field(False, description="megatron: accepted for Megatron YAMLs, without effect: "
                                        "the sharded optimizer sends its shards after the step (needs "
                                        "use_distributed_optimizer).")

@@ -58,10 +58,12 @@ def _worker(rank: int, port: int, failures):
                 else:
                     torch.testing.assert_close(param.grad, expected[name], rtol=0, atol=0)
         assert during_backward > 1, "no bucket left during the second step's backward"
+        summed.close()
     except Exception as err:  # noqa: BLE001
         failures.put(f"rank {rank}: {err!r}")
         raise
     finally:
+        tdist.barrier()  # neither rank tears gloo down while the other still talks to it
         tdist.destroy_process_group()
 
 

@@ -159,8 +159,10 @@ def _pipeline_stages(rank: int):
     else:
         assert back is None
     batches = [_packed_batch(1), _packed_batch(2)]
+    arms = []  # overlap_grad_reduce's hook into gpipe: armed once, before the last micro-batch's backward
     engine = types.SimpleNamespace(model=model, device=torch.device("cpu"), precision="fp32", balancing=None,
-                                   angles=RotaryAngles.of(hf), _nonfinite_loss=False)
+                                   angles=RotaryAngles.of(hf), _nonfinite_loss=False,
+                                   overlapped=types.SimpleNamespace(arm=lambda: arms.append(1)))
     with torch.no_grad():
         logits = forward_values(engine, model, batches, LossFn("logits", lambda outputs, batch: outputs.logits_BTV))
         for ours, batch in zip(logits, batches):  # on both stages
@@ -173,6 +175,7 @@ def _pipeline_stages(rank: int):
         out.loss.backward()
         expected.add(out)
     assert total.loss == pytest.approx(float(expected.loss), rel=1e-6) and total.count == expected.count
+    assert arms == [1]
     reduce_gradients(model)
     grads = hf_state_of(_GradView(model), hf.config)
     if rank == 0:

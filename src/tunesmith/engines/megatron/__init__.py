@@ -63,8 +63,7 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
 def _log_optimizer_keys(m) -> None:
     """mcore_adapter's YAMLs set these; over several data-parallel ranks they save memory or time, not change
     numbers. use_distributed_optimizer shards the optimizer state (zero.py), overlap_grad_reduce starts the
-    gradient sum in the backward (overlap.py) except over pipeline stages; what has no effect is said once."""
-    from .pipeline import pipelined
+    gradient sum in the backward (overlap.py); what has no effect is said once."""
     from .zero import shards_optimizer
 
     if dist.data_world() == 1:
@@ -72,15 +71,13 @@ def _log_optimizer_keys(m) -> None:
     if shards_optimizer(m):
         log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d data-parallel "
                  "ranks (ZeRO-1)", dist.data_world())
-    if m.overlap_grad_reduce and not pipelined():
+    if m.overlap_grad_reduce:
         log.info("Megatron: overlap_grad_reduce: the data-parallel gradient sum starts bucket by bucket in the "
                  "step's last backward")
     ignored = []
     if m.use_distributed_optimizer and not shards_optimizer(m):  # with DP > 1: under expert parallelism
         ignored.append("use_distributed_optimizer (under expert parallelism every data-parallel rank keeps the "
                        "optimizer state of its own shards)")
-    if m.overlap_grad_reduce and pipelined():
-        ignored.append("overlap_grad_reduce (over pipeline stages gradients are summed after the backward)")
     if m.overlap_param_gather:
         ignored.append("overlap_param_gather (the sharded optimizer sends its updated shards after the step)")
     if ignored:
@@ -119,7 +116,6 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
     from .lora import adapted_parts, add_lora, megatron_targets
     from .parallel import overlapped_grad_sum, register_data_parallel
-    from .pipeline import pipelined
     from .rotary import RotaryAngles
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
@@ -183,6 +179,6 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     engine = MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                             precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                             skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)
-    if cfg.megatron.overlap_grad_reduce and not pipelined():
+    if cfg.megatron.overlap_grad_reduce:
         engine.overlapped = overlapped_grad_sum([p for p in model.parameters() if p.requires_grad])
     return engine

@@ -12,10 +12,13 @@ all of them.
 A parameter without a gradient on some ranks (a vision tower no image reached there) takes zeros there; one
 without a gradient on any rank keeps none (each bucket carries a presence flag per parameter, summed with it),
 as parallel.sum_over_data_parallel does. An expert's gradient is summed over the expert-data-parallel group in
-buckets of its own. Pipeline stages (gpipe runs the micro-batches' backwards out of order) sum after the backward.
+buckets of its own. The schedule arms it before the step's last backward (schedule.py: the last micro-batch's,
+with or without pipeline stages).
 """
 
 from __future__ import annotations
+
+import atexit
 
 import torch
 import torch.distributed as tdist
@@ -78,8 +81,17 @@ class OverlappedGradSum:
         self.order_known = False
         self.armed = False
         self.ready: list = []  # the parameters whose final gradient came, in the order they came
-        for param in params:
-            param.register_post_accumulate_grad_hook(self._on_grad)
+        self.hooks = [param.register_post_accumulate_grad_hook(self._on_grad) for param in params]
+        # A process group still referenced when the interpreter tears down is destroyed after gloo's own state and
+        # aborts the process ("terminate called without an active exception", seen on 2 gloo processes): let go
+        # of the groups, buckets and hooks at exit.
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Remove the gradient hooks and let go of the groups and buckets (the object is not used after)."""
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks, self.groups, self.sequences, self.bucket_of, self.ready = [], [], [], {}, []
 
     def _bucket(self, orders: list) -> None:
         self.sequences = [_buckets(order, group) for order, group in zip(orders, self.groups)]

@@ -210,13 +210,14 @@ def sum_tied_copies(model) -> None:
 
 def reduce_gradients(model, overlapped=None) -> None:
     """After the step's last backward: the gradients this rank holds made the whole model's (its shards'); the
-    data-parallel sum through `overlapped` (an OverlappedGradSum the backward started) when given. The sums are
-    linear, so their order does not matter."""
-    sum_partial_replicas(model)
-    sum_tied_copies(model)
+    data-parallel sum through `overlapped` (an OverlappedGradSum the backward started) when given, waited for
+    first: its gradients are views of buffers still being summed. The sums are linear: their order does not
+    change the result."""
     if overlapped is not None:
         overlapped.finish()
-    else:
+    sum_partial_replicas(model)
+    sum_tied_copies(model)
+    if overlapped is None:
         sum_over_data_parallel([p for p in model.parameters() if p.requires_grad])
 
 

@@ -36,9 +36,10 @@ def hidden_shapes(micro_batches: list, hidden_size: int) -> list[tuple[int, int,
 
 
 def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtype, device: torch.device,
-          forward_only: bool) -> None:
+          forward_only: bool, before_last_backward=None) -> None:
     """megatron-core's schedule contract (forward_step(data_iterator, model) -> (output, loss_func); the loss
-    divided by the number of micro-batches before backward) in GPipe's order, on any device."""
+    divided by the number of micro-batches before backward) in GPipe's order, on any device. The backwards run
+    in the forwards' order; `before_last_backward()`, when given, is called before the last."""
     state = _state()
     first, last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
     received, outputs = [], []
@@ -57,7 +58,9 @@ def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtyp
         if not forward_only:
             received.append(hidden)
             outputs.append(output)
-    for hidden, output in zip(received, outputs):
+    for index, (hidden, output) in enumerate(zip(received, outputs)):
+        if before_last_backward is not None and index == len(outputs) - 1:
+            before_last_backward()
         if last:
             output.backward()
         else:

@@ -82,8 +82,10 @@ def local_schedule(forward_step, data_iterator, model, num_microbatches: int) ->
 
 def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: bool) -> None:
     config = module.config
+    overlapped = None if forward_only else engine.overlapped
     gpipe(forward_step, iter(micro_batches), module, hidden_shapes(micro_batches, config.hidden_size),
-          dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only)
+          dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only,
+          before_last_backward=overlapped.arm if overlapped is not None else None)
 
 
 def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOutput:
