@@ -27,8 +27,8 @@ def _triton_key() -> None:
             return
     try:
         triton_key()
-    except OSError:  # unreadable files: Triton meets (and reports) the same when it compiles, in the main thread
-        pass
+    except Exception:  # noqa: BLE001 - a head start only: Triton computes the key again when it compiles, in the
+        pass  # main thread, and reports what fails there
 
 
 def start() -> None:

@@ -1,46 +1,22 @@
-"""nn.Linear under bf16/fp16 autocast over fp32 weights, with autocast's casts made once and its gradients
-written in fp32 by the matmuls themselves.
+"""nn.Linear under bf16/fp16 autocast over trained fp32 weights, its weight gradient written in fp32 by the matmul.
 
-Under autocast every linear layer casts its fp32 input and weight to bf16, and autograd casts the bf16 gradients
-its backward produces back to the fp32 input and weight. In a Qwen3 layer that is 7 weight casts, 5 casts of
-the normalised residual stream (q, k and v each cast the same tensor, gate and up too) and 12 casts of
-gradients: 6.6% of a step's GPU time and a sixth of its kernel launches on issue 15's workload
-(benchmarks/results/2026-12-04-step-sync-and-norms.md). Here:
-
-- an input read by several linears in a row (q/k/v, gate/up) is cast once;
-- the backward matmuls write the fp32 gradients directly (cuBLAS's bf16 x bf16 -> fp32 GEMM,
-  `torch.mm(..., out_dtype=)`): no bf16 gradient, no cast kernel.
+Under autocast a linear layer's backward computes its weight gradient in bf16 and autograd widens it to the fp32
+weight: a Qwen3 layer's seven weight gradients each take a cast kernel, 196 a step and 4.6 ms of its GPU time on
+issue 15's workload (benchmarks/results/2026-12-04-autocast-linear.md). Here the weight-gradient matmul writes
+fp32 itself (cuBLAS's bf16 x bf16 -> fp32 GEMM, `torch.mm(..., out_dtype=)`), as does the input-gradient matmul
+for an fp32 input. models/kernels.share_input_casts, installed after this, hands the linears that read the same
+input one bf16 cast of it.
 
 Numerics: the forward is autocast's exactly; a gradient is the same bf16 product accumulated in fp32, rounded
-once to fp32 where autocast rounds it to bf16 and widens it. Weights that are not fp32 (pure bf16, FSDP2 or
-DeepSpeed half-precision parameters), frozen weights and runs without autocast take nn.Linear's own path.
+once to fp32 where autocast rounds it to bf16 and widens it. Frozen or non-fp32 weights (pure bf16, FSDP2 or
+DeepSpeed half-precision parameters), forwards without gradients or autocast, and compiled blocks (dynamo
+traces nn.Linear's own forward) take nn.Linear's path.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch.nn import functional as F
-
-_last_cast: tuple = ()  # (weak reference to an input, its version, its cast): the one input q/k/v or gate/up share
-
-
-def _forget(_ref) -> None:
-    global _last_cast
-    _last_cast = ()
-
-
-def _cast_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in `dtype`, reusing the cast of the previous call when it had the same, unchanged input."""
-    global _last_cast
-    if x.dtype == dtype:
-        return x
-    if _last_cast and _last_cast[0]() is x and _last_cast[1] == x._version and _last_cast[2].dtype == dtype:
-        return _last_cast[2]
-    cast = x.to(dtype)
-    _last_cast = (weakref.ref(x, _forget), x._version, cast)
-    return cast
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -55,7 +31,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tenso
 class _AutocastLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, dtype):
-        x_cast, w_cast = _cast_once(x, dtype), weight.to(dtype)
+        x_cast, w_cast = x.to(dtype), weight.to(dtype)
         ctx.save_for_backward(x_cast, w_cast)
         ctx.x_dtype, ctx.w_dtype, ctx.bias_dtype = x.dtype, weight.dtype, None if bias is None else bias.dtype
         return F.linear(x_cast, w_cast, None if bias is None else bias.to(dtype))
@@ -75,10 +51,11 @@ class _AutocastLinear(torch.autograd.Function):
 
 
 def autocast_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The forward of an nn.Linear: under autocast over a trained fp32 weight through _AutocastLinear, else
-    nn.Linear's own."""
+    """The forward of an nn.Linear: under autocast, with gradients, over a trained fp32 weight through
+    _AutocastLinear, else nn.Linear's own."""
     weight, device = module.weight, x.device.type
-    if weight.dtype == torch.float32 and weight.requires_grad and torch.is_autocast_enabled(device):
+    if (weight.dtype == torch.float32 and weight.requires_grad and torch.is_grad_enabled()
+            and torch.is_autocast_enabled(device) and not torch.compiler.is_compiling()):
         return _AutocastLinear.apply(x, weight, module.bias, torch.get_autocast_dtype(device))
     return F.linear(x, weight, module.bias)
 

@@ -1,6 +1,7 @@
 """engines/megatron/overlap.py on 2 gloo processes: the sums it starts during the step's last backward equal the
-plain all-reduce of every gradient; a parameter without a gradient on one rank takes zeros there, one without a
-gradient anywhere keeps none; earlier micro-batches' backwards start nothing; buckets leave during the backward."""
+plain all-reduce of every gradient, over two groups; a parameter without a gradient on one rank takes zeros there,
+one without a gradient anywhere keeps none; earlier micro-batches' backwards start nothing; buckets leave during the
+backward."""
 
 import socket
 
@@ -31,8 +32,11 @@ def _worker(rank: int, port: int, failures):
     try:
         overlap.BUCKET_BYTES = 100  # a parameter or two a bucket, so that several leave during the backward
         plain, ours = _model(), _model()
-        group = tdist.group.WORLD
-        summed = overlap.OverlappedGradSum(list(ours.parameters()), lambda p: group)
+        group, experts = tdist.group.WORLD, tdist.new_group([0, 1])  # "b" summed over a group of its own, as experts
+        in_b = {id(p) for p in ours["b"].parameters()}
+        summed = overlap.OverlappedGradSum(list(ours.parameters()), lambda p: experts if id(p) in in_b else group,
+                                           group)
+        assert {b.group is experts for b in summed.sequence} == {True, False}
         launched = []
         real_launch = overlap._Bucket.launch
         overlap._Bucket.launch = lambda self: (launched.append(summed.armed), real_launch(self))[1]

@@ -1,12 +1,12 @@
 """models/autocast_linear.py: under bf16 autocast over fp32 weights the patched nn.Linear gives autocast's
-output and its gradients (fp32, within one bf16 rounding), casts an input shared by several linears once, and
-leaves every other case to nn.Linear."""
+output and its gradients (fp32, within one bf16 rounding), with or without kernels.share_input_casts in front of
+it, and leaves every other case to nn.Linear."""
 
 import pytest
 import torch
 
-from tunesmith.models import autocast_linear
 from tunesmith.models.autocast_linear import use_autocast_linears
+from tunesmith.models.kernels import share_input_casts
 
 
 def _layers(bias: bool):
@@ -23,10 +23,13 @@ def _run(layers, x):
     return out
 
 
+@pytest.mark.parametrize("shared_casts", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_output_and_gradients_match_autocast(bias):
+def test_output_and_gradients_match_autocast(bias, shared_casts):
     reference, patched = _layers(bias), _layers(bias)
     assert use_autocast_linears(patched) == 3
+    if shared_casts:  # as make_model installs them: q and k get one bf16 cast of their input
+        share_input_casts(reference), share_input_casts(patched)
     x_ref = torch.randn(2, 5, 32, requires_grad=True)
     x_new = x_ref.detach().clone().requires_grad_(True)
     expected, got = _run(reference, x_ref), _run(patched, x_new)
@@ -41,26 +44,6 @@ def test_output_and_gradients_match_autocast(bias):
                                        atol=1e-3)
 
 
-def test_a_shared_input_is_cast_once(monkeypatch):
-    layers = _layers(False)
-    use_autocast_linears(layers)
-    casts = []
-    real = autocast_linear._cast_once
-
-    def counting(x, dtype):
-        cast = real(x, dtype)
-        casts.append(cast)
-        return cast
-
-    monkeypatch.setattr(autocast_linear, "_cast_once", counting)
-    x = torch.randn(4, 32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        layers["q"](x), layers["k"](x)
-        x.add_(1.0)  # changed in place: cast again
-        layers["q"](x)
-    assert casts[0] is casts[1] and casts[2] is not casts[0]
-
-
 def test_other_cases_keep_nn_linear():
     layers = _layers(True)
     use_autocast_linears(layers)
@@ -73,3 +56,5 @@ def test_other_cases_keep_nn_linear():
     layers["o"].to(torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert "AutocastLinear" not in type(layers["o"](torch.randn(3, 48)).grad_fn).__name__
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+        assert layers["q"](torch.randn(3, 32)).grad_fn is None  # no gradients: nn.Linear's path

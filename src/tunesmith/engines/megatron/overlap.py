@@ -19,6 +19,7 @@ with or without pipeline stages).
 from __future__ import annotations
 
 import atexit
+import weakref
 
 import torch
 import torch.distributed as tdist
@@ -56,47 +57,51 @@ class _Bucket:
         self.waiting = len(self.params)
 
 
-def _buckets(params: list, group) -> list[_Bucket]:
-    """`params` in buckets of about BUCKET_BYTES (one dtype each), in the given order."""
+def _buckets(params: list, group_of) -> list[_Bucket]:
+    """`params` in buckets of about BUCKET_BYTES (one group and one dtype each), in the given order."""
     out, bucket, size = [], [], 0
     for param in params:
-        if bucket and (size + param.numel() * param.element_size() > BUCKET_BYTES or param.dtype != bucket[0].dtype):
-            out.append(_Bucket(bucket, group))
+        if bucket and (size + param.numel() * param.element_size() > BUCKET_BYTES or param.dtype != bucket[0].dtype
+                       or group_of(param) is not group_of(bucket[0])):
+            out.append(_Bucket(bucket, group_of(bucket[0])))
             bucket, size = [], 0
         bucket.append(param)
         size += param.numel() * param.element_size()
-    return out + ([_Bucket(bucket, group)] if bucket else [])
+    return out + ([_Bucket(bucket, group_of(bucket[0]))] if bucket else [])
 
 
 class OverlappedGradSum:
-    """The data-parallel sum of `params`' gradients, bucket by bucket as the armed backward produces them;
-    `group_of` gives a parameter's data-parallel group."""
+    """The data-parallel sum of `params`' gradients, bucket by bucket as the armed backward produces them.
+    `group_of` gives a parameter's data-parallel group (an expert's: its expert-data-parallel group); every
+    bucket, whatever its group, leaves in one order, so that no two ranks queue their collectives on the groups'
+    communicators in different orders. `order_group` (the data-parallel group, which holds every expert-data-
+    parallel group) agrees on that order after the first step."""
 
-    def __init__(self, params: list, group_of):
-        by_group: dict = {}
-        for param in reversed(params):  # until the first step shows the order the backward produces them
-            by_group.setdefault(group_of(param), []).append(param)
-        self.groups = list(by_group)
-        self._bucket([by_group[group] for group in self.groups])
+    def __init__(self, params: list, group_of, order_group):
+        self.group_of, self.order_group = group_of, order_group
+        self.params = list(params)
+        self._bucket(list(reversed(self.params)))  # until the first step shows the order the backward gives them
         self.order_known = False
         self.armed = False
         self.ready: list = []  # the parameters whose final gradient came, in the order they came
-        self.hooks = [param.register_post_accumulate_grad_hook(self._on_grad) for param in params]
+        self.seen: set = set()  # their ids
+        self.hooks = [param.register_post_accumulate_grad_hook(self._on_grad) for param in self.params]
         # A process group still referenced when the interpreter tears down is destroyed after gloo's own state and
         # aborts the process ("terminate called without an active exception", seen on 2 gloo processes): let go
-        # of the groups, buckets and hooks at exit.
-        atexit.register(self.close)
+        # of the groups, buckets and hooks at exit (through a weak reference: nothing kept alive until then).
+        atexit.register(_close_if_alive, weakref.ref(self))
+
+    def _bucket(self, order: list) -> None:
+        self.sequence = _buckets(order, self.group_of)
+        self.bucket_of = {id(p): b for b in self.sequence for p in b.params}
+        self.next = 0  # the first bucket not yet launched
 
     def close(self) -> None:
         """Remove the gradient hooks and let go of the groups and buckets (the object is not used after)."""
         for hook in self.hooks:
             hook.remove()
-        self.hooks, self.groups, self.sequences, self.bucket_of, self.ready = [], [], [], {}, []
-
-    def _bucket(self, orders: list) -> None:
-        self.sequences = [_buckets(order, group) for order, group in zip(orders, self.groups)]
-        self.bucket_of = {id(p): (i, b) for i, seq in enumerate(self.sequences) for b in seq for p in b.params}
-        self.next = [0] * len(self.sequences)  # per sequence: the first bucket not yet launched
+        self.hooks, self.params, self.sequence, self.bucket_of, self.ready = [], [], [], {}, []
+        self.group_of = self.order_group = None
 
     def arm(self) -> None:
         """The next backward is the step's last: its gradients are final when their hooks fire."""
@@ -105,42 +110,42 @@ class OverlappedGradSum:
     def _on_grad(self, param) -> None:
         if not self.armed:
             return
-        index, bucket = self.bucket_of[id(param)]
-        if any(param is seen for seen in self.ready):
+        if id(param) in self.seen:
             raise TunesmithError("overlap_grad_reduce: a parameter's gradient arrived twice in the step's last "
                                  "backward (after its data-parallel sum had started); set overlap_grad_reduce: false")
+        self.seen.add(id(param))
         self.ready.append(param)
-        bucket.waiting -= 1
-        self._launch_ready(index)
-
-    def _launch_ready(self, index: int) -> None:
-        seq = self.sequences[index]
-        while self.next[index] < len(seq) and seq[self.next[index]].waiting == 0:
-            seq[self.next[index]].launch()
-            self.next[index] += 1
+        self.bucket_of[id(param)].waiting -= 1
+        while self.next < len(self.sequence) and self.sequence[self.next].waiting == 0:
+            self.sequence[self.next].launch()
+            self.next += 1
 
     def finish(self) -> None:
         """Launch the buckets left (gradients that never came this step), in order, and wait for every sum. After
-        the first step the buckets follow the order its gradients came in on each group's first rank (a
-        parameter the backward reaches late, a vision tower's, would otherwise hold back every bucket after it)."""
-        for index, seq in enumerate(self.sequences):
-            for bucket in seq[self.next[index]:]:
-                bucket.launch()
-            for bucket in seq:
-                bucket.finish()
-        if not self.order_known and self.armed:  # every rank of a group arms the same steps
-            self._bucket([self._first_rank_order(index) for index in range(len(self.sequences))])
+        the first step the buckets follow the order its gradients came in on the data-parallel group's first rank
+        (a parameter the backward reaches late, a vision tower's, would otherwise hold back every bucket after
+        it). Called on every rank after every step, so the one-time agreement is collective everywhere."""
+        for bucket in self.sequence[self.next:]:
+            bucket.launch()
+        for bucket in self.sequence:
+            bucket.finish()
+        if not self.order_known:
+            self._bucket(self._first_rank_order())
             self.order_known = True
-        self.armed, self.ready, self.next = False, [], [0] * len(self.sequences)
+        self.armed, self.ready, self.seen, self.next = False, [], set(), 0
 
-    def _first_rank_order(self, index: int) -> list:
-        """The sequence's parameters in the order their gradients came on its group's first rank (those that did
-        not come last, in the order they had)."""
-        params = [p for bucket in self.sequences[index] for p in bucket.params]
-        position = {id(p): i for i, p in enumerate(params)}
-        came = [position[id(p)] for p in self.ready if id(p) in position]
+    def _first_rank_order(self) -> list:
+        """The parameters in the order their gradients came on the order group's first rank (those that did not
+        come last, in the order they had)."""
+        position = {id(p): i for i, p in enumerate(self.params)}
+        came = [position[id(p)] for p in self.ready]
         seen = set(came)
-        order = [came + [i for i in range(len(params)) if i not in seen]]
-        group = self.groups[index]
-        tdist.broadcast_object_list(order, src=tdist.get_global_rank(group, 0), group=group)
-        return [params[i] for i in order[0]]
+        order = [came + [i for i in reversed(range(len(self.params))) if i not in seen]]
+        tdist.broadcast_object_list(order, src=tdist.get_global_rank(self.order_group, 0), group=self.order_group)
+        return [self.params[i] for i in order[0]]
+
+
+def _close_if_alive(ref) -> None:
+    summed = ref()
+    if summed is not None:
+        summed.close()

@@ -158,7 +158,7 @@ def overlapped_grad_sum(params: list):
     from .overlap import OverlappedGradSum
 
     summed = [p for p in params if tdist.get_world_size(data_parallel_group(p)) > 1]
-    return OverlappedGradSum(summed, data_parallel_group) if summed else None
+    return OverlappedGradSum(summed, data_parallel_group, _state().get_data_parallel_group()) if summed else None
 
 
 def sum_over_data_parallel(params: list) -> None:
@@ -211,8 +211,8 @@ def sum_tied_copies(model) -> None:
 def reduce_gradients(model, overlapped=None) -> None:
     """After the step's last backward: the gradients this rank holds made the whole model's (its shards'); the
     data-parallel sum through `overlapped` (an OverlappedGradSum the backward started) when given, waited for
-    first: its gradients are views of buffers still being summed. The sums are linear: their order does not
-    change the result."""
+    first: its gradients are views of buffers still being summed. The sums are linear: their order changes the
+    result by rounding only (the last bits of the query/key norms' gradients under TP and DP)."""
     if overlapped is not None:
         overlapped.finish()
     sum_partial_replicas(model)
