@@ -59,15 +59,10 @@ class _Bucket:
 
 def _buckets(params: list, group_of) -> list[_Bucket]:
     """`params` in buckets of about BUCKET_BYTES (one group and one dtype each), in the given order."""
-    out, bucket, size = [], [], 0
-    for param in params:
-        if bucket and (size + param.numel() * param.element_size() > BUCKET_BYTES or param.dtype != bucket[0].dtype
-                       or group_of(param) is not group_of(bucket[0])):
-            out.append(_Bucket(bucket, group_of(bucket[0])))
-            bucket, size = [], 0
-        bucket.append(param)
-        size += param.numel() * param.element_size()
-    return out + ([_Bucket(bucket, group_of(bucket[0]))] if bucket else [])
+    from .parallel import buckets
+
+    runs = buckets(params, BUCKET_BYTES, lambda first, param: group_of(param) is group_of(first))
+    return [_Bucket(run, group_of(run[0])) for run in runs]
 
 
 class OverlappedGradSum:

@@ -128,19 +128,22 @@ def experts_gathered(state: dict | None, num_experts: int) -> dict | None:
     return out
 
 
-def _buckets(grads: list) -> list[list]:
+def buckets(tensors: list, limit: int, together=lambda a, b: True) -> list[list]:
+    """`tensors` in order, in runs of about `limit` bytes each of one dtype whose members `together(first, t)`
+    accepts: the flat buckets of a gradient sum."""
     out, bucket, size = [], [], 0
-    for grad in grads:
-        if bucket and (size + grad.numel() * grad.element_size() > _BUCKET_BYTES or grad.dtype != bucket[0].dtype):
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and (size + nbytes > limit or tensor.dtype != bucket[0].dtype or not together(bucket[0], tensor)):
             out.append(bucket)
             bucket, size = [], 0
-        bucket.append(grad)
-        size += grad.numel() * grad.element_size()
+        bucket.append(tensor)
+        size += nbytes
     return out + ([bucket] if bucket else [])
 
 
 def _sum_in_place(grads: list, group) -> None:
-    for bucket in _buckets(grads):
+    for bucket in buckets(grads, _BUCKET_BYTES):
         flat = torch._utils._flatten_dense_tensors(bucket)
         tdist.all_reduce(flat, group=group)
         for grad, summed in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
