@@ -57,10 +57,22 @@ class _Bucket:
         self.waiting = len(self.params)
 
 
+def buckets(tensors: list, limit: int, together=lambda a, b: True) -> list[list]:
+    """`tensors` in order, in runs of about `limit` bytes each of one dtype whose members `together(first, t)`
+    accepts: the flat buckets of a gradient sum."""
+    out, bucket, size = [], [], 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and (size + nbytes > limit or tensor.dtype != bucket[0].dtype or not together(bucket[0], tensor)):
+            out.append(bucket)
+            bucket, size = [], 0
+        bucket.append(tensor)
+        size += nbytes
+    return out + ([bucket] if bucket else [])
+
+
 def _buckets(params: list, group_of) -> list[_Bucket]:
     """`params` in buckets of about BUCKET_BYTES (one group and one dtype each), in the given order."""
-    from .parallel import buckets
-
     runs = buckets(params, BUCKET_BYTES, lambda first, param: group_of(param) is group_of(first))
     return [_Bucket(run, group_of(run[0])) for run in runs]
 

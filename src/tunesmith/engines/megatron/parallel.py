@@ -128,21 +128,9 @@ def experts_gathered(state: dict | None, num_experts: int) -> dict | None:
     return out
 
 
-def buckets(tensors: list, limit: int, together=lambda a, b: True) -> list[list]:
-    """`tensors` in order, in runs of about `limit` bytes each of one dtype whose members `together(first, t)`
-    accepts: the flat buckets of a gradient sum."""
-    out, bucket, size = [], [], 0
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and (size + nbytes > limit or tensor.dtype != bucket[0].dtype or not together(bucket[0], tensor)):
-            out.append(bucket)
-            bucket, size = [], 0
-        bucket.append(tensor)
-        size += nbytes
-    return out + ([bucket] if bucket else [])
-
-
 def _sum_in_place(grads: list, group) -> None:
+    from .overlap import buckets
+
     for bucket in buckets(grads, _BUCKET_BYTES):
         flat = torch._utils._flatten_dense_tensors(bucket)
         tdist.all_reduce(flat, group=group)
