@@ -294,6 +294,54 @@ def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_p
 
 
 @pytest.mark.slow
+def test_megatron_qwen3_moe_over_two_pipeline_stages_gives_the_single_engines_run(tmp_path, monkeypatch):
+    """Qwen3-MoE over PP=2 (2 gloo processes): transformers' router load-balancing loss is one function of both
+    stages' router logits, which the pipeline carries to the last stage and whose gradients it carries back
+    (router_relay.py). The single engine's losses, router loss and weights, each micro-batch its own forward on
+    both (merge_micro_batches: false: the router statistics are per forward)."""
+    from test_distributed import _two_ranks
+
+    moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe") for c in COMMON] + ["save_strategy=no",
+                                                                         "merge_micro_batches=false"]
+    single, pp2 = tmp_path / "single", tmp_path / "pp2"
+    cli("train", *moe, "backend=single", f"output_dir={single}")
+    _two_ranks(monkeypatch)
+    proc = cli("train", *moe, "pipeline_model_parallel_size=2", f"output_dir={pp2}", env=MCA)
+    assert "qwen3_moe, TP=1 PP=2 DP=1" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    ours, theirs = ([m for m in metrics(out) if "loss" in m] for out in (pp2, single))
+    assert len(ours) == 4 and [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
+    assert [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
+    assert "model.layers.0.mlp.gate.weight" in _same_weights(pp2, single)  # stage 0's router: its gradient came back
+
+
+@pytest.mark.slow
+def test_megatron_qwen3_moe_over_pipeline_and_expert_ranks_resumes_exactly(tmp_path, monkeypatch):
+    """LLaMA-Factory's qwen3_moe_full.yaml layout, smaller: PP=2 and EP=2 on 4 gloo processes (DP=2, each stage's
+    experts split over its two data-parallel ranks) gives the PP=2 DP=2 run with every expert on each rank, one
+    engine state per tensor/pipeline/expert rank, and a checkpoint that resumes exactly."""
+    from test_distributed import _two_ranks
+
+    _two_ranks(monkeypatch)
+    monkeypatch.setenv("NPROC_PER_NODE", "4")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[1] / "megatron_cpu_comms"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    keys = [c.replace("tiny:qwen3", "tiny:qwen3_moe").replace("neat_packing=true", "packing=false")
+            for c in TWO_RANKS] + ["per_device_train_batch_size=1", "pipeline_model_parallel_size=2"]
+    dp2, ep2, resumed = tmp_path / "dp2", tmp_path / "ep2", tmp_path / "resumed"
+    cli("train", *keys, "save_strategy=no", f"output_dir={dp2}", env=MCA)
+    keys.append("expert_model_parallel_size=2")
+    proc = cli("train", *keys, "save_steps=2", f"output_dir={ep2}", env=MCA)
+    assert "TP=1 PP=2 EP=2 DP=2" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert len(_losses(ep2)) == 4 and _losses(ep2) == pytest.approx(_losses(dp2), rel=1e-6)
+    _same_weights(ep2, dp2)
+    ckpt = ep2 / "checkpoint-2"
+    assert sorted(p.name for p in ckpt.glob("engine_state*")) == [f"engine_state_tp0_pp{p}_ep{e}.pt"
+                                                                  for p in (0, 1) for e in (0, 1)]
+    cli("train", *keys, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(ep2)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(tmp_path, monkeypatch):
     """LoRA on 2 CPU processes (gloo): TP=2 (adapters split as their linears) and PP=2 (each stage its layers'
     adapters) give the one-process Megatron LoRA run's losses and the same saved adapter, from the same fresh

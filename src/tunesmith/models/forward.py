@@ -93,6 +93,12 @@ def router_aux_loss_coef(model) -> float | None:
     return float(coef)
 
 
+def router_experts(model) -> int | None:
+    """The number of experts each router chooses from (None for a dense model)."""
+    config = base_model(model).config.get_text_config()
+    return getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)  # 5.25, older
+
+
 def load_balancing_loss(model, router_logits: tuple) -> torch.Tensor:
     """The router load-balancing loss that `model`'s own forward returns (`aux_loss`), computed by its modeling
     module's load_balancing_loss_func over `router_logits` (one [tokens, experts] tensor per layer), without an
@@ -104,7 +110,7 @@ def load_balancing_loss(model, router_logits: tuple) -> torch.Tensor:
     base = base_model(model)
     fn = getattr(sys.modules[type(base).__module__], "load_balancing_loss_func", None)
     config = base.config.get_text_config()
-    num_experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)  # 5.25, older
+    num_experts = router_experts(model)
     if fn is None or not num_experts:
         raise ModelError(f"{type(base).__name__}'s module has no load_balancing_loss_func (or its config no expert "
                          "count), so its router loss cannot be computed outside its forward; use backend: single")

@@ -116,6 +116,8 @@ def test_the_engine_refuses_what_it_does_not_run_by_name(world_of_one):
         build_megatron_engine(_engine_config(finetuning_type="lora"), moe_experts_adapted, torch.device("cpu"), 1)
     with pytest.raises(ConfigError, match="expert_model_parallel_size"):
         build_megatron_engine(_engine_config(expert_model_parallel_size=2), moe, torch.device("cpu"), 1)
+    with pytest.raises(TunesmithError, match="moe_token_dispatcher_type: alltoall needs a CUDA GPU"):
+        build_megatron_engine(_engine_config(moe_token_dispatcher_type="alltoall"), moe, torch.device("cpu"), 1)
     with pytest.raises(TunesmithError, match="recompute_granularity: full needs a CUDA GPU"):
         build_megatron_engine(_engine_config(recompute_granularity="full"), dense, torch.device("cpu"), 1)
     with pytest.raises(ConfigError, match="tensor_model_parallel_size x pipeline_model_parallel_size"):

@@ -10,6 +10,7 @@ Modules, one concern each:
   rotary.py    rotary angles from per-sample position ids (3-D for mRoPE), as the Hugging Face model computes them
   vision.py    a vision-language model's vision tower on the first stage, its features in the decoder input
   moe.py       mixture-of-experts: transformers' router logits and load-balancing loss
+  router_relay.py  a mixture-of-experts model's router logits over pipeline stages, and their gradients back
   attention.py core attention: varlen FlashAttention on packed rows (CUDA, half precision), else SDPA
   forward.py   one forward on a collated (packed) batch
   vocab_parallel.py  a tensor-parallel output layer's logits as the outputs methods expect
@@ -92,6 +93,10 @@ def _check_device(m, device: torch.device, precision: str) -> None:
         raise TunesmithError(f"expert_model_parallel_size: {m.expert_model_parallel_size} needs CUDA GPUs "
                              "(megatron-core's token dispatcher allocates its all-gathers there); use "
                              "expert_model_parallel_size: 1 on the CPU (the experts data-parallel)")
+    if m.moe_token_dispatcher_type == "alltoall" and device.type != "cuda":
+        raise TunesmithError("moe_token_dispatcher_type: alltoall needs a CUDA GPU (megatron-core's all-to-all "
+                             "dispatcher creates a CUDA stream); use moe_token_dispatcher_type: allgather on the CPU "
+                             "(the same numbers: no token is dropped with either)")
     if m.recompute_granularity and device.type != "cuda":
         raise TunesmithError(f"recompute_granularity: {m.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")

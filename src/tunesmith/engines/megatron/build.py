@@ -38,13 +38,10 @@ def log_kernel_fallback(m, has_te: bool) -> None:
 
 
 def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
-    pipeline = {}
-    if m.pipeline_model_parallel_size > 1:
-        # the hidden states sent between stages: the residual stream, in the weights' dtype (under bf16 autocast
-        # too); micro-batches differ in rows and length, so shapes are sent along. TransformerConfig refuses
-        # that with its default (allgather) MoE dispatcher even for a dense model, which has no dispatcher
-        # (MoE over pipeline stages is refused: degrees.unavailable_problems)
-        pipeline = dict(pipeline_dtype=params_dtype, variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
+    # the hidden states sent between stages: the residual stream, in the weights' dtype (under bf16 autocast too).
+    # pipeline.gpipe sends them, each micro-batch's shape from its batch (megatron-core's own schedules, which
+    # would need variable_seq_lengths, are not used over stages)
+    pipeline = dict(pipeline_dtype=params_dtype) if m.pipeline_model_parallel_size > 1 else {}
     return dict(tensor_model_parallel_size=m.tensor_model_parallel_size,
                 pipeline_model_parallel_size=m.pipeline_model_parallel_size,
                 virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,

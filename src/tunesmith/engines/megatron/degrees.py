@@ -122,24 +122,19 @@ _NEEDS_FUSED_NORM = ("megatron-core's torch-native norm (the local layer spec wi
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP),
     pipeline (PP) and data parallelism run for dense language and vision-language models (full fine-tuning and
-    LoRA), data and expert parallelism for mixture-of-experts models; virtual-pipeline parallelism and TP/PP for
-    mixture-of-experts models are named. sequence_parallel is accepted and runs as tensor parallelism without it
+    LoRA), pipeline, data and expert parallelism for mixture-of-experts models; virtual-pipeline parallelism and
+    TP for mixture-of-experts models are named. sequence_parallel is accepted and runs as tensor parallelism without it
     (build._parallel_kwargs)."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
                         f"it (pipeline_model_parallel_size runs without it), or {_FSDP2}")
-    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    tp = m.tensor_model_parallel_size
     if model.num_experts and tp > 1:
         problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} cannot run here: "
                         "megatron-core trains MoE layers under tensor parallelism only with sequence parallelism, and "
                         f"{_NEEDS_FUSED_NORM}; use tensor_model_parallel_size: 1 (the model runs data-parallel), or "
                         f"{_FSDP2}")
-    if model.num_experts and pp > 1:
-        problems.append(f"a mixture-of-experts model with pipeline_model_parallel_size: {pp} is not available yet "
-                        "(transformers' router load-balancing loss is one function of every layer's router logits, "
-                        "which pipeline stages hold apart); use pipeline_model_parallel_size: 1 (the model runs "
-                        f"data-parallel), or {_FSDP2}")
     return problems
 
 

@@ -39,6 +39,8 @@ from .parallel import (ep_rank, ep_size, experts_gathered, gathered, grad_norm, 
                        reduce_gradients, stages_gathered, writes_engine_state,
                        tp_rank, tp_size)
 from .shards import shard
+from .pipeline import pipelined
+from .router_relay import stage_router_counts
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
 from .vision import hf_vision_tower
@@ -121,6 +123,8 @@ class MegatronEngine:
         self._nonfinite_loss = False
         self.balancing = RouterBalancing.of(hf_model)  # MoE: transformers' load-balancing loss (moe.py); dense: None
         self.overlapped = None  # overlap_grad_reduce: the data-parallel sum the last backward starts (overlap.py)
+        # MoE over pipeline stages: each stage's number of routers, for the router logits' relay (router_relay.py)
+        self.router_counts = stage_router_counts(model) if self.balancing is not None and pipelined() else None
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return run_forward_backward(self, micro_batches, loss_fn)

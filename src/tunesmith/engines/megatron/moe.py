@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
 
-from ...models.forward import load_balancing_loss, router_aux_loss_coef
+from ...models.forward import load_balancing_loss, router_aux_loss_coef, router_experts
 
 
 class HFRouter(TopKRouter):
@@ -91,6 +91,7 @@ class RouterBalancing:
 
     def __init__(self, hf_model, coef: float):
         self.hf_model, self.coef = hf_model, coef
+        self.num_experts = router_experts(hf_model)
 
     @classmethod
     def of(cls, hf_model) -> "RouterBalancing | None":

@@ -36,25 +36,31 @@ def hidden_shapes(micro_batches: list, hidden_size: int) -> list[tuple[int, int,
 
 
 def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtype, device: torch.device,
-          forward_only: bool, before_last_backward=None) -> None:
+          forward_only: bool, before_last_backward=None, relay=None) -> None:
     """megatron-core's schedule contract (forward_step(data_iterator, model) -> (output, loss_func); the loss
     divided by the number of micro-batches before backward) in GPipe's order, on any device. The backwards run
-    in the forwards' order; `before_last_backward()`, when given, is called before the last."""
+    in the forwards' order; `before_last_backward()`, when given, is called before the last. `relay` (a
+    router_relay.RouterLogitsRelay, training a mixture-of-experts model) sends and receives the router logits and
+    their gradients after the hidden states."""
     state = _state()
     first, last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
     received, outputs = [], []
-    for shape in shapes:
+    for index, shape in enumerate(shapes):
         hidden = None
         if not first:
             hidden = torch.empty(shape, dtype=dtype, device=device)
             tdist.recv(hidden, src=state.get_pipeline_model_parallel_prev_rank())
             hidden.requires_grad_(not forward_only)
             model.set_input_tensor(hidden)
+        if relay is not None:
+            relay.forward_begins(index)
         output, loss_func = forward_step(data_iterator, model)
         if last:
             output = loss_func(output)[0] / len(shapes)
         else:
             tdist.send(output.detach().contiguous(), dst=state.get_pipeline_model_parallel_next_rank())
+            if relay is not None:
+                relay.forward_ends(index)
         if not forward_only:
             received.append(hidden)
             outputs.append(output)
@@ -66,9 +72,12 @@ def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtyp
         else:
             grad = torch.empty(output.shape, dtype=output.dtype, device=output.device)  # contiguous, as sent
             tdist.recv(grad, src=state.get_pipeline_model_parallel_next_rank())
-            output.backward(grad)
+            tensors, grads = relay.backward_pairs(index) if relay is not None else ([], [])
+            torch.autograd.backward([output, *tensors], [grad, *grads])
         if not first:
             tdist.send(hidden.grad.contiguous(), dst=state.get_pipeline_model_parallel_prev_rank())
+        if relay is not None:
+            relay.backward_ends(index)
 
 
 def _on_cpu(value):

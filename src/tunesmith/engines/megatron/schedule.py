@@ -17,7 +17,8 @@ step until its backward, where 1F1B holds at most one per stage.
 
 A mixture-of-experts model's router load-balancing loss (transformers' formula, moe.py) is computed in
 the forward step from the routers' logits and handed to the loss with the model's coefficient, as the
-single engine's forward hands it (every layer is on this stage: pipeline stages are refused for MoE).
+single engine's forward hands it; over pipeline stages the last stage computes it from every stage's logits,
+which router_relay.py carries along the pipeline (and their gradients back).
 """
 
 from __future__ import annotations
@@ -49,27 +50,45 @@ def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatch
     return scheduled_loss(out.loss, num_microbatches), {}
 
 
-def forward_step_func(engine, loss_fn: LossFn, total: StepOutput, num_microbatches: int):
-    """megatron-core's forward_step_func(data_iterator, model) -> (output, loss_func)."""
+def forward_step_func(engine, loss_fn: LossFn, total: StepOutput, num_microbatches: int, relay=None):
+    """megatron-core's forward_step_func(data_iterator, model) -> (output, loss_func); `relay`: pipeline.gpipe's."""
     def forward_step(data_iterator, model):
         batch = next(data_iterator).to(engine.device)
         with autocast(engine.precision, engine.device):
-            output, aux_loss = _forward_with_aux(engine, model, batch, loss_fn.outputs)
+            output, aux_loss = _forward_with_aux(engine, model, batch, loss_fn.outputs, relay)
         return output, functools.partial(_loss_func, engine, loss_fn, batch, total, num_microbatches, aux_loss)
     return forward_step
 
 
-def _forward_with_aux(engine, model, batch, kind: str):
+def _forward_with_aux(engine, model, batch, kind: str, relay=None):
     """The stage's output (logits, or a reward model's [B]) and, for a mixture-of-experts model, transformers'
     load-balancing loss over this forward's router logits (moe.py), as the single engine's training forward
-    returns it (reward forwards ask for none there either)."""
-    if engine.balancing is None or kind == "rewards":
+    returns it (reward forwards ask for none there either); over pipeline stages the last stage's, of every
+    stage's logits (`relay`), and None on the others."""
+    if not _balances(engine, kind):
         return stage_forward(model, batch, kind, engine.angles), None
     from .moe import recorded_router_logits
 
     with recorded_router_logits(model) as router_logits:
         output = stage_forward(model, batch, kind, engine.angles)
-    return output, engine.balancing.loss(router_logits)
+    layers = router_logits if relay is None else relay.layers(router_logits)
+    return output, None if layers is None else engine.balancing.loss(layers)
+
+
+def _balances(engine, kind: str) -> bool:
+    """Whether this training forward adds the router load-balancing loss."""
+    return engine.balancing is not None and kind != "rewards"
+
+
+def _relay(engine, micro_batches: list, kind: str):
+    """The router logits' relay over pipeline stages (router_relay.py) for a step that adds the router loss."""
+    if not _balances(engine, kind):
+        return None
+    from .router_relay import RouterLogitsRelay
+
+    dtype = torch.float32 if engine.precision == "fp32" else torch.bfloat16  # the routers' logits: compute dtype
+    return RouterLogitsRelay([b.input_ids_BT.numel() for b in micro_batches], engine.router_counts,
+                             engine.balancing.num_experts, dtype, engine.device)
 
 
 def local_schedule(forward_step, data_iterator, model, num_microbatches: int) -> None:
@@ -80,12 +99,12 @@ def local_schedule(forward_step, data_iterator, model, num_microbatches: int) ->
         (loss / num_microbatches).backward()
 
 
-def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: bool) -> None:
+def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: bool, relay=None) -> None:
     config = module.config
     overlapped = None if forward_only else engine.overlapped
     gpipe(forward_step, iter(micro_batches), module, hidden_shapes(micro_batches, config.hidden_size),
           dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only,
-          before_last_backward=overlapped.arm if overlapped is not None else None)
+          before_last_backward=overlapped.arm if overlapped is not None else None, relay=relay)
 
 
 def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOutput:
@@ -93,11 +112,14 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
     Every stage returns the last stage's sums."""
     total = StepOutput()
     count = len(micro_batches)
-    step = forward_step_func(engine, loss_fn, total, count)
     engine.model.train()
     if pipelined():
-        _gpipe(engine, step, engine.model, micro_batches, forward_only=False)
-    elif engine.device.type == "cuda":
+        relay = _relay(engine, micro_batches, loss_fn.outputs)
+        step = forward_step_func(engine, loss_fn, total, count, relay)
+        _gpipe(engine, step, engine.model, micro_batches, forward_only=False, relay=relay)
+        return from_last_stage(total.settle())
+    step = forward_step_func(engine, loss_fn, total, count)
+    if engine.device.type == "cuda":
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         lengths = [b.input_ids_BT.shape for b in micro_batches]
@@ -107,7 +129,7 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
                                     forward_only=False)
     else:
         local_schedule(step, _arming(micro_batches, engine.overlapped), engine.model, count)
-    return from_last_stage(total.settle())
+    return total.settle()
 
 
 def _arming(micro_batches: list, overlapped):
