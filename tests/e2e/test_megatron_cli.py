@@ -178,6 +178,12 @@ def test_megatron_qwen3_vl_over_two_pipeline_stages_gives_the_single_engines_run
     assert any(k.startswith("model.visual.") for k in _same_weights(pp2, single))
 
 
+def _cpu_comms(monkeypatch):
+    """The launched processes' megatron-core collectives allocate on the CPU (tests/megatron_cpu_comms)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[1] / "megatron_cpu_comms"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+
+
 TWO_RANKS = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=64", "logging_steps=1",
              "learning_rate=1e-3", "max_steps=4", "gradient_accumulation_steps=2", "neat_packing=true"]  # 20 rows
 
@@ -208,14 +214,40 @@ def test_megatron_tensor_pipeline_and_data_parallel_on_two_ranks_give_the_single
         _same_weights(out, single)
         transformers.AutoModelForCausalLM.from_pretrained(out)
     tp = tmp_path / "TP2_PP1_DP1"
-    # sequence_parallel: true (LLaMA-Factory's Qwen2-VL example sets it) runs as plain TP, said in a warning
-    proc = cli("train", *tp2, "sequence_parallel=true", "save_strategy=no", f"output_dir={tmp_path / 'sp'}", env=MCA)
-    assert "sequence_parallel: true accepted without effect" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
-    assert _losses(tmp_path / "sp") == pytest.approx(_losses(tp), rel=1e-6)
     ckpt = tp / "checkpoint-2"
     assert (ckpt / "engine_state_tp0_pp0.pt").exists() and (ckpt / "engine_state_tp1_pp0.pt").exists()
     cli("train", *tp2, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(tp)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_sequence_parallel_gives_the_single_engines_run(tmp_path, monkeypatch):
+    """sequence_parallel with TP=2 (2 gloo processes): the residual stream in blocks of the sequence. Unpacked rows
+    of odd lengths are padded to a multiple of 2; SFT gives the single engine's losses and weights, over TP=2 x PP=2
+    (4 processes: the stages send sequence blocks) too, and a reward model (its head reads the gathered last
+    hidden states) the single engine's losses."""
+    from test_distributed import _two_ranks
+
+    rows = [k.replace("neat_packing=true", "packing=false") for k in TWO_RANKS] + ["per_device_train_batch_size=1",
+                                                                                 "save_strategy=no"]
+    rm = [*BASE, "stage=rm", "dataset=dpo_demo", "finetuning_type=full", "max_samples=32", "logging_steps=1",
+          "learning_rate=1e-4", "max_steps=3", "per_device_train_batch_size=2", "save_strategy=no",
+          "save_final_model=false"]
+    cli("train", *rows, "backend=single", f"output_dir={tmp_path / 'single'}")
+    cli("train", *rm, "backend=single", f"output_dir={tmp_path / 'rm_single'}")
+    _two_ranks(monkeypatch)
+    _cpu_comms(monkeypatch)
+    sp = ["tensor_model_parallel_size=2", "sequence_parallel=true"]
+    for name, more in {"tp2": [], "tp2_pp2": ["pipeline_model_parallel_size=2"]}.items():
+        monkeypatch.setenv("NPROC_PER_NODE", "4" if more else "2")
+        proc = cli("train", *rows, *sp, *more, f"output_dir={tmp_path / name}", env=MCA)
+        assert "TP=2 (sequence parallel)" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+        assert len(_losses(tmp_path / name)) == 4
+        assert _losses(tmp_path / name) == pytest.approx(_losses(tmp_path / "single"), rel=1e-4), name
+        _same_weights(tmp_path / name, tmp_path / "single")
+    monkeypatch.setenv("NPROC_PER_NODE", "2")
+    cli("train", *rm, *sp, f"output_dir={tmp_path / 'rm_sp'}", env=MCA)
+    assert _losses(tmp_path / "rm_sp") == pytest.approx(_losses(tmp_path / "rm_single"), rel=1e-4)
 
 
 @pytest.mark.slow
@@ -274,8 +306,7 @@ def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_p
     single, dp2, ep2, resumed = (tmp_path / name for name in ("single", "dp2", "ep2", "resumed"))
     cli("train", *moe, "per_device_train_batch_size=2", "backend=single", "save_strategy=no", f"output_dir={single}")
     _two_ranks(monkeypatch)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[1] / "megatron_cpu_comms"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    _cpu_comms(monkeypatch)
     keys = [*moe, "per_device_train_batch_size=1"]
     cli("train", *keys, "save_strategy=no", f"output_dir={dp2}", env=MCA)
     keys.append("expert_model_parallel_size=2")
@@ -294,24 +325,32 @@ def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_p
 
 
 @pytest.mark.slow
-def test_megatron_qwen3_moe_over_two_pipeline_stages_gives_the_single_engines_run(tmp_path, monkeypatch):
-    """Qwen3-MoE over PP=2 (2 gloo processes): transformers' router load-balancing loss is one function of both
-    stages' router logits, which the pipeline carries to the last stage and whose gradients it carries back
-    (router_relay.py). The single engine's losses, router loss and weights, each micro-batch its own forward on
-    both (merge_micro_batches: false: the router statistics are per forward)."""
+def test_megatron_qwen3_moe_over_pipeline_stages_and_tensor_ranks_gives_the_single_engines_run(tmp_path, monkeypatch):
+    """Qwen3-MoE on 2 gloo processes, each micro-batch its own forward (merge_micro_batches: false: the router
+    statistics are per forward), gives the single engine's losses, router loss and weights:
+    - PP=2: transformers' router load-balancing loss is one function of both stages' router logits, which the
+      pipeline carries to the last stage and whose gradients it carries back (router_relay.py);
+    - TP=2 with sequence parallelism: each rank routes its block of the sequence through whole experts; the router
+      loss reads every rank's block (moe.HFRouter), the experts' gradients are summed over the ranks."""
     from test_distributed import _two_ranks
 
     moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe") for c in COMMON] + ["save_strategy=no",
                                                                          "merge_micro_batches=false"]
-    single, pp2 = tmp_path / "single", tmp_path / "pp2"
+    single = tmp_path / "single"
     cli("train", *moe, "backend=single", f"output_dir={single}")
     _two_ranks(monkeypatch)
-    proc = cli("train", *moe, "pipeline_model_parallel_size=2", f"output_dir={pp2}", env=MCA)
-    assert "qwen3_moe, TP=1 PP=2 DP=1" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
-    ours, theirs = ([m for m in metrics(out) if "loss" in m] for out in (pp2, single))
-    assert len(ours) == 4 and [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
-    assert [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
-    assert "model.layers.0.mlp.gate.weight" in _same_weights(pp2, single)  # stage 0's router: its gradient came back
+    _cpu_comms(monkeypatch)
+    runs = {"TP=1 PP=2 DP=1": ["pipeline_model_parallel_size=2"],
+            "TP=2 (sequence parallel) PP=1 DP=1": ["tensor_model_parallel_size=2", "sequence_parallel=true"]}
+    for degrees, keys in runs.items():
+        out = tmp_path / re.sub(r"[ =()]", "_", degrees)
+        proc = cli("train", *moe, *keys, f"output_dir={out}", env=MCA)
+        assert f"qwen3_moe, {degrees}" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+        ours, theirs = ([m for m in metrics(run) if "loss" in m] for run in (out, single))
+        assert len(ours) == 4 and [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
+        assert [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
+        assert [m["grad_norm"] for m in ours] == pytest.approx([m["grad_norm"] for m in theirs], rel=1e-4)
+        assert "model.layers.0.mlp.gate.weight" in _same_weights(out, single)  # every router's whole gradient
 
 
 @pytest.mark.slow
@@ -323,8 +362,7 @@ def test_megatron_qwen3_moe_over_pipeline_and_expert_ranks_resumes_exactly(tmp_p
 
     _two_ranks(monkeypatch)
     monkeypatch.setenv("NPROC_PER_NODE", "4")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[1] / "megatron_cpu_comms"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    _cpu_comms(monkeypatch)
     keys = [c.replace("tiny:qwen3", "tiny:qwen3_moe").replace("neat_packing=true", "packing=false")
             for c in TWO_RANKS] + ["per_device_train_batch_size=1", "pipeline_model_parallel_size=2"]
     dp2, ep2, resumed = tmp_path / "dp2", tmp_path / "ep2", tmp_path / "resumed"
@@ -355,10 +393,14 @@ def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(
     cli("train", *lora, "save_strategy=no", f"output_dir={one}", env=MCA)
     expected = load_file(one / "adapter_model.safetensors")
     _two_ranks(monkeypatch)
+    _cpu_comms(monkeypatch)
     runs = {"TP=2 PP=1 DP=1": ["tensor_model_parallel_size=2", "save_steps=2"],
-            "TP=1 PP=2 DP=1": ["pipeline_model_parallel_size=2", "save_strategy=no"]}
+            "TP=1 PP=2 DP=1": ["pipeline_model_parallel_size=2", "save_strategy=no"],
+            # an adapter's whole matrix meets a block of the sequence: its gradient summed over the ranks
+            "TP=2 (sequence parallel) PP=1 DP=1": ["tensor_model_parallel_size=2", "sequence_parallel=true",
+                                                   "save_strategy=no"]}
     for degrees, keys in runs.items():
-        out = tmp_path / degrees.replace("=", "").replace(" ", "_")
+        out = tmp_path / re.sub(r"[ =()]", "_", degrees)
         proc = cli("train", *lora, *keys, f"output_dir={out}", env=MCA)
         assert degrees in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
         assert len(_losses(out)) == 4 and _losses(out) == pytest.approx(_losses(one), rel=1e-4), degrees
@@ -366,7 +408,7 @@ def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(
         assert set(saved) == set(expected)
         for key in saved:
             torch.testing.assert_close(saved[key], expected[key], rtol=1e-3, atol=1e-5)
-    tp2, resumed = tmp_path / "TP2_PP1_DP1", tmp_path / "resumed"
+    tp2, resumed = tmp_path / "TP_2_PP_1_DP_1", tmp_path / "resumed"
     cli("train", *lora, "tensor_model_parallel_size=2", "save_strategy=no", f"output_dir={resumed}",
         f"resume_from_checkpoint={tp2 / 'checkpoint-2'}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(tp2)[2:], rel=1e-6)

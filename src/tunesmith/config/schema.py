@@ -227,10 +227,10 @@ class MegatronConfig(_Group):
     pipeline_model_parallel_size: int = Field(1, ge=1, description="megatron: pipeline stages (splits the layers).")
     virtual_pipeline_model_parallel_size: int | None = Field(
         None, ge=1, description="megatron: model chunks per pipeline stage (interleaved schedule).")
-    sequence_parallel: bool = Field(False, description="megatron: shard norms and dropout along the sequence over "
-                                    "the tensor-parallel group (needs tensor_model_parallel_size > 1); tunesmith's "
-                                    "engine (megatron-core's torch-native layer spec) runs it as plain tensor "
-                                    "parallelism, with a warning (docs/megatron.md).")
+    sequence_parallel: bool = Field(False, description="megatron: the residual stream (norms, residual adds, the "
+                                    "hidden states between pipeline stages) in blocks of the sequence over the "
+                                    "tensor-parallel group (needs tensor_model_parallel_size > 1; a mixture-of-experts "
+                                    "model under tensor parallelism needs it); CUDA GPUs only (docs/megatron.md).")
     context_parallel_size: int = Field(1, ge=1, description="megatron: context-parallel degree (splits the "
                                        "sequence; needs Transformer Engine attention).")
     expert_model_parallel_size: int = Field(1, ge=1, description="megatron: expert-parallel degree (MoE models).")

@@ -55,6 +55,9 @@ def test_experts():
 
 def test_switches_that_need_another_setting():
     assert "needs tensor_model_parallel_size > 1" in _problems(sequence_parallel=True)[0]
+    (moe_tp,) = _problems(model=MOE, tensor_model_parallel_size=2)
+    assert "needs sequence_parallel: true" in moe_tp
+    assert _problems(model=MOE, tensor_model_parallel_size=2, sequence_parallel=True) == []
     assert "needs use_distributed_optimizer: true" in _problems(overlap_param_gather=True)[0]
     assert "needs Transformer Engine" in _problems(context_parallel_size=2)[0]
     assert _problems(context_parallel_size=2, has_te=True) == []
@@ -80,9 +83,12 @@ def test_what_does_not_run_yet_is_named_with_the_alternative():
     assert problems(model=MOE) == []
     # pipeline and expert parallelism run for MoE models (LLaMA-Factory's qwen3_moe_full.yaml: PP=4, EP=2)
     assert problems(model=MOE, pipeline_model_parallel_size=4, expert_model_parallel_size=2) == []
-    (tp_text,) = problems(model=MOE, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
-    assert "tensor_model_parallel_size: 2 cannot run here" in tp_text and "only with sequence parallelism" in tp_text
-    assert "backend: fsdp2" in tp_text
+    # tensor parallelism for MoE models: with sequence parallelism (degree_problems), not with expert parallelism
+    assert problems(model=MOE, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                    sequence_parallel=True) == []
+    (tp_ep,) = problems(model=MOE, tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True)
+    assert "both tensor_model_parallel_size: 2 and expert_model_parallel_size: 2 is not available yet" in tp_ep
+    assert "backend: fsdp2" in tp_ep
     assert problems(tensor_model_parallel_size=2, sequence_parallel=True) == []  # runs as plain TP (build.py)
     assert "interleaved schedule" in problems(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)[0]
 

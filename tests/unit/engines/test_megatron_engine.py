@@ -273,15 +273,40 @@ def test_moe_logits_and_router_loss_equal_the_single_engines(world_of_one, norm_
     assert len(router_logits) == 2
 
 
-def test_sequence_parallel_runs_as_plain_tensor_parallelism_and_says_so(caplog):
-    """megatron-core's torch-native norm asserts sequence parallelism off (it needs Transformer Engine's or Apex's
-    norms): `sequence_parallel: true` (LLaMA-Factory's Qwen2-VL Megatron example) runs as tensor parallelism without
-    it, the same numbers, and one warning says so."""
-    from tunesmith.engines.megatron.build import log_kernel_fallback
+def test_sequence_parallel_is_passed_on_and_its_norms_are_marked_for_the_tensor_parallel_sum():
+    """`sequence_parallel: true` (LLaMA-Factory's Qwen2-VL Megatron example) reaches megatron-core; the norms on the
+    sequence block (the layers' and the final norm) are marked for the sum over the tensor-parallel ranks, the
+    query/key norms (whole sequence, each rank its heads) are not; without it nothing is marked."""
+    from tunesmith.engines.megatron.sequence_parallel import LocalNorm, SequenceNorm
 
     settings = MegatronConfig(tensor_model_parallel_size=2, sequence_parallel=True)
-    hf = _hf(transformers.Qwen3Config)
-    assert transformer_config(hf.config, settings, params_dtype=torch.float32).sequence_parallel is False
-    with caplog.at_level("WARNING", logger="tunesmith"):
-        log_kernel_fallback(settings, has_te=False)
-    assert "sequence_parallel: true accepted without effect" in caplog.text
+    config = transformer_config(_hf(transformers.Qwen3Config).config, settings, params_dtype=torch.float32)
+    assert config.sequence_parallel is True
+    norm = SequenceNorm(config, 16, 1e-6)
+    assert isinstance(norm, torch.nn.RMSNorm) and norm.weight.sequence_parallel is True and norm.eps == 1e-6
+    assert not hasattr(LocalNorm(config, 16).weight, "sequence_parallel")
+    plain = transformer_config(_hf(transformers.Qwen3Config).config, MegatronConfig(), params_dtype=torch.float32)
+    assert SequenceNorm(plain, 16).weight.sequence_parallel is False
+
+
+def test_sequence_parallel_pads_rows_to_a_multiple_of_the_degree_as_the_collator_pads():
+    """Padding added for sequence parallelism is the collator's padding: a row ending in padding gets it joined
+    to its padding run (positions counting on), a full row a new run from position 0; targets ignored, text token
+    types; the varlen boundaries and longest run follow, and a batch that fits is returned as is."""
+    from tunesmith.data.collate import IGNORE_INDEX, collate_rows
+    from tunesmith.engines.megatron.sequence_parallel import padded_rows
+
+    def sample(n):
+        return {"input_ids": list(range(1, n + 1)), "labels": list(range(1, n + 1))}
+
+    batch = collate_rows([[sample(3), sample(2)], [sample(4)]], pad_id=0, pad_to_multiple=1)  # width 5
+    batch.token_types_BT = torch.zeros_like(batch.input_ids_BT)
+    padded = padded_rows(batch, 4, pad_id=0)
+    assert padded.input_ids_BT.shape == (2, 8)
+    assert padded.segment_ids_BT.tolist() == [[0, 0, 0, 1, 1, -1, -1, -1], [2, 2, 2, 2, -1, -1, -1, -1]]
+    assert padded.position_ids_BT.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 0, 1, 2, 3]]
+    assert (padded.targets_BT[:, 5:] == IGNORE_INDEX).all() and padded.token_types_BT.shape == (2, 8)
+    assert padded.num_label_tokens == batch.num_label_tokens and padded.counted_rows is None
+    assert padded.cu_seqlens.tolist() == [0, 3, 5, 8, 12, 16] and padded.max_seqlen == 4
+    again = collate_rows([[sample(3), sample(2)], [sample(4), sample(4)]], pad_id=0, pad_to_multiple=1)
+    assert padded_rows(again, 4, pad_id=0) is again

@@ -93,6 +93,9 @@ def _check_device(m, device: torch.device, precision: str) -> None:
         raise TunesmithError(f"expert_model_parallel_size: {m.expert_model_parallel_size} needs CUDA GPUs "
                              "(megatron-core's token dispatcher allocates its all-gathers there); use "
                              "expert_model_parallel_size: 1 on the CPU (the experts data-parallel)")
+    if m.sequence_parallel and not collectives_can_allocate():
+        raise TunesmithError("sequence_parallel: true needs CUDA GPUs (megatron-core's sequence gathers allocate "
+                             "there); use sequence_parallel: false on the CPU (the same numbers)")
     if m.moe_token_dispatcher_type == "alltoall" and device.type != "cuda":
         raise TunesmithError("moe_token_dispatcher_type: alltoall needs a CUDA GPU (megatron-core's all-to-all "
                              "dispatcher creates a CUDA stream); use moe_token_dispatcher_type: allgather on the CPU "
@@ -109,7 +112,9 @@ def _check_device(m, device: torch.device, precision: str) -> None:
 
 def _degrees(m) -> str:
     experts = f" EP={m.expert_model_parallel_size}" if m.expert_model_parallel_size > 1 else ""
-    return f"TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size}{experts} DP={dist.data_world()}"
+    sequence = " (sequence parallel)" if m.sequence_parallel else ""
+    return (f"TP={m.tensor_model_parallel_size}{sequence} PP={m.pipeline_model_parallel_size}{experts} "
+            f"DP={dist.data_world()}")
 
 
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):

@@ -31,10 +31,6 @@ def log_kernel_fallback(m, has_te: bool) -> None:
         "Transformer Engine is not installed"
     tail = f"; {', '.join(asked)} run unfused" if asked else ""
     log.info("Megatron: %s: megatron-core's local (torch-native) layer spec%s", where, tail)
-    if m.sequence_parallel:
-        log.warning("Megatron: sequence_parallel: true accepted without effect: megatron-core's torch-native norm "
-                    "cannot shard along the sequence (that needs Transformer Engine's or Apex's norms); tensor "
-                    "parallelism runs without it: the same numbers, more activation memory per GPU")
 
 
 def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
@@ -47,9 +43,7 @@ def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
                 virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
                 context_parallel_size=m.context_parallel_size,
                 expert_model_parallel_size=m.expert_model_parallel_size,
-                # megatron-core's torch-native norm (the local spec without Apex) asserts sequence parallelism off;
-                # sequence_parallel: true runs as plain tensor parallelism, the same numbers (log_kernel_fallback)
-                sequence_parallel=False, **pipeline)
+                sequence_parallel=m.sequence_parallel, **pipeline)  # its norms: sequence_parallel.py
 
 
 def _recompute_kwargs(m, num_layers: int) -> dict:
@@ -91,7 +85,11 @@ def _moe_kwargs(hf, m) -> dict:  # hf: the language config
                 moe_expert_capacity_factor=None,
                 # transformers' load-balancing loss is added by the engine (moe.py), megatron-core's own is off
                 moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
-                moe_token_dispatcher_type=m.moe_token_dispatcher_type, moe_grouped_gemm=False)
+                moe_token_dispatcher_type=m.moe_token_dispatcher_type, moe_grouped_gemm=False,
+                # under tensor parallelism (with sequence parallelism, as megatron-core requires for MoE layers)
+                # each rank runs its block of the sequence through whole experts (shards.py: experts replicated),
+                # their gradients summed over the expert-data-parallel group, which spans the tensor-parallel ranks
+                expert_tensor_parallel_size=1)
 
 
 def transformer_config(hf, m, *, params_dtype: torch.dtype):
@@ -121,19 +119,36 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
 
 def layer_spec(config):
     """megatron-core's local spec, its core attention replaced by attention.py's (varlen FlashAttention or SDPA),
-    an MoE layer's router by moe.py's."""
+    its norms by sequence_parallel.py's (torch's RMSNorm, under sequence parallelism too), an MoE layer's router
+    by moe.py's."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from .attention import PackedCoreAttention
+    from .sequence_parallel import LocalNorm, SequenceNorm
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed": the local spec's torch norm is the intended one
         spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
                                         qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
+    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+    attention.core_attention = PackedCoreAttention
+    layer.input_layernorm = SequenceNorm
+    layer.pre_mlp_layernorm = SequenceNorm
+    if config.qk_layernorm:  # after the QKV projection: the whole sequence, each rank its heads
+        attention.q_layernorm = attention.k_layernorm = LocalNorm
     if config.num_moe_experts:
-        spec.submodules.mlp = _with_hf_router(spec.submodules.mlp)
+        layer.mlp = _with_hf_router(layer.mlp)
     return spec
+
+
+def block_spec(config, vp_stage: int | None = None):
+    """This stage's decoder block: layer_spec's layers and the final norm as sequence_parallel.py's."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    from .sequence_parallel import SequenceNorm
+
+    layers = get_num_layers_to_build(config, vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(config)] * layers, layer_norm=SequenceNorm)
 
 
 def _with_hf_router(moe_builder):
@@ -160,12 +175,15 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
     tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
     tied = bool(hf.tie_word_embeddings) and not reward_head
     model = GPTModel(
-        config, layer_spec(config), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),
+        config, block_spec(config, vp_stage), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),
         max_sequence_length=getattr(hf, "max_position_embeddings", 4096), position_embedding_type="rope",
         rotary_base=int(_rope_theta(hf)),
         # over pipeline stages megatron-core would copy the embedding to the last stage through CUDA at
         # construction; the engine ties the two itself there (stages.py, parallel.sum_tied_copies)
         share_embeddings_and_output_weights=tied and pp == 1,
+        # under sequence parallelism forward.py splits the decoder input along the sequence itself, once a
+        # vision-language model's media features are in it
+        scatter_embedding_sequence_parallel=False,
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         vp_stage=vp_stage)

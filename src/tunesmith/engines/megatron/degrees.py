@@ -95,6 +95,10 @@ def _expert_problems(m, world_size: int, model: ModelFacts) -> list[str]:
     if ep > 1 and world_size % span:
         problems.append(f"expert_model_parallel_size x tensor_model_parallel_size x pipeline_model_parallel_size = "
                         f"{span} does not divide the {world_size} processes launched; launch a multiple of {span}")
+    if model.num_experts and m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
+        problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {m.tensor_model_parallel_size} "
+                        "needs sequence_parallel: true (megatron-core runs MoE layers under tensor parallelism only "
+                        "with it); set it, or use expert_model_parallel_size instead")
     if m.moe_token_dispatcher_type != "allgather" and not model.num_experts:
         problems.append(f"moe_token_dispatcher_type: {m.moe_token_dispatcher_type} on a dense model; remove it")
     return problems
@@ -115,26 +119,20 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
 _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
 
 
-_NEEDS_FUSED_NORM = ("megatron-core's torch-native norm (the local layer spec without Apex, which this engine runs) "
-                     "refuses sequence parallelism: it needs Transformer Engine's or Apex's norm layers")
-
-
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
-    """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP),
-    pipeline (PP) and data parallelism run for dense language and vision-language models (full fine-tuning and
-    LoRA), pipeline, data and expert parallelism for mixture-of-experts models; virtual-pipeline parallelism and
-    TP for mixture-of-experts models are named. sequence_parallel is accepted and runs as tensor parallelism without it
-    (build._parallel_kwargs)."""
+    """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP, with
+    or without sequence parallelism), pipeline (PP) and data parallelism run for dense language and
+    vision-language models (full fine-tuning and LoRA), and for mixture-of-experts models with expert parallelism
+    (EP) instead of TP; virtual-pipeline parallelism and TP with EP are named."""
     problems = []
     if m.virtual_pipeline_model_parallel_size is not None:
         problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) is not available yet; remove "
                         f"it (pipeline_model_parallel_size runs without it), or {_FSDP2}")
-    tp = m.tensor_model_parallel_size
-    if model.num_experts and tp > 1:
-        problems.append(f"a mixture-of-experts model with tensor_model_parallel_size: {tp} cannot run here: "
-                        "megatron-core trains MoE layers under tensor parallelism only with sequence parallelism, and "
-                        f"{_NEEDS_FUSED_NORM}; use tensor_model_parallel_size: 1 (the model runs data-parallel), or "
-                        f"{_FSDP2}")
+    tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
+    if model.num_experts and tp > 1 and ep > 1:
+        problems.append(f"a mixture-of-experts model with both tensor_model_parallel_size: {tp} and "
+                        f"expert_model_parallel_size: {ep} is not available yet; use one of the two (the experts "
+                        f"whole on every tensor-parallel rank, or split over the expert-parallel ranks), or {_FSDP2}")
     return problems
 
 

@@ -15,6 +15,7 @@ import torch
 from ...errors import TunesmithError
 from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
+from .sequence_parallel import gathered, scattered
 from .vision import deepstack_added, merged_embeddings
 
 
@@ -81,6 +82,9 @@ def _decoder(model, batch, angles) -> torch.Tensor:
         hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)
         hidden = padding_lookups_untrained(hidden, batch.input_ids_BT, getattr(model, "padding_idx", None))
         hidden, deepstack = merged_embeddings(model, batch, hidden)  # a vision-language model's media features
+        if model.config.sequence_parallel:  # this rank's block of the sequence (sequence_parallel.py)
+            hidden = scattered(hidden)
+            deepstack = deepstack and [scattered(extra) for extra in deepstack]
     with deepstack_added(model, deepstack):
         return model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
 
@@ -101,7 +105,7 @@ def reward_forward(model, batch, angles) -> torch.Tensor:
     hidden = _decoder(model, batch, angles)
     if not model.post_process:
         return hidden
-    hidden_BTH = hidden.transpose(0, 1)
+    hidden_BTH = (gathered(hidden) if model.config.sequence_parallel else hidden).transpose(0, 1)
     last = last_token_index(batch.segment_ids_BT)
     picked = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=hidden_BTH.device), last]
     return model.score(picked).squeeze(-1).float()

@@ -50,6 +50,9 @@ class LoraLinear(torch.nn.Module):
         out_features, in_features = base.weight.shape
         self.base = base.requires_grad_(False)
         self.row_parallel, self.tp = isinstance(base, RowParallelLinear), tp
+        # sequence parallelism: a column-parallel linear's input is this rank's block of the sequence, a
+        # row-parallel linear's output is one (the linear gathers / reduce-scatters along the sequence itself)
+        self.sequence_parallel = tp > 1 and bool(getattr(base, "sequence_parallel", False))
         self.lora_A = torch.nn.Linear(in_features, rank, bias=False, dtype=base.weight.dtype)
         self.lora_B = torch.nn.Linear(rank, out_features, bias=False, dtype=base.weight.dtype)
         whole_a = torch.empty(rank, in_features * (tp if self.row_parallel else 1), dtype=base.weight.dtype)
@@ -59,6 +62,9 @@ class LoraLinear(torch.nn.Module):
         torch.nn.init.zeros_(self.lora_B.weight)
         if tp > 1:  # this rank's shard: counted on every rank in the gradient norm (parallel.py)
             (self.lora_A if self.row_parallel else self.lora_B).weight.tensor_model_parallel = True
+        if self.sequence_parallel:  # the whole matrix that meets this rank's block of the sequence: a partial
+            # gradient, summed over the tensor-parallel ranks (parallel.sum_partial_replicas)
+            (self.lora_B if self.row_parallel else self.lora_A).weight.sequence_parallel = True
         self.dropout = dropout
         self.scale = alpha / (math.sqrt(rank) if rslora else rank)
         self.enabled = True
@@ -71,26 +77,36 @@ class LoraLinear(torch.nn.Module):
         out, bias = self.base(x, *args, **kwargs)
         if not self.enabled:
             return out, bias
-        low = self.lora_A(self._dropped(x))
-        if self.tp > 1:
-            from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
-                                                       reduce_from_tensor_model_parallel_region)
+        return out + self.scale * self.lora_B(self._into_region(self.lora_A(self._dropped(x)))).to(out.dtype), bias
 
-            region = reduce_from_tensor_model_parallel_region if self.row_parallel else \
-                copy_to_tensor_model_parallel_region
-            low = region(low)
-        return out + self.scale * self.lora_B(low).to(out.dtype), bias
+    def _into_region(self, low: torch.Tensor) -> torch.Tensor:
+        """The low-rank activations where B applies: a column-parallel linear's copied into the tensor-parallel
+        region (under sequence parallelism: the sequence gathered), a row-parallel linear's summed over the ranks
+        (under sequence parallelism: reduce-scattered into sequence blocks, as the linear's output)."""
+        if self.tp == 1:
+            return low
+        from megatron.core import tensor_parallel as tpl
+
+        if self.sequence_parallel:
+            return (tpl.reduce_scatter_to_sequence_parallel_region(low) if self.row_parallel
+                    else tpl.gather_from_sequence_parallel_region(low))
+        return (tpl.reduce_from_tensor_model_parallel_region(low) if self.row_parallel
+                else tpl.copy_to_tensor_model_parallel_region(low))
 
     def _dropped(self, x: torch.Tensor) -> torch.Tensor:
-        """LoRA's dropout of the input. A row-parallel linear's input is this rank's block of columns: the mask is
-        drawn for the whole input (the generator is seeded alike on every tensor-parallel rank) and this rank's
-        block kept, so every degree drops the same elements."""
+        """LoRA's dropout of the input. A row-parallel linear's input is this rank's block of columns, a
+        column-parallel one's under sequence parallelism its block of the sequence: the mask is drawn for the
+        whole input (the generator is seeded alike on every tensor-parallel rank) and this rank's block kept, so
+        every degree drops the same elements."""
         if not self.training or self.dropout == 0:
             return x
-        whole = (*x.shape[:-1], x.shape[-1] * (self.tp if self.row_parallel else 1))
+        dim = -1 if self.row_parallel else 0 if self.sequence_parallel else None
+        whole = list(x.shape)
+        if dim is not None:
+            whole[dim] *= self.tp
         keep = torch.empty(whole, dtype=x.dtype, device=x.device).bernoulli_(1 - self.dropout)
-        if self.row_parallel and self.tp > 1:
-            keep = torch.chunk(keep, self.tp, dim=-1)[_tp_rank()]
+        if dim is not None and self.tp > 1:
+            keep = torch.chunk(keep, self.tp, dim=dim)[_tp_rank()]
         return x * keep / (1 - self.dropout)
 
 

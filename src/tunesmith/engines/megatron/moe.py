@@ -31,6 +31,7 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import TopKRouter
 
 from ...models.forward import load_balancing_loss, router_aux_loss_coef, router_experts
+from .sequence_parallel import gathered
 
 
 class HFRouter(TopKRouter):
@@ -44,7 +45,10 @@ class HFRouter(TopKRouter):
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         logits = F.linear(input, self.weight, self.bias)
         if self.recorded is not None:  # [tokens, experts], as transformers'
-            self.recorded.append(logits.reshape(-1, logits.shape[-1])[:self.real_tokens])
+            tokens = logits.reshape(-1, logits.shape[-1])[:self.real_tokens]
+            if self.config.sequence_parallel:  # every tensor-parallel rank's block of the sequence, in order
+                tokens = gathered(tokens)
+            self.recorded.append(tokens)
         return logits
 
 

@@ -177,13 +177,14 @@ def _sum_over(group, params: list) -> None:
 
 
 def sum_partial_replicas(model) -> None:
-    """Qwen3's per-head query/key norms are replicated over the tensor-parallel ranks, but each rank applies them
-    to its own heads only, so each holds part of their gradient: summed over the group (as megatron-core's
-    finalize_model_grads does)."""
+    """Weights replicated over the tensor-parallel ranks of which each rank applies its own part, so that each
+    holds part of their gradient, summed over the group (as megatron-core's finalize_model_grads does): Qwen3's
+    per-head query/key norms (each rank its heads), and under sequence parallelism the norms marked
+    `sequence_parallel` (each rank its block of the sequence)."""
     if tp_size() == 1:
         return
-    grads = [p.grad for name, p in model.named_parameters()
-             if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name)]
+    grads = [p.grad for name, p in model.named_parameters() if p.grad is not None and (
+        "q_layernorm" in name or "k_layernorm" in name or getattr(p, "sequence_parallel", False))]
     _sum_in_place(grads, _state().get_tensor_model_parallel_group())
 
 
@@ -235,10 +236,12 @@ def stages_gathered(state: dict) -> dict | None:
 
 def _counted_here(param) -> bool:
     """Whether this rank counts `param` in the gradient norm: a tensor-parallel shard always, a replicated
-    weight on tensor-parallel rank 0 only, a pipeline stage's copy of the tied embedding (`shared`) never."""
+    weight on tensor-parallel rank 0 only (an expert too: whole on every tensor-parallel rank, build._moe_kwargs,
+    though megatron-core marks its linears tensor-parallel), a pipeline stage's copy of the tied embedding
+    (`shared`) never."""
     if getattr(param, "shared", False):
         return False
-    return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank() == 0
+    return (bool(getattr(param, "tensor_model_parallel", False)) and not is_expert(param)) or tp_rank() == 0
 
 
 def grad_norm(params: list) -> torch.Tensor:
@@ -249,7 +252,8 @@ def grad_norm(params: list) -> torch.Tensor:
         return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     device = params[0].device if params else torch.device("cpu")
     experts = _squares([p for p in params if is_expert(p)], device)
-    if ep_size() > 1:  # (expert parallelism runs with TP = PP = 1, degrees.py: the next sum adds nothing twice)
+    if ep_size() > 1:  # (the experts of this stage; expert parallelism runs with TP = 1, degrees.py, so the next
+        # sum, over the stages, adds nothing twice)
         tdist.all_reduce(experts, group=_state().get_expert_model_parallel_group())
     squares = (_squares([p for p in params if not is_expert(p)], device) + experts).reshape(1)
     tdist.all_reduce(squares, group=group)

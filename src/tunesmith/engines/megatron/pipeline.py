@@ -30,9 +30,11 @@ def pipelined() -> bool:
     return _state().get_pipeline_model_parallel_world_size() > 1
 
 
-def hidden_shapes(micro_batches: list, hidden_size: int) -> list[tuple[int, int, int]]:
-    """The [T, B, H] hidden states each micro-batch sends between stages (megatron-core's sequence-first layout)."""
-    return [(b.input_ids_BT.shape[1], b.input_ids_BT.shape[0], hidden_size) for b in micro_batches]
+def hidden_shapes(micro_batches: list, hidden_size: int, sequence_blocks: int = 1) -> list[tuple[int, int, int]]:
+    """The [T, B, H] hidden states each micro-batch sends between stages (megatron-core's sequence-first layout);
+    under sequence parallelism a rank's block of the sequence, T / `sequence_blocks`."""
+    return [(b.input_ids_BT.shape[1] // sequence_blocks, b.input_ids_BT.shape[0], hidden_size)
+            for b in micro_batches]
 
 
 def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtype, device: torch.device,

@@ -47,7 +47,8 @@ def collectives_can_allocate() -> bool:
 
 def init_model_parallel(m, seed: int, device: torch.device) -> None:
     """megatron-core's parallel groups for the degrees of `m` (torch.distributed is already initialised:
-    engines.needs_process_group), and its tensor-parallel RNG streams on CUDA."""
+    engines.needs_process_group), and its tensor-parallel RNG streams on CUDA. A mixture-of-experts model's
+    experts are whole on each tensor-parallel rank (expert tensor parallelism 1: build._moe_kwargs)."""
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
@@ -57,6 +58,7 @@ def init_model_parallel(m, seed: int, device: torch.device) -> None:
             virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
             context_parallel_size=m.context_parallel_size,
             expert_model_parallel_size=m.expert_model_parallel_size,
+            expert_tensor_parallel_size=1,
         )
     if device.type == "cuda":
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

@@ -99,10 +99,24 @@ def local_schedule(forward_step, data_iterator, model, num_microbatches: int) ->
         (loss / num_microbatches).backward()
 
 
+def _sequence_sized(module, micro_batches: list) -> list:
+    """Under sequence parallelism each micro-batch's rows padded to a multiple of the tensor-parallel degree
+    (sequence_parallel.py); else the micro-batches."""
+    config = module.config
+    if not config.sequence_parallel:
+        return micro_batches
+    from .sequence_parallel import padded_rows
+
+    pad_id = getattr(module, "padding_idx", None) or 0  # (its positions reach no loss: any id does)
+    return [padded_rows(b, config.tensor_model_parallel_size, pad_id) for b in micro_batches]
+
+
 def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: bool, relay=None) -> None:
     config = module.config
     overlapped = None if forward_only else engine.overlapped
-    gpipe(forward_step, iter(micro_batches), module, hidden_shapes(micro_batches, config.hidden_size),
+    shapes = hidden_shapes(micro_batches, config.hidden_size, config.tensor_model_parallel_size
+                           if config.sequence_parallel else 1)
+    gpipe(forward_step, iter(micro_batches), module, shapes,
           dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only,
           before_last_backward=overlapped.arm if overlapped is not None else None, relay=relay)
 
@@ -112,6 +126,7 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
     Every stage returns the last stage's sums."""
     total = StepOutput()
     count = len(micro_batches)
+    micro_batches = _sequence_sized(engine.model, micro_batches)
     engine.model.train()
     if pipelined():
         relay = _relay(engine, micro_batches, loss_fn.outputs)
@@ -145,6 +160,7 @@ def forward_values(engine, module, micro_batches: list, fn: LossFn) -> list:
     """fn of each micro-batch's outputs, without gradients (the caller's no_grad and eval mode): one forward each,
     or through the pipeline stages (gpipe), the last stage's values given to every stage."""
     values = []
+    micro_batches = _sequence_sized(module, micro_batches)
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator).to(engine.device)

@@ -4,7 +4,9 @@ Pure functions of full (unsharded) state dicts, as megatron-core's local layers 
   - column-parallel (output dimension split): linear_qkv, linear_fc1, the word embeddings and
     the output layer (vocabulary rows);
   - row-parallel (input dimension split): linear_proj, linear_fc2;
-  - replicated: norms, the router, and a vision-language model's vision tower (a Hugging Face module).
+  - replicated: norms, the router, a mixture-of-experts model's experts (expert tensor parallelism 1: each rank
+    runs its block of the sequence through whole experts) and a vision-language model's vision tower (a Hugging
+    Face module).
 linear_qkv is grouped per KV head, so rank r takes whole query groups: a contiguous block.
 linear_fc1 is [gate; up], so rank r takes its block of the gate rows and of the up rows, and
 its local GLU still chunks [gate_r; up_r] in two. The vocabulary tables are padded with zero rows
@@ -57,7 +59,7 @@ def unpad_vocabulary(name: str, tensor: torch.Tensor, vocab_size: int) -> torch.
 def split_of(name: str) -> str:
     """How `name` is split over TP ranks: column, gated, row or replicated. A LoRA adapter's B is split as its
     column-parallel (or gated) linear's weight, its A as its row-parallel linear's; the other of the two is whole."""
-    if name.startswith(_HF_MODULES):
+    if name.startswith(_HF_MODULES) or _EXPERT.search(name):
         return "replicated"
     if match := _LORA.search(name):
         kind = split_of(name[:match.start()] + ".weight")

@@ -44,7 +44,7 @@ def freeze_language_model(model) -> None:
 
 def merged_embeddings(model, batch, embeds_TBH: torch.Tensor) -> tuple[torch.Tensor, list | None]:
     """The first stage's decoder input with the media features in place, and Qwen3-VL's deepstack feature maps
-    as [B, T, H] tensors (zero outside the visual tokens), one per early decoder layer."""
+    as [T, B, H] tensors (zero outside the visual tokens), one per early decoder layer."""
     visual = getattr(model, "visual", None)
     if visual is None or batch.token_types_BT is None:
         return embeds_TBH, None
@@ -63,7 +63,7 @@ def merged_embeddings(model, batch, embeds_TBH: torch.Tensor) -> tuple[torch.Ten
             deepstack = [torch.zeros_like(embeds_BTH) for _ in features]
         for k, feature in enumerate(features):
             deepstack[k] = deepstack[k].masked_scatter(where_BT1, feature.to(embeds_BTH.dtype))
-    return embeds_BTH.transpose(0, 1).contiguous(), deepstack
+    return embeds_BTH.transpose(0, 1).contiguous(), deepstack and [extra.transpose(0, 1) for extra in deepstack]
 
 
 def _check_count(kind: str, tokens: int, features: int) -> None:
@@ -75,7 +75,7 @@ def _check_count(kind: str, tokens: int, features: int) -> None:
 
 @contextlib.contextmanager
 def deepstack_added(model, deepstack: list | None):
-    """Inside: decoder layer k adds deepstack[k] ([B, T, H]) to its output hidden states ([T, B, H])."""
+    """Inside: decoder layer k adds deepstack[k] ([T, B, H], as its output hidden states) to them."""
     if not deepstack:
         yield
         return
@@ -84,10 +84,10 @@ def deepstack_added(model, deepstack: list | None):
         raise TunesmithError(f"Qwen3-VL adds deepstack features after its first {len(deepstack)} decoder layers, "
                              f"but this pipeline stage holds {len(layers)}; give the first stage more layers")
 
-    def adder(extra_BTH):
+    def adder(extra_TBH):
         def hook(_module, _inputs, output):
             hidden, *rest = output
-            return (hidden + extra_BTH.transpose(0, 1), *rest)
+            return (hidden + extra_TBH, *rest)
         return hook
 
     handles = [layers[k].register_forward_hook(adder(extra)) for k, extra in enumerate(deepstack)]
