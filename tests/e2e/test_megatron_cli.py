@@ -253,7 +253,8 @@ def test_megatron_sequence_parallel_gives_the_single_engines_run(tmp_path, monke
 @pytest.mark.slow
 def test_megatron_distributed_optimizer_shards_the_state_and_resumes_exactly(tmp_path, monkeypatch):
     """use_distributed_optimizer over DP=2 (2 gloo processes): the unsharded optimizer's losses and weights, a
-    checkpoint holding the whole optimizer state in the plain format, and an exact resume from it."""
+    checkpoint holding the whole optimizer state in the plain format, and an exact resume from it; with
+    overlap_param_gather the same losses and weights, the checkpoint's included."""
     from test_distributed import _two_ranks
 
     _two_ranks(monkeypatch)
@@ -272,6 +273,14 @@ def test_megatron_distributed_optimizer_shards_the_state_and_resumes_exactly(tmp
     cli("train", *dp2, "use_distributed_optimizer=true", "save_strategy=no", f"output_dir={resumed}",
         f"resume_from_checkpoint={sharded / 'checkpoint-2'}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(sharded)[2:], rel=1e-6)
+    # overlap_param_gather: the updated shards arrive during the next forward, each layer waiting for its own
+    overlapped = tmp_path / "overlapped"
+    proc = cli("train", *dp2, "use_distributed_optimizer=true", "overlap_param_gather=true", "save_steps=2",
+               f"output_dir={overlapped}", env=MCA)
+    assert "overlap_param_gather: the updated parameter shards arrive" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert _losses(overlapped) == pytest.approx(_losses(plain), rel=1e-6)
+    _same_weights(overlapped, plain)
+    _same_weights(overlapped / "checkpoint-2", plain / "checkpoint-2")
 
 
 @pytest.mark.slow

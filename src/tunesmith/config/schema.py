@@ -238,9 +238,9 @@ class MegatronConfig(_Group):
                                             "ranks (ZeRO-1; no effect on one process or under expert parallelism).")
     overlap_grad_reduce: bool = Field(False, description="megatron: start the data-parallel gradient sum during "
                                       "the backward pass (no effect on one process).")
-    overlap_param_gather: bool = Field(False, description="megatron: accepted for Megatron YAMLs, without effect: "
-                                       "the sharded optimizer sends its shards after the step (needs "
-                                       "use_distributed_optimizer).")
+    overlap_param_gather: bool = Field(False, description="megatron: the sharded optimizer's updated parameter "
+                                       "shards arrive during the next forward, each layer waiting for its own "
+                                       "(needs use_distributed_optimizer; no effect where it shards nothing).")
     recompute_granularity: Literal["full", "selective"] | None = Field(
         None, description="megatron: activation recomputation: full (whole layers) or selective (core attention).")
     recompute_num_layers: int | None = Field(

@@ -63,8 +63,9 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
 
 def _log_optimizer_keys(m) -> None:
     """mcore_adapter's YAMLs set these; over several data-parallel ranks they save memory or time, not change
-    numbers. use_distributed_optimizer shards the optimizer state (zero.py), overlap_grad_reduce starts the
-    gradient sum in the backward (overlap.py); what has no effect is said once."""
+    numbers. use_distributed_optimizer shards the optimizer state and overlap_param_gather lets its parameter sends
+    run into the next forward (zero.py), overlap_grad_reduce starts the gradient sum in the backward (overlap.py);
+    what has no effect is said once."""
     from .zero import shards_optimizer
 
     if dist.data_world() == 1:
@@ -75,12 +76,15 @@ def _log_optimizer_keys(m) -> None:
     if m.overlap_grad_reduce:
         log.info("Megatron: overlap_grad_reduce: the data-parallel gradient sum starts bucket by bucket in the "
                  "step's last backward")
+    if m.overlap_param_gather and shards_optimizer(m):
+        log.info("Megatron: overlap_param_gather: the updated parameter shards arrive during the next forward, "
+                 "each layer waiting for its own")
     ignored = []
     if m.use_distributed_optimizer and not shards_optimizer(m):  # with DP > 1: under expert parallelism
         ignored.append("use_distributed_optimizer (under expert parallelism every data-parallel rank keeps the "
                        "optimizer state of its own shards)")
-    if m.overlap_param_gather:
-        ignored.append("overlap_param_gather (the sharded optimizer sends its updated shards after the step)")
+        if m.overlap_param_gather:
+            ignored.append("overlap_param_gather (it overlaps the sharded optimizer's parameter sends)")
     if ignored:
         log.info("Megatron: accepted without effect: %s", "; ".join(ignored))
 
@@ -180,7 +184,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     # pref_reference: copy: the starting policy, adapters included, frozen
     reference = (with_adapters(built()).to(device).eval().requires_grad_(False)
                  if cfg.finetune.pref_reference == "copy" else None)
-    optimizer = (sharded_optimizer(model, cfg.train) if shards_optimizer(cfg.megatron)
+    optimizer = (sharded_optimizer(model, cfg.train, overlap_param_gather=cfg.megatron.overlap_param_gather)
+                 if shards_optimizer(cfg.megatron)
                  else build_optimizer(model, cfg.train, device))
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),

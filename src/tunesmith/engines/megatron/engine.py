@@ -44,7 +44,7 @@ from .router_relay import stage_router_counts
 from .schedule import forward_values, run_forward_backward
 from .stages import model_names, stage_state
 from .vision import hf_vision_tower
-from .zero import drop_gathered_state, gather_state
+from .zero import drop_gathered_state, gather_state, settle_params
 from .weights import family_map, language_config
 from .weights.layers import Shape
 
@@ -190,6 +190,7 @@ class MegatronEngine:
     def export_hf(self, path: Path, saver) -> None:
         """The trained weights back under their Hugging Face names (the shards gathered by every rank), written by
         transformers itself on rank 0."""
+        settle_params(self.optimizer)  # overlap_param_gather: the last step's shards arrived
         if self.lora_linears is not None:  # the adapter only, as PEFT saves it (the base model is frozen)
             state = gathered_lora(self.model)
             state = lora_to_hf(state, Shape.of(language_config(self.hf_config))) if state is not None else None
@@ -207,6 +208,7 @@ class MegatronEngine:
         dist.barrier()
 
     def full_state_for_rollout(self) -> dict:
+        settle_params(self.optimizer)
         return hf_state_of(self.model, self.hf_config)
 
 
