@@ -45,6 +45,8 @@ MOE="--shape qwen3-30b-a3b-8l --num_samples 1000 --min_len 200 --max_len 2000 bf
 megatron_8b() {
   bench 8b_megatron_tp2 2 $M8 gradient_accumulation_steps=8 backend=megatron tensor_model_parallel_size=2
   bench 8b_megatron_pp2 2 $M8 gradient_accumulation_steps=8 backend=megatron pipeline_model_parallel_size=2
+  bench 8b_megatron_tp2_sp 2 $M8 gradient_accumulation_steps=8 backend=megatron tensor_model_parallel_size=2 \
+    sequence_parallel=true
 }
 
 others_8b() {
@@ -55,6 +57,7 @@ others_8b() {
 
 moe_speed() {
   bench moe_megatron_ep2 2 $MOE backend=megatron expert_model_parallel_size=2
+  bench moe_megatron_pp2 2 $MOE backend=megatron pipeline_model_parallel_size=2 per_device_train_batch_size=4
   bench moe_fsdp2 2 $MOE backend=fsdp2 enable_liger_kernel=true
 }
 

@@ -47,13 +47,21 @@ VL_PER_RANK = _unpacked(VL_COMMON)  # mllm_demo's 40 samples: 5 steps of 8 an ep
 EXTRA = ("max_steps=3", "bf16=false") if DRY_RUN else ()
 LAYOUTS = {  # 8 samples per optimiser step in each
     "tp2": ("tensor_model_parallel_size=2", "per_device_train_batch_size=4"),
+    "tp2_sp": ("tensor_model_parallel_size=2", "sequence_parallel=true", "per_device_train_batch_size=4"),
     "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),
 }
 MOE_LAYOUTS = {
     "ep2": ("expert_model_parallel_size=2", "per_device_train_batch_size=2"),
+    # LLaMA-Factory's qwen3_moe_full.yaml dispatcher (megatron-core's all-to-all builds on CUDA only)
+    "ep2_alltoall": ("expert_model_parallel_size=2", "moe_token_dispatcher_type=alltoall",
+                     "per_device_train_batch_size=2"),
+    "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),  # the router logits' relay
+    "tp2_sp": ("tensor_model_parallel_size=2", "sequence_parallel=true", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),
 }
+if DRY_RUN:  # on the CPU: megatron-core's all-to-all dispatcher creates a CUDA stream when it is built
+    del MOE_LAYOUTS["ep2_alltoall"]
 REPORT: dict = {}
 VL_REPORT: dict = {}
 MOE_REPORT: dict = {}
