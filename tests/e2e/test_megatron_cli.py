@@ -250,6 +250,57 @@ def test_megatron_sequence_parallel_gives_the_single_engines_run(tmp_path, monke
     assert _losses(tmp_path / "rm_sp") == pytest.approx(_losses(tmp_path / "rm_single"), rel=1e-4)
 
 
+def _four_layer_qwen3(folder: Path) -> Path:
+    """The tiny Qwen3 with 4 layers and a tied embedding (2 stages x 2 virtual stages: a layer each), random."""
+    import shutil
+
+    import transformers
+
+    from tunesmith.models.tiny import build_tiny
+
+    tiny = Path(build_tiny("qwen3"))
+    folder.mkdir()
+    for path in tiny.iterdir():
+        if not path.name.endswith(".safetensors") and path.name != "config.json":
+            shutil.copy(path, folder / path.name)
+    config = transformers.AutoConfig.from_pretrained(tiny)
+    config.num_hidden_layers, config.tie_word_embeddings = 4, True
+    config.layer_types = [config.layer_types[0]] * 4
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_megatron_interleaved_pipeline_gives_the_single_engines_run_and_resumes(tmp_path, monkeypatch):
+    """virtual_pipeline_model_parallel_size=2 with PP=2 (2 gloo processes): each rank holds two chunks of one layer
+    (rank 0 layers 0 and 2, rank 1 layers 1 and 3), the micro-batches go through the chunks in megatron-core's
+    interleaved order, the tied embedding's copy on the last chunk. SFT gives the single engine's losses and
+    weights and resumes exactly; DPO (the reference's log-probs through the same schedule) the single engine's
+    losses."""
+    from test_distributed import _two_ranks
+
+    model = f"model_name_or_path={_four_layer_qwen3(tmp_path / 'model')}"
+    sft = [model, *TWO_RANKS[1:], "per_device_train_batch_size=2"]
+    dpo = [model, *BASE[1:], "stage=dpo", "dataset=dpo_demo", "finetuning_type=full", "max_samples=32",
+           "logging_steps=1", "learning_rate=1e-4", "max_steps=3", "per_device_train_batch_size=2",
+           "gradient_accumulation_steps=2", "save_strategy=no", "save_final_model=false"]
+    cli("train", *sft, "backend=single", "save_strategy=no", f"output_dir={tmp_path / 'single'}")
+    cli("train", *dpo, "backend=single", f"output_dir={tmp_path / 'dpo_single'}")
+    _two_ranks(monkeypatch)
+    virtual = ["pipeline_model_parallel_size=2", "virtual_pipeline_model_parallel_size=2"]
+    proc = cli("train", *sft, *virtual, "save_steps=2", f"output_dir={tmp_path / 'vpp'}", env=MCA)
+    assert "PP=2 (2 virtual stages each)" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    assert len(_losses(tmp_path / "vpp")) == 4
+    assert _losses(tmp_path / "vpp") == pytest.approx(_losses(tmp_path / "single"), rel=1e-4)
+    _same_weights(tmp_path / "vpp", tmp_path / "single")
+    cli("train", *sft, *virtual, "save_strategy=no", f"output_dir={tmp_path / 'resumed'}",
+        f"resume_from_checkpoint={tmp_path / 'vpp' / 'checkpoint-2'}", env=MCA)
+    assert _losses(tmp_path / "resumed")[-2:] == pytest.approx(_losses(tmp_path / "vpp")[2:], rel=1e-6)
+    cli("train", *dpo, *virtual, f"output_dir={tmp_path / 'dpo_vpp'}", env=MCA)
+    assert _losses(tmp_path / "dpo_vpp") == pytest.approx(_losses(tmp_path / "dpo_single"), rel=1e-4)
+
+
 @pytest.mark.slow
 def test_megatron_distributed_optimizer_shards_the_state_and_resumes_exactly(tmp_path, monkeypatch):
     """use_distributed_optimizer over DP=2 (2 gloo processes): the unsharded optimizer's losses and weights, a

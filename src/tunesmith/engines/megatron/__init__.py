@@ -117,7 +117,9 @@ def _check_device(m, device: torch.device, precision: str) -> None:
 def _degrees(m) -> str:
     experts = f" EP={m.expert_model_parallel_size}" if m.expert_model_parallel_size > 1 else ""
     sequence = " (sequence parallel)" if m.sequence_parallel else ""
-    return (f"TP={m.tensor_model_parallel_size}{sequence} PP={m.pipeline_model_parallel_size}{experts} "
+    virtual = (f" ({m.virtual_pipeline_model_parallel_size} virtual stages each)"
+               if m.virtual_pipeline_model_parallel_size else "")
+    return (f"TP={m.tensor_model_parallel_size}{sequence} PP={m.pipeline_model_parallel_size}{virtual}{experts} "
             f"DP={dist.data_world()}")
 
 
@@ -125,12 +127,13 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
     from ..optim import build_optimizer, build_scheduler
-    from .build import autocast_in_recompute, build_gpt, log_kernel_fallback, transformer_config
+    from .build import autocast_in_recompute, build_stages, log_kernel_fallback, transformer_config
     from .degrees import ModelFacts, check_available, check_degrees
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
     from .lora import adapted_parts, add_lora, megatron_targets
     from .parallel import overlapped_grad_sum, register_data_parallel
     from .rotary import RotaryAngles
+    from .stages import chunks_of
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
     from .vision import attach_vision_tower, freeze_language_model
     from .weights import family_map, language_config
@@ -162,10 +165,11 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     reward_head = getattr(hf_model, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
 
     def built():
-        model = build_gpt(hf_config, config, reward_head=reward_head)
+        model = build_stages(hf_config, config, reward_head=reward_head)
         if precision == "bf16" and cfg.megatron.recompute_granularity == "full":
             autocast_in_recompute(model)
-        model.padding_idx = base_model(hf_model).get_input_embeddings().padding_idx  # forward.py
+        for part in {model, *chunks_of(model)}:  # forward.py, schedule.py
+            part.padding_idx = base_model(hf_model).get_input_embeddings().padding_idx
         attach_vision_tower(model, hf_model)
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ...errors import ModelError
 from .shards import padded_vocab_size
+from .stages import chunks_of
 from .weights import family_map, language_config
 
 log = logging.getLogger("tunesmith")
@@ -60,8 +61,9 @@ def autocast_in_recompute(model) -> None:
     (tensor_parallel.checkpoint) runs a layer's forward again in the backward without the forward's autocast
     (torch.utils.checkpoint restores it, megatron-core's does not), where bf16 activations would meet fp32
     weights. In the forward, which already runs under that autocast, entering it again changes nothing."""
-    for layer in model.decoder.layers:
-        layer.forward = _under_bf16_autocast(layer.forward)
+    for chunk in chunks_of(model):
+        for layer in chunk.decoder.layers:
+            layer.forward = _under_bf16_autocast(layer.forward)
 
 
 def _under_bf16_autocast(forward):
@@ -195,6 +197,26 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
         model.output_layer = None
         model.score = torch.nn.Linear(hf.hidden_size, 1, bias=False, dtype=config.params_dtype)
     return model
+
+
+class VirtualStages(torch.nn.Module):
+    """This rank's model chunks under the interleaved schedule (virtual_pipeline_model_parallel_size): chunk v
+    holds the layers of virtual stage v x PP + this stage (megatron-core's layout); the first stage's chunk 0 the
+    embedding, the last stage's last chunk the head. One module for the optimizer, train/eval modes and the
+    parameter walks; what works per chunk takes stages.chunks_of(model)."""
+
+    def __init__(self, chunks: list):
+        super().__init__()
+        self.chunks = torch.nn.ModuleList(chunks)
+        self.config, self.hf_vocab_size = chunks[0].config, chunks[0].hf_vocab_size
+
+
+def build_stages(hf, config, *, reward_head: bool = False):
+    """This rank's GPTModel, or under the interleaved schedule its VirtualStages."""
+    chunks = config.virtual_pipeline_model_parallel_size
+    if chunks is None:
+        return build_gpt(hf, config, reward_head=reward_head)
+    return VirtualStages([build_gpt(hf, config, v, reward_head=reward_head) for v in range(chunks)])
 
 
 def _rope_theta(hf) -> float:

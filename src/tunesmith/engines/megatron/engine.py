@@ -42,7 +42,7 @@ from .shards import shard
 from .pipeline import pipelined
 from .router_relay import stage_router_counts
 from .schedule import forward_values, run_forward_backward
-from .stages import model_names, stage_state
+from .stages import chunks_of, model_names, stage_state
 from .vision import hf_vision_tower
 from .zero import drop_gathered_state, gather_state, settle_params
 from .weights import family_map, language_config
@@ -65,11 +65,17 @@ def hf_base_state(hf_model) -> dict:
 
 
 def load_hf_state(model, hf_state: dict, hf_config) -> None:
-    """Hugging Face weights (full, by HF name) into the GPTModel, this rank's tensor-parallel shard of each; every
-    megatron weight must be filled. A reward model's score head keeps its name."""
+    """Hugging Face weights (full, by HF name) into the GPTModel (each chunk under the interleaved schedule), this
+    rank's tensor-parallel shard of each; every megatron weight must be filled. A reward model's score head keeps
+    its name."""
     mapped = family_map(hf_config).to_megatron(hf_state, hf_config)
     if "score.weight" in hf_state:
         mapped["score.weight"] = hf_state["score.weight"]
+    for chunk in chunks_of(model):
+        _load_chunk(chunk, mapped, hf_config)
+
+
+def _load_chunk(model, mapped: dict, hf_config) -> None:
     mapped = stage_state(mapped, model_layers(model), first=model.pre_process, last=model.post_process,
                          tied=model.tied_across_stages)
     mapped = local_shards(mapped, model.vocab_size, model.config.num_moe_experts or 0)
@@ -91,9 +97,11 @@ def hf_state_of(model, hf_config) -> dict | None:
     """The GPTModel's weights by Hugging Face name, on the CPU (a reward model: its score head, no LM head): the
     tensor-parallel shards and the pipeline stages gathered (collective; over pipeline stages the whole state is
     on global rank 0 only, None elsewhere)."""
-    state = {k: gathered(k, v, model.hf_vocab_size) for k, v in megatron_state(model).items()}
-    # (expert parallelism runs with one pipeline stage, degrees.py: stages_gathered passes its None through)
-    state = experts_gathered(model_names(state, model_layers(model)), model.config.num_moe_experts or 0)
+    state = {}
+    for chunk in chunks_of(model):  # this rank's layers under the model's names
+        local = {k: gathered(k, v, chunk.hf_vocab_size) for k, v in megatron_state(chunk).items()}
+        state.update(model_names(local, model_layers(chunk)))
+    state = experts_gathered(state, model.config.num_moe_experts or 0)
     state = stages_gathered(state)
     if state is None:
         return None

@@ -148,13 +148,11 @@ def add_lora(model, targets: list[str], peft_config, seed: int = 0) -> None:
     config); each adapter's A is drawn from `seed`, its layer and its linear (module docstring)."""
     from megatron.core import parallel_state
 
-    from .parallel import model_layers
-
     tp = parallel_state.get_tensor_model_parallel_world_size()
     for name, param in model.named_parameters():
         if not name.startswith("visual."):  # a vision tower keeps what PEFT set: its own adapters train
             param.requires_grad_(False)
-    for index, layer in zip(model_layers(model), model.decoder.layers):
+    for index, layer in _layers(model):
         for target in targets:
             parent_name, attr = target.split(".")
             parent = getattr(layer, parent_name)
@@ -162,6 +160,16 @@ def add_lora(model, targets: list[str], peft_config, seed: int = 0) -> None:
             setattr(parent, attr, LoraLinear(getattr(parent, attr), peft_config.r, peft_config.lora_alpha,
                                              peft_config.lora_dropout, peft_config.use_rslora, tp=tp,
                                              generator=generator))
+
+
+def _layers(model):
+    """(index in the whole model, decoder layer) of every layer this rank holds (each chunk's under the
+    interleaved schedule)."""
+    from .parallel import model_layers
+    from .stages import chunks_of
+
+    for chunk in chunks_of(model):
+        yield from zip(model_layers(chunk), chunk.decoder.layers)
 
 
 def lora_layers(model) -> list[LoraLinear]:
@@ -203,10 +211,8 @@ def tower_adapters(module) -> dict:
 def lora_state(model) -> dict:
     """{(layer index in the whole model, megatron linear, "A" | "B"): tensor} of this stage's adapters (this rank's
     shards over tensor-parallel ranks)."""
-    from .parallel import model_layers
-
     out = {}
-    for i, layer in zip(model_layers(model), model.decoder.layers):
+    for i, layer in _layers(model):
         for linear in FUSED:
             parent_name, attr = linear.split(".")
             module = getattr(getattr(layer, parent_name), attr, None)  # an MoE layer's MLP has no linear_fc1/2

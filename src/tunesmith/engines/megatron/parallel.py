@@ -27,6 +27,7 @@ import torch.distributed as tdist
 
 from .shards import (expert_layer, global_experts, local_experts, pad_vocabulary, shard, split_of, unpad_vocabulary,
                      unshard)
+from .stages import chunks_of
 
 _BUCKET_BYTES = 256 * 2**20  # gradients all-reduced in flat buckets of about this size
 
@@ -192,12 +193,15 @@ def sum_tied_copies(model) -> None:
     """A tied model over pipeline stages: the first stage's embedding and the last stage's copy as output layer
     are one weight, so each takes the sum of their gradients (megatron-core's embedding group: the first and
     last stage's ranks of one tensor-parallel position) and both stay equal."""
-    if not getattr(model, "tied_across_stages", False) or not _state().is_rank_in_embedding_group():
-        return
-    weight = model.embedding.word_embeddings.weight if model.pre_process else model.output_layer.weight
-    if weight.grad is None:
-        weight.grad = torch.zeros_like(weight)
-    tdist.all_reduce(weight.grad, group=_state().get_embedding_group())
+    for chunk in chunks_of(model):
+        if not getattr(chunk, "tied_across_stages", False) or not _state().is_rank_in_embedding_group():
+            continue
+        if not (chunk.pre_process or chunk.post_process):  # a middle chunk under the interleaved schedule
+            continue
+        weight = chunk.embedding.word_embeddings.weight if chunk.pre_process else chunk.output_layer.weight
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        tdist.all_reduce(weight.grad, group=_state().get_embedding_group())
 
 
 def reduce_gradients(model, overlapped=None) -> None:

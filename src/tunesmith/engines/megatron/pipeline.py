@@ -19,6 +19,8 @@ import dataclasses
 import torch
 import torch.distributed as tdist
 
+from .stages import chunks_of
+
 
 def _state():
     from megatron.core import parallel_state
@@ -37,49 +39,77 @@ def hidden_shapes(micro_batches: list, hidden_size: int, sequence_blocks: int = 
             for b in micro_batches]
 
 
-def gpipe(forward_step, data_iterator, model, shapes: list, *, dtype: torch.dtype, device: torch.device,
+def gpipe(forward_step, micro_batches: list, model, shapes: list, *, dtype: torch.dtype, device: torch.device,
           forward_only: bool, before_last_backward=None, relay=None) -> None:
     """megatron-core's schedule contract (forward_step(data_iterator, model) -> (output, loss_func); the loss
-    divided by the number of micro-batches before backward) in GPipe's order, on any device. The backwards run
-    in the forwards' order; `before_last_backward()`, when given, is called before the last. `relay` (a
-    router_relay.RouterLogitsRelay, training a mixture-of-experts model) sends and receives the router logits and
-    their gradients after the hidden states."""
+    divided by the number of micro-batches before backward) in GPipe's order, on any device: every micro-batch
+    forward through the stages, then every backward in the forwards' order; `before_last_backward()`, when given,
+    is called before the last. `relay` (a router_relay.RouterLogitsRelay, training a mixture-of-experts model)
+    sends and receives the router logits and their gradients after the hidden states.
+
+    Under the interleaved schedule (virtual_pipeline_model_parallel_size) this rank holds several model chunks
+    (stages.chunks_of): a micro-batch goes through chunk 0 of every stage, then chunk 1 of every stage, ... (the
+    last stage's chunk v hands over to the first stage's chunk v + 1), and the ranks work chunk by chunk, each
+    chunk's micro-batches in order, the backward chunks in the reverse order. Sends are then asynchronous (a rank
+    sends to the one before it as well as to the one after it)."""
     state = _state()
-    first, last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
-    received, outputs = [], []
-    for index, shape in enumerate(shapes):
-        hidden = None
-        if not first:
-            hidden = torch.empty(shape, dtype=dtype, device=device)
-            tdist.recv(hidden, src=state.get_pipeline_model_parallel_prev_rank())
-            hidden.requires_grad_(not forward_only)
-            model.set_input_tensor(hidden)
-        if relay is not None:
-            relay.forward_begins(index)
-        output, loss_func = forward_step(data_iterator, model)
-        if last:
-            output = loss_func(output)[0] / len(shapes)
+    chunks = chunks_of(model)
+    first_rank, last_rank = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
+    prev, next_ = state.get_pipeline_model_parallel_prev_rank(), state.get_pipeline_model_parallel_next_rank()
+    pending: list | None = [] if len(chunks) > 1 else None  # asynchronous sends, waited for at the end
+
+    def send(tensor, dst):
+        if pending is None:
+            tdist.send(tensor, dst=dst)
         else:
-            tdist.send(output.detach().contiguous(), dst=state.get_pipeline_model_parallel_next_rank())
+            pending.append((tdist.isend(tensor, dst=dst), tensor))
+
+    saved = []  # (chunk, micro-batch, received hidden states, output) of every forward, in order
+    for v, chunk in enumerate(chunks):
+        first, last = first_rank and v == 0, last_rank and v == len(chunks) - 1
+        for index, (batch, shape) in enumerate(zip(micro_batches, shapes)):
+            hidden = None
+            if not first:
+                hidden = torch.empty(shape, dtype=dtype, device=device)
+                tdist.recv(hidden, src=prev)
+                hidden.requires_grad_(not forward_only)
+                chunk.set_input_tensor(hidden)
             if relay is not None:
-                relay.forward_ends(index)
-        if not forward_only:
-            received.append(hidden)
-            outputs.append(output)
-    for index, (hidden, output) in enumerate(zip(received, outputs)):
-        if before_last_backward is not None and index == len(outputs) - 1:
+                relay.forward_begins(index)
+            output, loss_func = forward_step(iter([batch]), chunk)
+            if last:
+                output = loss_func(output)[0] / len(shapes)
+            else:
+                send(output.detach().contiguous(), next_)
+                if relay is not None:
+                    relay.forward_ends(index)
+            if not forward_only:
+                saved.append((v, index, hidden, output))
+    _settle(pending)
+    backward_order = sorted(saved, key=lambda item: -item[0])  # chunks from the last, micro-batches in order
+    for position, (v, index, hidden, output) in enumerate(backward_order):
+        first, last = first_rank and v == 0, last_rank and v == len(chunks) - 1
+        if before_last_backward is not None and position == len(backward_order) - 1:
             before_last_backward()
         if last:
             output.backward()
         else:
             grad = torch.empty(output.shape, dtype=output.dtype, device=output.device)  # contiguous, as sent
-            tdist.recv(grad, src=state.get_pipeline_model_parallel_next_rank())
+            tdist.recv(grad, src=next_)
             tensors, grads = relay.backward_pairs(index) if relay is not None else ([], [])
             torch.autograd.backward([output, *tensors], [grad, *grads])
         if not first:
-            tdist.send(hidden.grad.contiguous(), dst=state.get_pipeline_model_parallel_prev_rank())
+            send(hidden.grad.contiguous(), prev)
         if relay is not None:
             relay.backward_ends(index)
+    _settle(pending)
+
+
+def _settle(pending: list | None) -> None:
+    for work, _tensor in pending or ():
+        work.wait()
+    if pending:
+        pending.clear()
 
 
 def _on_cpu(value):

@@ -116,7 +116,7 @@ def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: b
     overlapped = None if forward_only else engine.overlapped
     shapes = hidden_shapes(micro_batches, config.hidden_size, config.tensor_model_parallel_size
                            if config.sequence_parallel else 1)
-    gpipe(forward_step, iter(micro_batches), module, shapes,
+    gpipe(forward_step, micro_batches, module, shapes,
           dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only,
           before_last_backward=overlapped.arm if overlapped is not None else None, relay=relay)
 

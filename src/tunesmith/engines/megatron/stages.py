@@ -47,3 +47,9 @@ def model_names(local: dict, layers: range) -> dict:
         match = _LAYER.match(name)
         out[f"decoder.layers.{int(match.group(1)) + layers.start}.{name[match.end():]}" if match else name] = tensor
     return out
+
+
+def chunks_of(model) -> list:
+    """The model chunks this rank holds: its virtual pipeline stages in order (build.VirtualStages) under the
+    interleaved schedule, else the one GPTModel."""
+    return list(getattr(model, "chunks", None) or [model])
