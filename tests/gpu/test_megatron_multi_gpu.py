@@ -51,6 +51,9 @@ LAYOUTS = {  # 8 samples per optimiser step in each
     "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),
 }
+# the interleaved schedule (dense language models): each GPU two chunks of one layer
+TEXT_LAYOUTS = {**LAYOUTS, "pp2_vpp2": ("pipeline_model_parallel_size=2", "virtual_pipeline_model_parallel_size=2",
+                                        "per_device_train_batch_size=4")}
 MOE_LAYOUTS = {
     "ep2": ("expert_model_parallel_size=2", "per_device_train_batch_size=2"),
     # LLaMA-Factory's qwen3_moe_full.yaml dispatcher (megatron-core's all-to-all builds on CUDA only)
@@ -129,9 +132,9 @@ def fsdp2(tmp_path_factory):
     return _fsdp2_reference(tmp_path_factory, "qwen3_4l", _init_model, PER_RANK, 29611, REPORT)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(TEXT_LAYOUTS))
 def test_megatron_on_two_gpus_matches_fsdp2_for_20_steps(fsdp2, layout):
-    _megatron_matches(fsdp2, layout, PER_RANK, 29612, REPORT, "MEGATRON_MULTI_GPU_OUT", "qwen3")
+    _megatron_matches(fsdp2, layout, PER_RANK, 29612, REPORT, "MEGATRON_MULTI_GPU_OUT", "qwen3", TEXT_LAYOUTS)
 
 
 @pytest.fixture(scope="module")
