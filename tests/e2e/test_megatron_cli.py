@@ -250,24 +250,32 @@ def test_megatron_sequence_parallel_gives_the_single_engines_run(tmp_path, monke
     assert _losses(tmp_path / "rm_sp") == pytest.approx(_losses(tmp_path / "rm_single"), rel=1e-4)
 
 
-def _four_layer_qwen3(folder: Path) -> Path:
-    """The tiny Qwen3 with 4 layers and a tied embedding (2 stages x 2 virtual stages: a layer each), random."""
+def _four_layers(arch: str, folder: Path) -> Path:
+    """The tiny `arch` with 4 decoder layers (2 stages x 2 virtual stages: a layer each), random; a text model with
+    a tied embedding."""
     import shutil
 
     import transformers
 
     from tunesmith.models.tiny import build_tiny
 
-    tiny = Path(build_tiny("qwen3"))
+    tiny = Path(build_tiny(arch))
     folder.mkdir()
     for path in tiny.iterdir():
         if not path.name.endswith(".safetensors") and path.name != "config.json":
             shutil.copy(path, folder / path.name)
     config = transformers.AutoConfig.from_pretrained(tiny)
-    config.num_hidden_layers, config.tie_word_embeddings = 4, True
-    config.layer_types = [config.layer_types[0]] * 4
+    text = config.get_text_config()
+    text.num_hidden_layers = 4
+    if getattr(text, "layer_types", None):
+        text.layer_types = [text.layer_types[0]] * 4
+    auto = transformers.AutoModelForCausalLM
+    if text is config:
+        config.tie_word_embeddings = True
+    else:
+        auto = transformers.AutoModelForImageTextToText
     torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    auto.from_config(config).save_pretrained(folder)
     return folder
 
 
@@ -280,7 +288,7 @@ def test_megatron_interleaved_pipeline_gives_the_single_engines_run_and_resumes(
     losses."""
     from test_distributed import _two_ranks
 
-    model = f"model_name_or_path={_four_layer_qwen3(tmp_path / 'model')}"
+    model = f"model_name_or_path={_four_layers('qwen3', tmp_path / 'model')}"
     sft = [model, *TWO_RANKS[1:], "per_device_train_batch_size=2"]
     dpo = [model, *BASE[1:], "stage=dpo", "dataset=dpo_demo", "finetuning_type=full", "max_samples=32",
            "logging_steps=1", "learning_rate=1e-4", "max_steps=3", "per_device_train_batch_size=2",
@@ -299,6 +307,22 @@ def test_megatron_interleaved_pipeline_gives_the_single_engines_run_and_resumes(
     assert _losses(tmp_path / "resumed")[-2:] == pytest.approx(_losses(tmp_path / "vpp")[2:], rel=1e-6)
     cli("train", *dpo, *virtual, f"output_dir={tmp_path / 'dpo_vpp'}", env=MCA)
     assert _losses(tmp_path / "dpo_vpp") == pytest.approx(_losses(tmp_path / "dpo_single"), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_megatron_qwen3_vl_on_the_interleaved_pipeline_gives_the_single_engines_run(tmp_path, monkeypatch):
+    """Qwen3-VL (4 layers) at PP=2 with 2 virtual stages: the vision tower and the deepstack layer on the first
+    stage's first chunk; the single engine's losses and weights, tower trained."""
+    from test_distributed import _two_ranks
+
+    vl = [f"model_name_or_path={_four_layers('qwen3_vl', tmp_path / 'model')}", *VL[1:]]
+    cli("train", *vl, "backend=single", f"output_dir={tmp_path / 'single'}")
+    _two_ranks(monkeypatch)
+    cli("train", *vl, "pipeline_model_parallel_size=2", "virtual_pipeline_model_parallel_size=2",
+        f"output_dir={tmp_path / 'vpp'}", env=MCA)
+    assert len(_losses(tmp_path / "vpp")) == 3
+    assert _losses(tmp_path / "vpp") == pytest.approx(_losses(tmp_path / "single"), rel=1e-4)
+    _same_weights(tmp_path / "vpp", tmp_path / "single")
 
 
 @pytest.mark.slow

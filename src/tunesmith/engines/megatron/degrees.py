@@ -19,7 +19,6 @@ class ModelFacts:
     num_kv_heads: int
     num_experts: int = 0  # 0: a dense model
     deepstack_layers: int = 0  # Qwen3-VL: the first decoder layers that add the vision tower's deepstack features
-    vision: bool = False  # a vision-language model (its vision tower on the first stage)
 
     @classmethod
     def of(cls, config, vision_config=None) -> "ModelFacts":
@@ -28,7 +27,7 @@ class ModelFacts:
         experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0
         deepstack = len(getattr(vision_config, "deepstack_visual_indexes", None) or ())
         return cls(config.num_hidden_layers, heads, getattr(config, "num_key_value_heads", None) or heads, experts,
-                   deepstack, vision_config is not None)
+                   deepstack)
 
 
 def degree_problems(m, world_size: int, model: ModelFacts, *, has_te: bool) -> list[str]:
@@ -78,10 +77,11 @@ def _pipeline_problems(m, model: ModelFacts) -> list[str]:
         problems.append(f"{what} = {chunks} does not divide the model's {model.num_layers} layers; use a degree "
                         f"that divides {model.num_layers}")
     if chunks > 1 and model.deepstack_layers > model.num_layers // chunks:
+        where = f"{pp} stages" + (f" of {vpp} virtual stages" if vpp else "")
         problems.append(f"Qwen3-VL adds its deepstack features after its first {model.deepstack_layers} decoder "
-                        f"layers, which must all be on the first pipeline stage, but {pp} stages give it "
-                        f"{model.num_layers // chunks}; use a pipeline degree of at most "
-                        f"{model.num_layers // model.deepstack_layers}")
+                        f"layers, which must all be on the first pipeline stage{' (its first chunk)' if vpp else ''}, "
+                        f"but {where} give it {model.num_layers // chunks}; use a pipeline degree"
+                        f"{' x virtual stages' if vpp else ''} of at most {model.num_layers // model.deepstack_layers}")
     return problems
 
 
@@ -124,13 +124,12 @@ def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP, with
     or without sequence parallelism), pipeline (PP) and data parallelism run for dense language and
     vision-language models (full fine-tuning and LoRA), and for mixture-of-experts models with expert parallelism
-    (EP) instead of TP; the interleaved (virtual-pipeline) schedule for dense language models. Virtual pipelines
-    for mixture-of-experts and vision-language models, and TP with EP, are named."""
+    (EP) instead of TP; the interleaved (virtual-pipeline) schedule for dense language and vision-language models.
+    Virtual pipelines for mixture-of-experts models, and TP with EP, are named."""
     problems = []
-    if m.virtual_pipeline_model_parallel_size is not None and (model.num_experts or model.vision):
-        what = "a mixture-of-experts" if model.num_experts else "a vision-language"
-        problems.append(f"virtual_pipeline_model_parallel_size (the interleaved schedule) for {what} model is not "
-                        "available yet; remove it (pipeline_model_parallel_size runs without it), or "
+    if m.virtual_pipeline_model_parallel_size is not None and model.num_experts:
+        problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) for a mixture-of-experts "
+                        "model is not available yet; remove it (pipeline_model_parallel_size runs without it), or "
                         f"{_FSDP2}")
     tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
     if model.num_experts and tp > 1 and ep > 1:

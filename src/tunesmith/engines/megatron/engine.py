@@ -43,7 +43,7 @@ from .pipeline import pipelined
 from .router_relay import stage_router_counts
 from .schedule import forward_values, run_forward_backward
 from .stages import chunks_of, model_names, stage_state
-from .vision import hf_vision_tower
+from .vision import hf_vision_tower, tower_of
 from .zero import drop_gathered_state, gather_state, settle_params
 from .weights import family_map, language_config
 from .weights.layers import Shape
@@ -175,8 +175,8 @@ class MegatronEngine:
         load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
         if self.lora_linears is not None:
             start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
-            if getattr(self.model, "visual", None) is not None:  # the tower's own PEFT adapters, as saved
-                copy_lora(tower_adapters(self.model.visual), tower_adapters(hf_vision_tower(self.hf_model)))
+            if tower_of(self.model) is not None:  # the tower's own PEFT adapters, as saved
+                copy_lora(tower_adapters(tower_of(self.model)), tower_adapters(hf_vision_tower(self.hf_model)))
 
     def load(self, path: Path, *, trusted: bool = False) -> None:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
@@ -207,8 +207,8 @@ class MegatronEngine:
         if dist.is_main():
             if self.lora_linears is not None:
                 copy_lora(hf_lora_state(self.hf_model), state)
-                if getattr(self.model, "visual", None) is not None:  # global rank 0 holds the first stage
-                    copy_lora(tower_adapters(hf_vision_tower(self.hf_model)), tower_adapters(self.model.visual))
+                if tower_of(self.model) is not None:  # global rank 0 holds the first stage
+                    copy_lora(tower_adapters(hf_vision_tower(self.hf_model)), tower_adapters(tower_of(self.model)))
             else:
                 self.hf_model.load_state_dict(state, strict=True)
             save_weights(self.hf_model, path)

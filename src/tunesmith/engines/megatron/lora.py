@@ -28,6 +28,7 @@ import torch
 
 from ...errors import ConfigError, TunesmithError
 from ...models.families import ATTENTION_Q_K_V_O, GATED_MLP
+from .vision import is_tower_parameter
 from .weights.layers import Shape, fuse_gate_up, fuse_qkv, split_gate_up, split_qkv
 
 Q, K, V, O = ATTENTION_Q_K_V_O
@@ -150,7 +151,7 @@ def add_lora(model, targets: list[str], peft_config, seed: int = 0) -> None:
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     for name, param in model.named_parameters():
-        if not name.startswith("visual."):  # a vision tower keeps what PEFT set: its own adapters train
+        if not is_tower_parameter(name):  # a vision tower keeps what PEFT set: its own adapters train
             param.requires_grad_(False)
     for index, layer in _layers(model):
         for target in targets:

@@ -17,6 +17,7 @@ import torch
 
 from ...errors import DataError, TunesmithError
 from ...models.forward import base_model
+from .stages import chunks_of
 
 _MEDIA = (("pixel_values", "image_grid_thw", 1, "image"), ("pixel_values_videos", "video_grid_thw", 2, "video"))
 
@@ -27,18 +28,29 @@ def hf_vision_tower(hf_model):
 
 
 def attach_vision_tower(model, hf_model) -> None:
-    """A copy of the Hugging Face model's vision tower on this stage's GPTModel (first stage only), its
-    parameters trainable or frozen as apply_finetuning left them (freeze_vision_tower, ...)."""
+    """A copy of the Hugging Face model's vision tower on the GPTModel that embeds (the first stage's, its first
+    chunk under the interleaved schedule), its parameters trainable or frozen as apply_finetuning left them
+    (freeze_vision_tower, ...)."""
     visual = hf_vision_tower(hf_model)
-    if visual is None or not model.pre_process:
-        return
-    model.visual = copy.deepcopy(visual)
+    for chunk in chunks_of(model):
+        if visual is not None and chunk.pre_process:
+            chunk.visual = copy.deepcopy(visual)
+
+
+def tower_of(model):
+    """The vision tower this rank holds (on the first stage), else None."""
+    return next((chunk.visual for chunk in chunks_of(model) if getattr(chunk, "visual", None) is not None), None)
+
+
+def is_tower_parameter(name: str) -> bool:
+    """Whether `name` (in a GPTModel, or in VirtualStages' chunks) is a vision tower's parameter."""
+    return name.startswith("visual.") or ".visual." in name
 
 
 def freeze_language_model(model) -> None:
     """freeze_language_model: everything but the vision tower stays as loaded."""
     for name, param in model.named_parameters():
-        if not name.startswith("visual."):
+        if not is_tower_parameter(name):
             param.requires_grad_(False)
 
 
