@@ -415,13 +415,16 @@ def test_megatron_qwen3_moe_over_pipeline_stages_and_tensor_ranks_gives_the_sing
     - PP=2: transformers' router load-balancing loss is one function of both stages' router logits, which the
       pipeline carries to the last stage and whose gradients it carries back (router_relay.py);
     - TP=2 with sequence parallelism: each rank routes its block of the sequence through whole experts; the router
-      loss reads every rank's block (moe.HFRouter), the experts' gradients are summed over the ranks."""
+      loss reads every rank's block (moe.HFRouter), the experts' gradients are summed over the ranks;
+    - a 4-layer model at PP=2 with 2 virtual stages: the logits travel through the chunks in the pipeline's order."""
     from test_distributed import _two_ranks
 
     moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe") for c in COMMON] + ["save_strategy=no",
                                                                          "merge_micro_batches=false"]
     single = tmp_path / "single"
     cli("train", *moe, "backend=single", f"output_dir={single}")
+    four = [f"model_name_or_path={_four_layers('qwen3_moe', tmp_path / 'model')}", *moe[1:]]
+    cli("train", *four, "backend=single", f"output_dir={tmp_path / 'single4'}")
     _two_ranks(monkeypatch)
     _cpu_comms(monkeypatch)
     runs = {"TP=1 PP=2 DP=1": ["pipeline_model_parallel_size=2"],
@@ -435,6 +438,13 @@ def test_megatron_qwen3_moe_over_pipeline_stages_and_tensor_ranks_gives_the_sing
         assert [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
         assert [m["grad_norm"] for m in ours] == pytest.approx([m["grad_norm"] for m in theirs], rel=1e-4)
         assert "model.layers.0.mlp.gate.weight" in _same_weights(out, single)  # every router's whole gradient
+    # the interleaved schedule (4 layers: a chunk of one layer each): the relay runs through the virtual stages
+    cli("train", *four, "pipeline_model_parallel_size=2", "virtual_pipeline_model_parallel_size=2",
+        f"output_dir={tmp_path / 'vpp'}", env=MCA)
+    ours, theirs = ([m for m in metrics(run) if "loss" in m] for run in (tmp_path / "vpp", tmp_path / "single4"))
+    assert len(ours) == 4 and [m["aux_loss"] for m in ours] == pytest.approx([m["aux_loss"] for m in theirs], rel=1e-4)
+    assert [m["loss"] for m in ours] == pytest.approx([m["loss"] for m in theirs], rel=1e-4)
+    _same_weights(tmp_path / "vpp", tmp_path / "single4")
 
 
 @pytest.mark.slow

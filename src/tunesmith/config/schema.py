@@ -226,8 +226,7 @@ class MegatronConfig(_Group):
                                             "and MLP columns over GPUs).")
     pipeline_model_parallel_size: int = Field(1, ge=1, description="megatron: pipeline stages (splits the layers).")
     virtual_pipeline_model_parallel_size: int | None = Field(
-        None, ge=1, description="megatron: model chunks per pipeline stage (interleaved schedule; not for "
-        "mixture-of-experts models).")
+        None, ge=1, description="megatron: model chunks per pipeline stage (interleaved schedule).")
     sequence_parallel: bool = Field(False, description="megatron: the residual stream (norms, residual adds, the "
                                     "hidden states between pipeline stages) in blocks of the sequence over the "
                                     "tensor-parallel group (needs tensor_model_parallel_size > 1; a mixture-of-experts "

@@ -122,15 +122,10 @@ _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configu
 
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP, with
-    or without sequence parallelism), pipeline (PP) and data parallelism run for dense language and
-    vision-language models (full fine-tuning and LoRA), and for mixture-of-experts models with expert parallelism
-    (EP) instead of TP; the interleaved (virtual-pipeline) schedule for dense language and vision-language models.
-    Virtual pipelines for mixture-of-experts models, and TP with EP, are named."""
+    or without sequence parallelism), pipeline (PP, with or without the interleaved schedule) and data parallelism
+    run for dense language and vision-language models (full fine-tuning and LoRA) and for mixture-of-experts
+    models, which also run expert parallelism (EP), but not with TP: that is named."""
     problems = []
-    if m.virtual_pipeline_model_parallel_size is not None and model.num_experts:
-        problems.append("virtual_pipeline_model_parallel_size (the interleaved schedule) for a mixture-of-experts "
-                        "model is not available yet; remove it (pipeline_model_parallel_size runs without it), or "
-                        f"{_FSDP2}")
     tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
     if model.num_experts and tp > 1 and ep > 1:
         problems.append(f"a mixture-of-experts model with both tensor_model_parallel_size: {tp} and "

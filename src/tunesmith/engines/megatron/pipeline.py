@@ -75,14 +75,14 @@ def gpipe(forward_step, micro_batches: list, model, shapes: list, *, dtype: torc
                 hidden.requires_grad_(not forward_only)
                 chunk.set_input_tensor(hidden)
             if relay is not None:
-                relay.forward_begins(index)
+                relay.forward_begins(v, index)
             output, loss_func = forward_step(iter([batch]), chunk)
             if last:
                 output = loss_func(output)[0] / len(shapes)
             else:
                 send(output.detach().contiguous(), next_)
                 if relay is not None:
-                    relay.forward_ends(index)
+                    relay.forward_ends(v, index, send)
             if not forward_only:
                 saved.append((v, index, hidden, output))
     _settle(pending)
@@ -96,12 +96,12 @@ def gpipe(forward_step, micro_batches: list, model, shapes: list, *, dtype: torc
         else:
             grad = torch.empty(output.shape, dtype=output.dtype, device=output.device)  # contiguous, as sent
             tdist.recv(grad, src=next_)
-            tensors, grads = relay.backward_pairs(index) if relay is not None else ([], [])
+            tensors, grads = relay.backward_pairs(v, index) if relay is not None else ([], [])
             torch.autograd.backward([output, *tensors], [grad, *grads])
         if not first:
             send(hidden.grad.contiguous(), prev)
         if relay is not None:
-            relay.backward_ends(index)
+            relay.backward_ends(v, index, send)
     _settle(pending)
 
 

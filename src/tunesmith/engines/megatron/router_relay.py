@@ -22,6 +22,7 @@ import torch
 import torch.distributed as tdist
 
 from .moe import HFRouter
+from .stages import chunks_of
 
 
 def _state():
@@ -31,74 +32,86 @@ def _state():
 
 
 def stage_router_counts(model) -> list[int]:
-    """The number of routers (MoE layers) on each pipeline stage, the same list on every stage."""
+    """The number of routers (MoE layers) of each pipeline stage in the model's order, the same list on every
+    stage: under the interleaved schedule each virtual stage's (chunk v of stage s is virtual stage v x PP + s)."""
     state = _state()
-    counts: list = [None] * state.get_pipeline_model_parallel_world_size()
-    own = sum(isinstance(m, HFRouter) for m in model.modules())
-    tdist.all_gather_object(counts, own, group=state.get_pipeline_model_parallel_group())
-    return counts
+    per_rank: list = [None] * state.get_pipeline_model_parallel_world_size()
+    own = [sum(isinstance(m, HFRouter) for m in chunk.modules()) for chunk in chunks_of(model)]
+    tdist.all_gather_object(per_rank, own, group=state.get_pipeline_model_parallel_group())
+    return [counts[v] for v in range(len(own)) for counts in per_rank]
 
 
 class RouterLogitsRelay:
     """One training step's relay over pipeline stages (module docstring). `tokens`: each micro-batch's tokens
-    (rows x length); `counts`: stage_router_counts."""
+    (rows x length); `counts`: stage_router_counts. A micro-batch on a chunk is keyed (chunk, micro-batch); `send`
+    is pipeline.gpipe's (blocking, or asynchronous under the interleaved schedule)."""
 
     def __init__(self, tokens: list[int], counts: list[int], experts: int, dtype: torch.dtype,
                  device: torch.device):
         state = _state()
-        stage = state.get_pipeline_model_parallel_rank()
-        self.first, self.last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
+        self.stage, self.stages = state.get_pipeline_model_parallel_rank(), state.get_pipeline_model_parallel_world_size()
         self.prev = state.get_pipeline_model_parallel_prev_rank()
         self.next = state.get_pipeline_model_parallel_next_rank()
-        self.before, self.own_count = sum(counts[:stage]), counts[stage]
+        self.counts = counts
         self.tokens, self.experts, self.dtype, self.device = tokens, experts, dtype, device
-        self.received: dict[int, torch.Tensor] = {}  # micro-batch -> the earlier layers' logits
-        self.own: dict[int, torch.Tensor] = {}  # micro-batch -> this stage's logits, in the autograd graph
-        self.index = 0
+        self.received: dict[tuple, torch.Tensor] = {}  # (chunk, micro-batch) -> the earlier layers' logits
+        self.own: dict[tuple, torch.Tensor] = {}  # (chunk, micro-batch) -> this chunk's logits, in the graph
+        self.key = (0, 0)
+
+    def _position(self, chunk: int) -> int:
+        return chunk * self.stages + self.stage
+
+    def _before(self, chunk: int) -> int:
+        return sum(self.counts[:self._position(chunk)])
+
+    def _last(self, chunk: int) -> bool:
+        return self._position(chunk) == len(self.counts) - 1
 
     def _empty(self, layers: int, index: int) -> torch.Tensor:
         return torch.empty(layers, self.tokens[index], self.experts, dtype=self.dtype, device=self.device)
 
-    def forward_begins(self, index: int) -> None:
-        """Before micro-batch `index`'s forward on this stage (after its hidden states arrived)."""
-        self.index = index
-        if self.before:
-            received = self._empty(self.before, index)
+    def forward_begins(self, chunk: int, index: int) -> None:
+        """Before micro-batch `index`'s forward on this chunk (after its hidden states arrived)."""
+        self.key, before = (chunk, index), self._before(chunk)
+        if before:
+            received = self._empty(before, index)
             tdist.recv(received, src=self.prev)
-            self.received[index] = received.requires_grad_(self.last)
+            self.received[self.key] = received.requires_grad_(self._last(chunk))
 
     def layers(self, own: list) -> list | None:
-        """Every layer's logits of this micro-batch in layer order, this stage's `own` in the autograd graph, on
+        """Every layer's logits of this micro-batch in layer order, this chunk's `own` in the autograd graph, on
         the last stage (which computes the loss); None on the others (which keep `own` for their backward)."""
-        if not self.last:
-            self.own[self.index] = torch.stack(own) if own else None
+        if not self._last(self.key[0]):
+            self.own[self.key] = torch.stack(own) if own else None
             return None
-        earlier = self.received.get(self.index)
+        earlier = self.received.get(self.key)
         return [*(earlier.unbind(0) if earlier is not None else ()), *own]
 
-    def forward_ends(self, index: int) -> None:
-        """After micro-batch `index`'s hidden states went to the next stage (not on the last stage)."""
-        parts = [t.detach().to(self.dtype) for t in (self.received.pop(index, None), self.own.get(index)) if t is not None]
+    def forward_ends(self, chunk: int, index: int, send) -> None:
+        """After micro-batch `index`'s hidden states went on from this chunk (not the last stage's last)."""
+        parts = [t.detach().to(self.dtype) for t in (self.received.pop((chunk, index), None),
+                                                      self.own.get((chunk, index))) if t is not None]
         if parts:
-            tdist.send(torch.cat(parts).contiguous(), dst=self.next)
+            send(torch.cat(parts).contiguous(), self.next)
 
-    def backward_pairs(self, index: int) -> tuple[list, list]:
-        """Tensors and gradients to add to micro-batch `index`'s backward on a stage before the last: its own
+    def backward_pairs(self, chunk: int, index: int) -> tuple[list, list]:
+        """Tensors and gradients to add to micro-batch `index`'s backward on a chunk before the last: its own
         routers' logits and their gradients from the stages after it (the earlier layers' are kept to send)."""
-        if not self.before + self.own_count:
+        before = self._before(chunk)
+        if not before + self.counts[self._position(chunk)]:
             return [], []
-        grads = self._empty(self.before + self.own_count, index)
+        grads = self._empty(before + self.counts[self._position(chunk)], index)
         tdist.recv(grads, src=self.next)
-        self.received[index] = grads[:self.before]
-        own = self.own.pop(index)
-        return ([own], [grads[self.before:]]) if own is not None else ([], [])
+        self.received[(chunk, index)] = grads[:before]
+        own = self.own.pop((chunk, index))
+        return ([own], [grads[before:]]) if own is not None else ([], [])
 
-    def backward_ends(self, index: int) -> None:
-        """After micro-batch `index`'s backward on this stage: the earlier layers' gradients to the stage before."""
-        if self.first or not self.before:
+    def backward_ends(self, chunk: int, index: int, send) -> None:
+        """After micro-batch `index`'s backward on this chunk: the earlier layers' gradients to the stage before."""
+        if not self._before(chunk):
             return
-        held = self.received.pop(index)
-        grads = held.grad if self.last else held
+        held = self.received.pop((chunk, index))
+        grads = held.grad if self._last(chunk) else held
         if grads is None:  # the loss method left the router loss out (it uses no aux_loss)
             grads = torch.zeros_like(held)
-        tdist.send(grads.contiguous(), dst=self.prev)
+        send(grads.contiguous(), self.prev)
