@@ -451,7 +451,8 @@ def test_megatron_qwen3_moe_over_pipeline_stages_and_tensor_ranks_gives_the_sing
 def test_megatron_qwen3_moe_over_pipeline_and_expert_ranks_resumes_exactly(tmp_path, monkeypatch):
     """LLaMA-Factory's qwen3_moe_full.yaml layout, smaller: PP=2 and EP=2 on 4 gloo processes (DP=2, each stage's
     experts split over its two data-parallel ranks) gives the PP=2 DP=2 run with every expert on each rank, one
-    engine state per tensor/pipeline/expert rank, and a checkpoint that resumes exactly."""
+    engine state per tensor/pipeline/expert rank, and a checkpoint that resumes exactly. Then TP=2 (with sequence
+    parallelism) and EP=2 together against TP=2 alone (DP=2 in both)."""
     from test_distributed import _two_ranks
 
     _two_ranks(monkeypatch)
@@ -471,6 +472,19 @@ def test_megatron_qwen3_moe_over_pipeline_and_expert_ranks_resumes_exactly(tmp_p
                                                                   for p in (0, 1) for e in (0, 1)]
     cli("train", *keys, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(ep2)[2:], rel=1e-6)
+    # TP=2 (sequence parallel) with EP=2: each tensor-parallel rank holds half of the experts, whole; the gradient
+    # norm counts every expert once
+    tp = [k for k in keys if not k.startswith(("pipeline_", "expert_"))] + ["tensor_model_parallel_size=2",
+                                                                          "sequence_parallel=true"]
+    cli("train", *tp, "save_strategy=no", f"output_dir={tmp_path / 'tp2'}", env=MCA)
+    proc = cli("train", *tp, "expert_model_parallel_size=2", "save_strategy=no", f"output_dir={tmp_path / 'tp2_ep2'}",
+               env=MCA)
+    assert "TP=2 (sequence parallel) PP=1 EP=2 DP=2" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)
+    ours, theirs = (metrics(tmp_path / name) for name in ("tp2_ep2", "tp2"))
+    assert [m["grad_norm"] for m in ours if "loss" in m] == pytest.approx([m["grad_norm"] for m in theirs if "loss" in m],
+                                                                          rel=1e-6)
+    assert _losses(tmp_path / "tp2_ep2") == pytest.approx(_losses(tmp_path / "tp2"), rel=1e-6)
+    _same_weights(tmp_path / "tp2_ep2", tmp_path / "tp2")
 
 
 @pytest.mark.slow

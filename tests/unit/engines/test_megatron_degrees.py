@@ -83,12 +83,10 @@ def test_what_does_not_run_yet_is_named_with_the_alternative():
     assert problems(model=MOE) == []
     # pipeline and expert parallelism run for MoE models (LLaMA-Factory's qwen3_moe_full.yaml: PP=4, EP=2)
     assert problems(model=MOE, pipeline_model_parallel_size=4, expert_model_parallel_size=2) == []
-    # tensor parallelism for MoE models: with sequence parallelism (degree_problems), not with expert parallelism
+    # tensor parallelism for MoE models: with sequence parallelism (degree_problems), with expert parallelism too
     assert problems(model=MOE, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
                     sequence_parallel=True) == []
-    (tp_ep,) = problems(model=MOE, tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True)
-    assert "both tensor_model_parallel_size: 2 and expert_model_parallel_size: 2 is not available yet" in tp_ep
-    assert "backend: fsdp2" in tp_ep
+    assert problems(model=MOE, tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True) == []
     assert problems(tensor_model_parallel_size=2, sequence_parallel=True) == []  # runs as plain TP (build.py)
     # the interleaved schedule
     assert problems(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2) == []

@@ -125,13 +125,7 @@ def unavailable_problems(m, model: ModelFacts) -> list[str]:
     or without sequence parallelism), pipeline (PP, with or without the interleaved schedule) and data parallelism
     run for dense language and vision-language models (full fine-tuning and LoRA) and for mixture-of-experts
     models, which also run expert parallelism (EP), but not with TP: that is named."""
-    problems = []
-    tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
-    if model.num_experts and tp > 1 and ep > 1:
-        problems.append(f"a mixture-of-experts model with both tensor_model_parallel_size: {tp} and "
-                        f"expert_model_parallel_size: {ep} is not available yet; use one of the two (the experts "
-                        f"whole on every tensor-parallel rank, or split over the expert-parallel ranks), or {_FSDP2}")
-    return problems
+    return []
 
 
 def check_available(m, model: ModelFacts) -> None:

@@ -239,28 +239,26 @@ def stages_gathered(state: dict) -> dict | None:
 
 
 def _counted_here(param) -> bool:
-    """Whether this rank counts `param` in the gradient norm: a tensor-parallel shard always, a replicated
-    weight on tensor-parallel rank 0 only (an expert too: whole on every tensor-parallel rank, build._moe_kwargs,
-    though megatron-core marks its linears tensor-parallel), a pipeline stage's copy of the tied embedding
-    (`shared`) never."""
-    if getattr(param, "shared", False):
+    """Whether this rank counts `param` in the gradient norm, so that the sum over all ranks counts every weight
+    once: an expert on the first of the ranks that hold it (its expert-data-parallel group; the experts are whole
+    on every tensor-parallel rank, build._moe_kwargs, though megatron-core marks their linears tensor-parallel);
+    any other weight on the first data-parallel replica only, a tensor-parallel shard on each of its ranks, a
+    replicated weight on tensor-parallel rank 0, a pipeline stage's copy of the tied embedding (`shared`) never."""
+    if is_expert(param):
+        return _state().get_expert_data_parallel_rank() == 0
+    if getattr(param, "shared", False) or dp_rank() != 0:
         return False
-    return (bool(getattr(param, "tensor_model_parallel", False)) and not is_expert(param)) or tp_rank() == 0
+    return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank() == 0
 
 
 def grad_norm(params: list) -> torch.Tensor:
     """The 2-norm of the whole model's gradient (every shard of every stage once, every expert once), the same on
     every rank."""
-    group = _state().get_model_parallel_group()
-    if tdist.get_world_size(group) == 1 and ep_size() == 1:
+    if tdist.get_world_size(_state().get_model_parallel_group()) == 1 and ep_size() == 1:
         return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     device = params[0].device if params else torch.device("cpu")
-    experts = _squares([p for p in params if is_expert(p)], device)
-    if ep_size() > 1:  # (the experts of this stage; expert parallelism runs with TP = 1, degrees.py, so the next
-        # sum, over the stages, adds nothing twice)
-        tdist.all_reduce(experts, group=_state().get_expert_model_parallel_group())
-    squares = (_squares([p for p in params if not is_expert(p)], device) + experts).reshape(1)
-    tdist.all_reduce(squares, group=group)
+    squares = _squares(params, device).reshape(1)
+    tdist.all_reduce(squares)  # every rank's share (_counted_here): each weight once
     return squares[0].sqrt()
 
 
