@@ -31,7 +31,8 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
         scaler.unscale_(optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grads = [p.grad for p in params if p.grad is not None]
-    total = total_norm(params) if grads else None
+    # an engine's own norm is a collective: every rank takes part, one without gradients (a frozen stage) too
+    total = total_norm(params) if grads or total_norm is not _local_norm else None
     if scaler is None and optimizer.defaults.get("fused") and type(total) is torch.Tensor:  # not FSDP2's DTensors
         return _step_on_device(optimizer, scheduler, total, nonfinite_loss, max_norm, skip_nonfinite)
     grad_norm = _clip(grads, total, max_norm)

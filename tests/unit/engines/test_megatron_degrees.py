@@ -62,6 +62,7 @@ def test_switches_that_need_another_setting():
     assert "needs Transformer Engine" in _problems(context_parallel_size=2)[0]
     assert _problems(context_parallel_size=2, has_te=True) == []
     assert "needs recompute_granularity: full" in _problems(recompute_num_layers=2)[0]
+    assert _problems(model=MOE, recompute_granularity="full") == []
     assert "more than the 14 layers" in _problems(recompute_granularity="full", recompute_num_layers=20,
                                                   pipeline_model_parallel_size=2)[0]
 
@@ -87,6 +88,8 @@ def test_what_does_not_run_yet_is_named_with_the_alternative():
     assert problems(model=MOE, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
                     sequence_parallel=True) == []
     assert problems(model=MOE, tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True) == []
+    (text,) = problems(model=MOE, tensor_model_parallel_size=2, sequence_parallel=True, overlap_grad_reduce=True)
+    assert "overlap_grad_reduce for a mixture-of-experts model" in text and "overlap_grad_reduce: false" in text
     assert problems(tensor_model_parallel_size=2, sequence_parallel=True) == []  # runs as plain TP (build.py)
     # the interleaved schedule
     assert problems(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2) == []

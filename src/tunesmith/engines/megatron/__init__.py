@@ -89,7 +89,7 @@ def _log_optimizer_keys(m) -> None:
         log.info("Megatron: accepted without effect: %s", "; ".join(ignored))
 
 
-def _check_device(m, device: torch.device, precision: str) -> None:
+def _check_device(m, device: torch.device, precision: str, *, experts: int = 0) -> None:
     """What needs a CUDA GPU, refused before anything is built."""
     from .runtime import collectives_can_allocate
 
@@ -104,7 +104,8 @@ def _check_device(m, device: torch.device, precision: str) -> None:
         raise TunesmithError("moe_token_dispatcher_type: alltoall needs a CUDA GPU (megatron-core's all-to-all "
                              "dispatcher creates a CUDA stream); use moe_token_dispatcher_type: allgather on the CPU "
                              "(the same numbers: no token is dropped with either)")
-    if m.recompute_granularity and device.type != "cuda":
+    torch_checkpoint = m.recompute_granularity == "full" and experts  # build.checkpoint_layers: any device
+    if m.recompute_granularity and device.type != "cuda" and not torch_checkpoint:
         raise TunesmithError(f"recompute_granularity: {m.recompute_granularity} needs a CUDA GPU "
                              "(megatron-core's recomputation saves and restores CUDA RNG states); remove it on the CPU")
     if precision == "bf16" and device.type != "cuda":
@@ -127,7 +128,8 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
     from ..optim import build_optimizer, build_scheduler
-    from .build import autocast_in_recompute, build_stages, log_kernel_fallback, transformer_config
+    from .build import (autocast_in_recompute, build_stages, checkpoint_layers, log_kernel_fallback,
+                        transformer_config)
     from .degrees import ModelFacts, check_available, check_degrees
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
     from .lora import adapted_parts, add_lora, megatron_targets
@@ -154,7 +156,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
     check_available(cfg.megatron, facts)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
-    _check_device(cfg.megatron, device, precision)
+    _check_device(cfg.megatron, device, precision, experts=facts.num_experts)
     log_kernel_fallback(cfg.megatron, has_te)
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     register_data_parallel()
@@ -166,7 +168,9 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
 
     def built():
         model = build_stages(hf_config, config, reward_head=reward_head)
-        if precision == "bf16" and cfg.megatron.recompute_granularity == "full":
+        if cfg.megatron.recompute_granularity == "full" and facts.num_experts:
+            checkpoint_layers(model, cfg.megatron.recompute_num_layers)
+        elif precision == "bf16" and cfg.megatron.recompute_granularity == "full":
             autocast_in_recompute(model)
         for part in {model, *chunks_of(model)}:  # forward.py, schedule.py
             part.padding_idx = base_model(hf_model).get_input_embeddings().padding_idx

@@ -14,6 +14,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from ...errors import ModelError
 from .shards import padded_vocab_size
@@ -47,8 +48,8 @@ def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
                 sequence_parallel=m.sequence_parallel, **pipeline)  # its norms: sequence_parallel.py
 
 
-def _recompute_kwargs(m, num_layers: int) -> dict:
-    if m.recompute_granularity == "full":
+def _recompute_kwargs(m, num_layers: int, *, moe: bool) -> dict:
+    if m.recompute_granularity == "full" and not moe:  # (an MoE model's: checkpoint_layers)
         return dict(recompute_granularity="full", recompute_method="uniform",
                     recompute_num_layers=m.recompute_num_layers or num_layers)
     if m.recompute_granularity == "selective":
@@ -64,6 +65,25 @@ def autocast_in_recompute(model) -> None:
     for chunk in chunks_of(model):
         for layer in chunk.decoder.layers:
             layer.forward = _under_bf16_autocast(layer.forward)
+
+
+def checkpoint_layers(model, num_layers: int | None) -> None:
+    """recompute_granularity: full for a mixture-of-experts model: the first `num_layers` (all by default) of each
+    chunk's decoder layers run under torch's non-reentrant checkpoint, which recomputes their activations in the
+    backward. megatron-core's own recomputation runs a layer's first forward without gradients, so the router
+    logits recorded there for transformers' load-balancing loss (moe.py) would carry none and the routers would
+    not learn from it; under torch's checkpoint the first forward keeps its graph (its saved tensors are dropped
+    and recomputed), so the loss's gradient reaches the routers. Autocast and RNG states are restored by it."""
+    for chunk in chunks_of(model):
+        for layer in list(chunk.decoder.layers)[:num_layers]:
+            layer.forward = _checkpointed(layer.forward)
+
+
+def _checkpointed(forward):
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return run
 
 
 def _under_bf16_autocast(forward):
@@ -116,7 +136,8 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
         apply_rope_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        **_parallel_kwargs(m, params_dtype), **_recompute_kwargs(m, hf.num_hidden_layers), **_moe_kwargs(hf, m))
+        **_parallel_kwargs(m, params_dtype), **_recompute_kwargs(m, hf.num_hidden_layers, moe=bool(_moe_kwargs(hf, m))),
+        **_moe_kwargs(hf, m))
 
 
 def layer_spec(config):

@@ -124,7 +124,13 @@ def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP, with
     or without sequence parallelism), pipeline (PP, with or without the interleaved schedule) and data parallelism
     run for dense language and vision-language models (full fine-tuning and LoRA) and for mixture-of-experts
-    models, which also run expert parallelism (EP), but not with TP: that is named."""
+    models, which also run expert parallelism (EP); overlap_grad_reduce for a mixture-of-experts model under TP is
+    named."""
+    if model.num_experts and m.tensor_model_parallel_size > 1 and m.overlap_grad_reduce:
+        return ["overlap_grad_reduce for a mixture-of-experts model with tensor_model_parallel_size > 1 is not "
+                "available yet (the experts' gradient sums span the tensor-parallel ranks, and the overlapped sum "
+                "agrees its bucket order within the data-parallel group only); set overlap_grad_reduce: false (the "
+                "same sums, after the backward)"]
     return []
 
 

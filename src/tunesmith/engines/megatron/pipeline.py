@@ -39,6 +39,45 @@ def hidden_shapes(micro_batches: list, hidden_size: int, sequence_blocks: int = 
             for b in micro_batches]
 
 
+class Links:
+    """Where a chunk's forward input comes from and where its output goes, as (global rank, process group): the
+    stages before and after over the default group; under the interleaved schedule the last stage's hand-over to
+    the first stage's next chunk (and that chunk's gradient back) over a group of its own. NCCL runs the sends and
+    receives between two ranks on one communicator in the order they were issued, so at PP=2 a single
+    communicator would carry both directions of a pass (0 -> 1 for a chunk, 1 -> 0 for the hand-over) and
+    deadlock once a message is too large to be buffered; with the hand-over apart, each carries one."""
+
+    def __init__(self, chunks: int):
+        state = _state()
+        self.chunks = chunks
+        self.first, self.last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
+        self.prev, self.next = state.get_pipeline_model_parallel_prev_rank(), state.get_pipeline_model_parallel_next_rank()
+        self.handover = _handover_group() if chunks > 1 else None
+
+    def source(self, chunk: int) -> tuple:
+        return self.prev, (self.handover if self.first and chunk > 0 else None)
+
+    def target(self, chunk: int) -> tuple:
+        return self.next, (self.handover if self.last and chunk < self.chunks - 1 else None)
+
+
+_HANDOVER: dict = {}
+
+
+def _handover_group():
+    """The process group of this pipeline's last and first stage (created once, by every rank: collective)."""
+    if "group" not in _HANDOVER:
+        state = _state()
+        ends = (state.get_pipeline_model_parallel_first_rank(), state.get_pipeline_model_parallel_last_rank())
+        every: list = [None] * tdist.get_world_size()
+        tdist.all_gather_object(every, ends)
+        for pair in sorted(set(every)):  # every pipeline's, in one order on every rank
+            group = tdist.new_group(sorted(pair))
+            if pair == ends:
+                _HANDOVER["group"] = group
+    return _HANDOVER["group"]
+
+
 def gpipe(forward_step, micro_batches: list, model, shapes: list, *, dtype: torch.dtype, device: torch.device,
           forward_only: bool, before_last_backward=None, relay=None) -> None:
     """megatron-core's schedule contract (forward_step(data_iterator, model) -> (output, loss_func); the loss
@@ -49,29 +88,34 @@ def gpipe(forward_step, micro_batches: list, model, shapes: list, *, dtype: torc
 
     Under the interleaved schedule (virtual_pipeline_model_parallel_size) this rank holds several model chunks
     (stages.chunks_of): a micro-batch goes through chunk 0 of every stage, then chunk 1 of every stage, ... (the
-    last stage's chunk v hands over to the first stage's chunk v + 1), and the ranks work chunk by chunk, each
-    chunk's micro-batches in order, the backward chunks in the reverse order. Sends are then asynchronous (a rank
-    sends to the one before it as well as to the one after it)."""
-    state = _state()
+    last stage's chunk v hands over to the first stage's chunk v + 1, over its own group: Links), and the ranks
+    work chunk by chunk, each chunk's micro-batches in order, the backward chunks in the reverse order. Sends are
+    then asynchronous (a rank sends to the one before it as well as to the one after it)."""
     chunks = chunks_of(model)
-    first_rank, last_rank = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
-    prev, next_ = state.get_pipeline_model_parallel_prev_rank(), state.get_pipeline_model_parallel_next_rank()
+    links = Links(len(chunks))
     pending: list | None = [] if len(chunks) > 1 else None  # asynchronous sends, waited for at the end
 
-    def send(tensor, dst):
+    def send(tensor, link):
+        dst, group = link
         if pending is None:
-            tdist.send(tensor, dst=dst)
+            tdist.send(tensor, dst=dst, group=group)
         else:
-            pending.append((tdist.isend(tensor, dst=dst), tensor))
+            pending.append((tdist.isend(tensor, dst=dst, group=group), tensor))
 
+    def recv(tensor, link):
+        src, group = link
+        tdist.recv(tensor, src=src, group=group)
+
+    if relay is not None:
+        relay.links, relay.send, relay.recv = links, send, recv
     saved = []  # (chunk, micro-batch, received hidden states, output) of every forward, in order
     for v, chunk in enumerate(chunks):
-        first, last = first_rank and v == 0, last_rank and v == len(chunks) - 1
+        first, last = links.first and v == 0, links.last and v == len(chunks) - 1
         for index, (batch, shape) in enumerate(zip(micro_batches, shapes)):
             hidden = None
             if not first:
                 hidden = torch.empty(shape, dtype=dtype, device=device)
-                tdist.recv(hidden, src=prev)
+                recv(hidden, links.source(v))
                 hidden.requires_grad_(not forward_only)
                 chunk.set_input_tensor(hidden)
             if relay is not None:
@@ -80,28 +124,28 @@ def gpipe(forward_step, micro_batches: list, model, shapes: list, *, dtype: torc
             if last:
                 output = loss_func(output)[0] / len(shapes)
             else:
-                send(output.detach().contiguous(), next_)
+                send(output.detach().contiguous(), links.target(v))
                 if relay is not None:
-                    relay.forward_ends(v, index, send)
+                    relay.forward_ends(v, index)
             if not forward_only:
                 saved.append((v, index, hidden, output))
     _settle(pending)
     backward_order = sorted(saved, key=lambda item: -item[0])  # chunks from the last, micro-batches in order
     for position, (v, index, hidden, output) in enumerate(backward_order):
-        first, last = first_rank and v == 0, last_rank and v == len(chunks) - 1
+        first, last = links.first and v == 0, links.last and v == len(chunks) - 1
         if before_last_backward is not None and position == len(backward_order) - 1:
             before_last_backward()
         if last:
             output.backward()
         else:
             grad = torch.empty(output.shape, dtype=output.dtype, device=output.device)  # contiguous, as sent
-            tdist.recv(grad, src=next_)
+            recv(grad, links.target(v))
             tensors, grads = relay.backward_pairs(v, index) if relay is not None else ([], [])
             torch.autograd.backward([output, *tensors], [grad, *grads])
         if not first:
-            send(hidden.grad.contiguous(), prev)
+            send(hidden.grad.contiguous(), links.source(v))
         if relay is not None:
-            relay.backward_ends(v, index, send)
+            relay.backward_ends(v, index)
     _settle(pending)
 
 

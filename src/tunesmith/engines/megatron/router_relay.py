@@ -43,16 +43,15 @@ def stage_router_counts(model) -> list[int]:
 
 class RouterLogitsRelay:
     """One training step's relay over pipeline stages (module docstring). `tokens`: each micro-batch's tokens
-    (rows x length); `counts`: stage_router_counts. A micro-batch on a chunk is keyed (chunk, micro-batch); `send`
-    is pipeline.gpipe's (blocking, or asynchronous under the interleaved schedule)."""
+    (rows x length); `counts`: stage_router_counts. A micro-batch on a chunk is keyed (chunk, micro-batch).
+    pipeline.gpipe sets `links` (pipeline.Links), `send` and `recv` (its own: the hidden states' ways)."""
 
     def __init__(self, tokens: list[int], counts: list[int], experts: int, dtype: torch.dtype,
                  device: torch.device):
         state = _state()
         self.stage, self.stages = state.get_pipeline_model_parallel_rank(), state.get_pipeline_model_parallel_world_size()
-        self.prev = state.get_pipeline_model_parallel_prev_rank()
-        self.next = state.get_pipeline_model_parallel_next_rank()
         self.counts = counts
+        self.links = self.send = self.recv = None  # pipeline.gpipe's
         self.tokens, self.experts, self.dtype, self.device = tokens, experts, dtype, device
         self.received: dict[tuple, torch.Tensor] = {}  # (chunk, micro-batch) -> the earlier layers' logits
         self.own: dict[tuple, torch.Tensor] = {}  # (chunk, micro-batch) -> this chunk's logits, in the graph
@@ -75,7 +74,7 @@ class RouterLogitsRelay:
         self.key, before = (chunk, index), self._before(chunk)
         if before:
             received = self._empty(before, index)
-            tdist.recv(received, src=self.prev)
+            self.recv(received, self.links.source(chunk))
             self.received[self.key] = received.requires_grad_(self._last(chunk))
 
     def layers(self, own: list) -> list | None:
@@ -87,12 +86,12 @@ class RouterLogitsRelay:
         earlier = self.received.get(self.key)
         return [*(earlier.unbind(0) if earlier is not None else ()), *own]
 
-    def forward_ends(self, chunk: int, index: int, send) -> None:
+    def forward_ends(self, chunk: int, index: int) -> None:
         """After micro-batch `index`'s hidden states went on from this chunk (not the last stage's last)."""
         parts = [t.detach().to(self.dtype) for t in (self.received.pop((chunk, index), None),
                                                       self.own.get((chunk, index))) if t is not None]
         if parts:
-            send(torch.cat(parts).contiguous(), self.next)
+            self.send(torch.cat(parts).contiguous(), self.links.target(chunk))
 
     def backward_pairs(self, chunk: int, index: int) -> tuple[list, list]:
         """Tensors and gradients to add to micro-batch `index`'s backward on a chunk before the last: its own
@@ -101,12 +100,12 @@ class RouterLogitsRelay:
         if not before + self.counts[self._position(chunk)]:
             return [], []
         grads = self._empty(before + self.counts[self._position(chunk)], index)
-        tdist.recv(grads, src=self.next)
+        self.recv(grads, self.links.target(chunk))
         self.received[(chunk, index)] = grads[:before]
         own = self.own.pop((chunk, index))
         return ([own], [grads[before:]]) if own is not None else ([], [])
 
-    def backward_ends(self, chunk: int, index: int, send) -> None:
+    def backward_ends(self, chunk: int, index: int) -> None:
         """After micro-batch `index`'s backward on this chunk: the earlier layers' gradients to the stage before."""
         if not self._before(chunk):
             return
@@ -114,4 +113,4 @@ class RouterLogitsRelay:
         grads = held.grad if self._last(chunk) else held
         if grads is None:  # the loss method left the router loss out (it uses no aux_loss)
             grads = torch.zeros_like(held)
-        send(grads.contiguous(), self.prev)
+        self.send(grads.contiguous(), self.links.source(chunk))
