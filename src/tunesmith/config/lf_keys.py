@@ -633,7 +633,8 @@ _SETTINGS: dict[str, tuple] = {
 }
 
 _MEGATRON = _section("megatron", [
-    *[_honoured(k, "backend: megatron (or USE_MCA=1); same meaning and default as mcore_adapter")
+    *[_honoured(k, "backend: megatron (or USE_MCA=1); same meaning and default as mcore_adapter; which values run "
+                   "where (and the few refused by name): megatron.md")
       for k in MEGATRON_HONOURED],
     *[_refused(k, _MEGATRON_WHY, accept=(1, None)) for k in _SIZES],
     *[_refused(k, _MEGATRON_WHY) for k in _SWITCHES],
