@@ -124,10 +124,20 @@ def _degrees(m) -> str:
             f"DP={dist.data_world()}")
 
 
+def _optimizer(model, cfg, device: torch.device):
+    """AdamW over this rank's parameters, sharded over the data-parallel ranks with use_distributed_optimizer."""
+    from ..optim import build_optimizer
+    from .zero import sharded_optimizer, shards_optimizer
+
+    if shards_optimizer(cfg.megatron):
+        return sharded_optimizer(model, cfg.train, overlap_param_gather=cfg.megatron.overlap_param_gather)
+    return build_optimizer(model, cfg.train, device)
+
+
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
     """The engine in the order of engine.py's docstring."""
     from ...models.forward import base_model
-    from ..optim import build_optimizer, build_scheduler
+    from ..optim import build_scheduler
     from .build import (autocast_in_recompute, build_stages, checkpoint_layers, log_kernel_fallback,
                         transformer_config)
     from .degrees import ModelFacts, check_available, check_degrees
@@ -135,11 +145,10 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .lora import adapted_parts, add_lora, megatron_targets
     from .parallel import overlapped_grad_sum, register_data_parallel
     from .rotary import RotaryAngles
-    from .stages import chunks_of
     from .runtime import has_transformer_engine, init_model_parallel, require_megatron
+    from .stages import chunks_of
     from .vision import attach_vision_tower, freeze_language_model
     from .weights import family_map, language_config
-    from .zero import sharded_optimizer, shards_optimizer
 
     require_megatron()
     hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
@@ -165,6 +174,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
     reward_head = getattr(hf_model, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
+    padding_idx = base_model(hf_model).get_input_embeddings().padding_idx
 
     def built():
         model = build_stages(hf_config, config, reward_head=reward_head)
@@ -173,7 +183,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         elif precision == "bf16" and cfg.megatron.recompute_granularity == "full":
             autocast_in_recompute(model)
         for part in {model, *chunks_of(model)}:  # forward.py, schedule.py
-            part.padding_idx = base_model(hf_model).get_input_embeddings().padding_idx
+            part.padding_idx = padding_idx
         attach_vision_tower(model, hf_model)
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model
@@ -192,9 +202,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     # pref_reference: copy: the starting policy, adapters included, frozen
     reference = (with_adapters(built()).to(device).eval().requires_grad_(False)
                  if cfg.finetune.pref_reference == "copy" else None)
-    optimizer = (sharded_optimizer(model, cfg.train, overlap_param_gather=cfg.megatron.overlap_param_gather)
-                 if shards_optimizer(cfg.megatron)
-                 else build_optimizer(model, cfg.train, device))
+    optimizer = _optimizer(model, cfg, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
              precision, _attention_kernel(device, precision),

@@ -124,7 +124,7 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
     if getattr(hf, "hidden_act", "silu") != "silu":
         raise ModelError(f"hidden_act '{hf.hidden_act}' is not mapped on backend: megatron (SwiGLU models only); use "
                          "backend: single or fsdp2")
-    heads = hf.num_attention_heads
+    heads, moe = hf.num_attention_heads, _moe_kwargs(hf, m)
     return TransformerConfig(
         num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, num_attention_heads=heads,
         num_query_groups=getattr(hf, "num_key_value_heads", None) or heads,
@@ -136,8 +136,7 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
         apply_rope_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        **_parallel_kwargs(m, params_dtype), **_recompute_kwargs(m, hf.num_hidden_layers, moe=bool(_moe_kwargs(hf, m))),
-        **_moe_kwargs(hf, m))
+        **_parallel_kwargs(m, params_dtype), **_recompute_kwargs(m, hf.num_hidden_layers, moe=bool(moe)), **moe)
 
 
 def layer_spec(config):
@@ -197,8 +196,9 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
     hf = language_config(hf)
     tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
     tied = bool(hf.tie_word_embeddings) and not reward_head
+    vocab_size = hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp)
     model = GPTModel(
-        config, block_spec(config, vp_stage), vocab_size=hf.vocab_size if tp == 1 else padded_vocab_size(hf.vocab_size, tp),
+        config, block_spec(config, vp_stage), vocab_size=vocab_size,
         max_sequence_length=getattr(hf, "max_position_embeddings", 4096), position_embedding_type="rope",
         rotary_base=int(_rope_theta(hf)),
         # over pipeline stages megatron-core would copy the embedding to the last stage through CUDA at

@@ -77,11 +77,12 @@ def _pipeline_problems(m, model: ModelFacts) -> list[str]:
         problems.append(f"{what} = {chunks} does not divide the model's {model.num_layers} layers; use a degree "
                         f"that divides {model.num_layers}")
     if chunks > 1 and model.deepstack_layers > model.num_layers // chunks:
-        where = f"{pp} stages" + (f" of {vpp} virtual stages" if vpp else "")
+        first, where, degree = ("the first pipeline stage", f"{pp} stages", "a pipeline degree") if not vpp else (
+            "the first pipeline stage (its first chunk)", f"{pp} stages of {vpp} virtual stages",
+            "a pipeline degree x virtual stages")
         problems.append(f"Qwen3-VL adds its deepstack features after its first {model.deepstack_layers} decoder "
-                        f"layers, which must all be on the first pipeline stage{' (its first chunk)' if vpp else ''}, "
-                        f"but {where} give it {model.num_layers // chunks}; use a pipeline degree"
-                        f"{' x virtual stages' if vpp else ''} of at most {model.num_layers // model.deepstack_layers}")
+                        f"layers, which must all be on {first}, but {where} give it {model.num_layers // chunks}; use "
+                        f"{degree} of at most {model.num_layers // model.deepstack_layers}")
     return problems
 
 

@@ -38,10 +38,10 @@ from .moe import RouterBalancing
 from .parallel import (ep_rank, ep_size, experts_gathered, gathered, grad_norm, local_shards, model_layers,
                        reduce_gradients, stages_gathered, writes_engine_state,
                        tp_rank, tp_size)
-from .shards import shard
 from .pipeline import pipelined
 from .router_relay import stage_router_counts
 from .schedule import forward_values, run_forward_backward
+from .shards import shard
 from .stages import chunks_of, model_names, stage_state
 from .vision import hf_vision_tower, tower_of
 from .zero import drop_gathered_state, gather_state, settle_params
@@ -175,8 +175,9 @@ class MegatronEngine:
         load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
         if self.lora_linears is not None:
             start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
-            if tower_of(self.model) is not None:  # the tower's own PEFT adapters, as saved
-                copy_lora(tower_adapters(tower_of(self.model)), tower_adapters(hf_vision_tower(self.hf_model)))
+            tower = tower_of(self.model)
+            if tower is not None:  # the tower's own PEFT adapters, as saved
+                copy_lora(tower_adapters(tower), tower_adapters(hf_vision_tower(self.hf_model)))
 
     def load(self, path: Path, *, trusted: bool = False) -> None:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt
@@ -207,8 +208,9 @@ class MegatronEngine:
         if dist.is_main():
             if self.lora_linears is not None:
                 copy_lora(hf_lora_state(self.hf_model), state)
-                if tower_of(self.model) is not None:  # global rank 0 holds the first stage
-                    copy_lora(tower_adapters(hf_vision_tower(self.hf_model)), tower_adapters(tower_of(self.model)))
+                tower = tower_of(self.model)
+                if tower is not None:  # global rank 0 holds the first stage
+                    copy_lora(tower_adapters(hf_vision_tower(self.hf_model)), tower_adapters(tower))
             else:
                 self.hf_model.load_state_dict(state, strict=True)
             save_weights(self.hf_model, path)

@@ -193,10 +193,11 @@ def sum_tied_copies(model) -> None:
     """A tied model over pipeline stages: the first stage's embedding and the last stage's copy as output layer
     are one weight, so each takes the sum of their gradients (megatron-core's embedding group: the first and
     last stage's ranks of one tensor-parallel position) and both stay equal."""
+    if not _state().is_rank_in_embedding_group():
+        return
     for chunk in chunks_of(model):
-        if not getattr(chunk, "tied_across_stages", False) or not _state().is_rank_in_embedding_group():
-            continue
-        if not (chunk.pre_process or chunk.post_process):  # a middle chunk under the interleaved schedule
+        # (a middle chunk under the interleaved schedule holds neither copy)
+        if not getattr(chunk, "tied_across_stages", False) or not (chunk.pre_process or chunk.post_process):
             continue
         weight = chunk.embedding.word_embeddings.weight if chunk.pre_process else chunk.output_layer.weight
         if weight.grad is None:

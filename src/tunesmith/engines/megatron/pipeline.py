@@ -51,7 +51,8 @@ class Links:
         state = _state()
         self.chunks = chunks
         self.first, self.last = state.is_pipeline_first_stage(), state.is_pipeline_last_stage()
-        self.prev, self.next = state.get_pipeline_model_parallel_prev_rank(), state.get_pipeline_model_parallel_next_rank()
+        self.prev = state.get_pipeline_model_parallel_prev_rank()
+        self.next = state.get_pipeline_model_parallel_next_rank()
         self.handover = _handover_group() if chunks > 1 else None
 
     def source(self, chunk: int) -> tuple:

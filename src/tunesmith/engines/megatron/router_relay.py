@@ -49,7 +49,8 @@ class RouterLogitsRelay:
     def __init__(self, tokens: list[int], counts: list[int], experts: int, dtype: torch.dtype,
                  device: torch.device):
         state = _state()
-        self.stage, self.stages = state.get_pipeline_model_parallel_rank(), state.get_pipeline_model_parallel_world_size()
+        self.stage = state.get_pipeline_model_parallel_rank()
+        self.stages = state.get_pipeline_model_parallel_world_size()
         self.counts = counts
         self.links = self.send = self.recv = None  # pipeline.gpipe's
         self.tokens, self.experts, self.dtype, self.device = tokens, experts, dtype, device
@@ -96,10 +97,10 @@ class RouterLogitsRelay:
     def backward_pairs(self, chunk: int, index: int) -> tuple[list, list]:
         """Tensors and gradients to add to micro-batch `index`'s backward on a chunk before the last: its own
         routers' logits and their gradients from the stages after it (the earlier layers' are kept to send)."""
-        before = self._before(chunk)
-        if not before + self.counts[self._position(chunk)]:
+        before, own_count = self._before(chunk), self.counts[self._position(chunk)]
+        if not before + own_count:
             return [], []
-        grads = self._empty(before + self.counts[self._position(chunk)], index)
+        grads = self._empty(before + own_count, index)
         self.recv(grads, self.links.target(chunk))
         self.received[(chunk, index)] = grads[:before]
         own = self.own.pop((chunk, index))
