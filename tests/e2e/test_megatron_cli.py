@@ -255,6 +255,53 @@ def test_megatron_sequence_parallel_gives_the_single_engines_run(tmp_path, monke
     assert _losses(tmp_path / "rm_sp") == pytest.approx(_losses(tmp_path / "rm_single"), rel=1e-4)
 
 
+def _eval_losses(out):
+    return [m["eval_loss"] for m in metrics(out) if "eval_loss" in m]
+
+
+@pytest.mark.slow
+def test_megatron_context_parallel_gives_the_single_engines_run_and_resumes(tmp_path, monkeypatch):
+    """context_parallel_size=2 (2 gloo processes): each rank holds two blocks of every row and attends to both ranks'
+    keys. Packed rows give the single engine's losses, evaluation and weights; with the optimizer sharded over the two
+    ranks a checkpoint resumes exactly; unpacked rows of odd lengths (padded to a multiple of 4) give the single
+    engine's losses; over 4 processes CP=2 x TP=2 with sequence parallelism and CP=2 x PP=2 the same; Qwen3-VL (its
+    tower trained) the single engine's losses and weights."""
+    from test_distributed import _two_ranks
+
+    packed = [*TWO_RANKS, "per_device_train_batch_size=2", "val_size=0.2", "eval_strategy=steps", "eval_steps=2",
+              "per_device_eval_batch_size=2"]
+    rows = [k.replace("neat_packing=true", "packing=false") for k in TWO_RANKS] + ["per_device_train_batch_size=1",
+                                                                                 "save_strategy=no"]
+    cli("train", *packed, "backend=single", "save_strategy=no", f"output_dir={tmp_path / 'single'}")
+    cli("train", *rows, "backend=single", f"output_dir={tmp_path / 'rows_single'}")
+    cli("train", *VL, "backend=single", f"output_dir={tmp_path / 'vl_single'}")
+    _two_ranks(monkeypatch)
+    cp2 = [*packed, "context_parallel_size=2", "use_distributed_optimizer=true"]
+    proc = cli("train", *cp2, "save_steps=2", f"output_dir={tmp_path / 'cp2'}", env=MCA)
+    said = _said(proc)
+    assert "TP=1 PP=1 CP=2 DP=1" in said and "sharded over the 2 data-parallel and context-parallel" in said
+    assert len(_losses(tmp_path / "cp2")) == 4
+    assert _losses(tmp_path / "cp2") == pytest.approx(_losses(tmp_path / "single"), rel=1e-5)
+    assert _eval_losses(tmp_path / "cp2") == pytest.approx(_eval_losses(tmp_path / "single"), rel=1e-5)
+    _same_weights(tmp_path / "cp2", tmp_path / "single")
+    cli("train", *cp2, "save_strategy=no", f"output_dir={tmp_path / 'resumed'}",
+        f"resume_from_checkpoint={tmp_path / 'cp2' / 'checkpoint-2'}", env=MCA)
+    assert _losses(tmp_path / "resumed")[-2:] == pytest.approx(_losses(tmp_path / "cp2")[2:], rel=1e-6)
+    cli("train", *rows, "context_parallel_size=2", f"output_dir={tmp_path / 'rows_cp2'}", env=MCA)
+    assert _losses(tmp_path / "rows_cp2") == pytest.approx(_losses(tmp_path / "rows_single"), rel=1e-5)
+    cli("train", *VL, "context_parallel_size=2", f"output_dir={tmp_path / 'vl_cp2'}", env=MCA)
+    assert _losses(tmp_path / "vl_cp2") == pytest.approx(_losses(tmp_path / "vl_single"), rel=1e-5)
+    _same_weights(tmp_path / "vl_cp2", tmp_path / "vl_single")
+    _cpu_comms(monkeypatch)
+    monkeypatch.setenv("NPROC_PER_NODE", "4")
+    more = {"cp2_tp2_sp": ["tensor_model_parallel_size=2", "sequence_parallel=true"],
+            "cp2_pp2": ["pipeline_model_parallel_size=2"]}
+    for name, keys in more.items():
+        cli("train", *packed, "context_parallel_size=2", *keys, "save_strategy=no", f"output_dir={tmp_path / name}",
+            env=MCA)
+        assert _losses(tmp_path / name) == pytest.approx(_losses(tmp_path / "single"), rel=1e-5), name
+
+
 def _four_layers(arch: str, folder: Path) -> Path:
     """The tiny `arch` with 4 decoder layers (2 stages x 2 virtual stages: a layer each), random; a text model with
     a tied embedding."""
@@ -411,6 +458,31 @@ def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_p
                                                                   "engine_state_tp0_pp0_ep1.pt"]
     cli("train", *keys, "save_strategy=no", f"output_dir={resumed}", f"resume_from_checkpoint={ckpt}", env=MCA)
     assert _losses(resumed)[-2:] == pytest.approx(_losses(ep2)[2:], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_megatron_distributed_optimizer_under_expert_parallelism_shards_over_the_ranks_with_the_same_experts(
+        tmp_path, monkeypatch):
+    """Qwen3-MoE, EP=2 over 4 gloo processes (DP=4: two ranks hold each half of the experts): use_distributed_optimizer
+    shards the state over those two (the expert-data-parallel group) and gives the unsharded run's losses and weights;
+    its checkpoint (one engine state per expert-parallel rank, in the plain format) resumes exactly."""
+    from test_distributed import _two_ranks
+
+    moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe").replace("neat_packing=true", "packing=false")
+           for c in TWO_RANKS] + ["per_device_train_batch_size=1", "expert_model_parallel_size=2"]
+    _two_ranks(monkeypatch)
+    _cpu_comms(monkeypatch)
+    monkeypatch.setenv("NPROC_PER_NODE", "4")
+    plain, sharded, resumed = tmp_path / "plain", tmp_path / "sharded", tmp_path / "resumed"
+    cli("train", *moe, "save_strategy=no", f"output_dir={plain}", env=MCA)
+    zero = [*moe, "use_distributed_optimizer=true"]
+    proc = cli("train", *zero, "save_steps=2", f"output_dir={sharded}", env=MCA)
+    assert "sharded over the 2 expert-data-parallel ranks" in _said(proc)
+    assert len(_losses(sharded)) == 4 and _losses(sharded) == pytest.approx(_losses(plain), rel=1e-6)
+    _same_weights(sharded, plain)
+    cli("train", *zero, "save_strategy=no", f"output_dir={resumed}",
+        f"resume_from_checkpoint={sharded / 'checkpoint-2'}", env=MCA)
+    assert _losses(resumed)[-2:] == pytest.approx(_losses(sharded)[2:], rel=1e-6)
 
 
 @pytest.mark.slow

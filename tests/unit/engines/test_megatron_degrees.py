@@ -7,8 +7,8 @@ DENSE = ModelFacts(num_layers=28, num_heads=16, num_kv_heads=8)
 MOE = ModelFacts(num_layers=48, num_heads=32, num_kv_heads=4, num_experts=128)
 
 
-def _problems(world=8, model=DENSE, has_te=False, **keys):
-    return degree_problems(MegatronConfig(**keys), world, model, has_te=has_te)
+def _problems(world=8, model=DENSE, **keys):
+    return degree_problems(MegatronConfig(**keys), world, model)
 
 
 def test_defaults_fit_any_world_size():
@@ -59,8 +59,7 @@ def test_switches_that_need_another_setting():
     assert "needs sequence_parallel: true" in moe_tp
     assert _problems(model=MOE, tensor_model_parallel_size=2, sequence_parallel=True) == []
     assert "needs use_distributed_optimizer: true" in _problems(overlap_param_gather=True)[0]
-    assert "needs Transformer Engine" in _problems(context_parallel_size=2)[0]
-    assert _problems(context_parallel_size=2, has_te=True) == []
+    assert _problems(context_parallel_size=2) == []  # torch-native attention (context_parallel.py)
     assert "needs recompute_granularity: full" in _problems(recompute_num_layers=2)[0]
     assert _problems(model=MOE, recompute_granularity="full") == []
     assert "more than the 14 layers" in _problems(recompute_granularity="full", recompute_num_layers=20,
@@ -90,10 +89,14 @@ def test_what_does_not_run_yet_is_named_with_the_alternative():
     assert problems(model=MOE, tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True) == []
     (text,) = problems(model=MOE, tensor_model_parallel_size=2, sequence_parallel=True, overlap_grad_reduce=True)
     assert "overlap_grad_reduce for a mixture-of-experts model" in text and "overlap_grad_reduce: false" in text
-    assert problems(tensor_model_parallel_size=2, sequence_parallel=True) == []  # runs as plain TP (build.py)
+    assert problems(tensor_model_parallel_size=2, sequence_parallel=True) == []
     # the interleaved schedule
     assert problems(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2) == []
     assert problems(model=MOE, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2) == []
+    # context parallelism: dense models
+    assert problems(context_parallel_size=2, tensor_model_parallel_size=2, pipeline_model_parallel_size=2) == []
+    (text,) = problems(model=MOE, context_parallel_size=2)
+    assert "context_parallel_size: 2 for a mixture-of-experts model" in text and "context_parallel_size: 1" in text
 
 
 def test_qwen3_vl_deepstack_layers_must_be_on_the_first_pipeline_stage():

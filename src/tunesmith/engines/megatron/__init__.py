@@ -11,13 +11,15 @@ Modules, one concern each:
   vision.py    a vision-language model's vision tower on the first stage, its features in the decoder input
   moe.py       mixture-of-experts: transformers' router logits and load-balancing loss
   router_relay.py  a mixture-of-experts model's router logits over pipeline stages, and their gradients back
+  sequence_parallel.py  sequence parallelism: the spec's norms, rows padded, the decoder input in sequence blocks
+  context_parallel.py  context parallelism: each row's tokens over ranks, keys and values gathered for attention
   attention.py core attention: varlen FlashAttention on packed rows (CUDA, half precision), else SDPA
   forward.py   one forward on a collated (packed) batch
   vocab_parallel.py  a tensor-parallel output layer's logits as the outputs methods expect
   parallel.py  over several processes: weights into shards and back, gradient sums, the whole gradient's norm
   pipeline.py  the schedule over pipeline stages on any device (gpipe), the last stage's results to every stage
   schedule.py  the micro-batch schedule and the loss scale it needs
-  zero.py      use_distributed_optimizer: the optimizer state sharded over the data-parallel ranks
+  zero.py      use_distributed_optimizer: the optimizer state sharded over the data- (and context-) parallel ranks
   overlap.py   overlap_grad_reduce: the data-parallel gradient sum started in the step's last backward
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.
@@ -66,13 +68,17 @@ def _log_optimizer_keys(m) -> None:
     numbers. use_distributed_optimizer shards the optimizer state and overlap_param_gather lets its parameter sends
     run into the next forward (zero.py), overlap_grad_reduce starts the gradient sum in the backward (overlap.py);
     what has no effect is said once."""
-    from .zero import shards_optimizer
+    from .parallel import replica_size
+    from .zero import shard_count, shards_optimizer
 
-    if dist.data_world() == 1:
+    if replica_size() == 1:
         return
     if shards_optimizer(m):
-        log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d data-parallel "
-                 "ranks (ZeRO-1)", dist.data_world())
+        over = ("expert-data-parallel ranks (the ranks that hold the same experts)" if m.expert_model_parallel_size > 1
+                else "data-parallel and context-parallel ranks" if m.context_parallel_size > 1
+                else "data-parallel ranks")
+        log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d %s (ZeRO-1)",
+                 shard_count(), over)
     if m.overlap_grad_reduce:
         log.info("Megatron: overlap_grad_reduce: the data-parallel gradient sum starts bucket by bucket in the "
                  "step's last backward")
@@ -81,8 +87,12 @@ def _log_optimizer_keys(m) -> None:
                  "each layer waiting for its own")
     ignored = []
     if m.use_distributed_optimizer and not shards_optimizer(m):  # with DP > 1: under expert parallelism
-        ignored.append("use_distributed_optimizer (under expert parallelism every data-parallel rank keeps the "
-                       "optimizer state of its own shards)")
+        why = ("with tensor parallelism the ranks that hold the same experts hold different tensor-parallel shards of "
+               "the other weights" if m.tensor_model_parallel_size > 1 else
+               "expert_model_parallel_size equals the data-parallel size, so no two ranks hold the same experts")
+        ignored.append(f"use_distributed_optimizer ({why}; under expert parallelism it shards over the ranks that "
+                       "hold the same weights, with tensor_model_parallel_size 1 and a data-parallel size a larger "
+                       "multiple of expert_model_parallel_size)")
         if m.overlap_param_gather:
             ignored.append("overlap_param_gather (it overlaps the sharded optimizer's parameter sends)")
     if ignored:
@@ -120,8 +130,9 @@ def _degrees(m) -> str:
     sequence = " (sequence parallel)" if m.sequence_parallel else ""
     virtual = (f" ({m.virtual_pipeline_model_parallel_size} virtual stages each)"
                if m.virtual_pipeline_model_parallel_size else "")
-    return (f"TP={m.tensor_model_parallel_size}{sequence} PP={m.pipeline_model_parallel_size}{virtual}{experts} "
-            f"DP={dist.data_world()}")
+    context = f" CP={m.context_parallel_size}" if m.context_parallel_size > 1 else ""
+    return (f"TP={m.tensor_model_parallel_size}{sequence} PP={m.pipeline_model_parallel_size}{virtual}{context}"
+            f"{experts} DP={dist.data_world()}")
 
 
 def _optimizer(model, cfg, device: torch.device):
@@ -162,7 +173,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         _check_moe_lora(hf_model)
     lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
     has_te = has_transformer_engine()
-    check_degrees(cfg.megatron, dist.world(), facts, has_te=has_te)
+    check_degrees(cfg.megatron, dist.world(), facts)
     check_available(cfg.megatron, facts)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
     _check_device(cfg.megatron, device, precision, experts=facts.num_experts)

@@ -10,8 +10,9 @@ forward signature, and runs one of two kernels, chosen per batch by forward.py (
   PackedSeqParams (cu_seqlens over the flattened batch, `sbhd` layout so that megatron-core changes
   nothing else), and the single engine's kernel (models/attention.py's flash_varlen) computes only the
   blocks inside each sample, with no mask;
-- otherwise (the CPU, fp32): SDPA with the boolean mask of forward.py (True = masked in megatron-core's
-  convention; SDPA's is the opposite).
+- otherwise (the CPU, fp32; and under context parallelism on every device): SDPA with the boolean mask of
+  forward.py (True = masked in megatron-core's convention; SDPA's is the opposite), the keys and values of every
+  context-parallel rank gathered first (context_parallel.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
 from ...models.attention import flash_varlen
+from .context_parallel import gathered_sequence
 
 
 class PackedCoreAttention(MegatronModule):
@@ -36,16 +38,20 @@ class PackedCoreAttention(MegatronModule):
         self.head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.context_parallel = config.context_parallel_size > 1
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **_unused):
         """query [T, B, heads, D], key/value [T, B, groups, D]; a mask [B, 1, T, T] (True = masked) or
-        packed_seq_params -> context [T, B, heads x D]."""
+        packed_seq_params -> context [T, B, heads x D]. Under context parallelism T is this rank's tokens and the
+        mask [B, 1, T, T x CP] that of context_parallel.py."""
         if attention_bias is not None:
             raise ValueError("PackedCoreAttention takes a mask or packed_seq_params, not an attention bias")
         dropout = self.dropout if self.training else 0.0
         if packed_seq_params is not None:
             return self._varlen(query, key, value, packed_seq_params, dropout)
+        if self.context_parallel:  # every rank's keys and values; the mask is context_parallel.context_mask
+            key, value = gathered_sequence(key), gathered_sequence(value)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, T, D]
         if self.num_heads != self.num_groups:
             repeat = self.num_heads // self.num_groups

@@ -30,7 +30,7 @@ class ModelFacts:
                    deepstack)
 
 
-def degree_problems(m, world_size: int, model: ModelFacts, *, has_te: bool) -> list[str]:
+def degree_problems(m, world_size: int, model: ModelFacts) -> list[str]:
     """Every problem with the degrees of `m` (a MegatronConfig) for `world_size` processes and `model`."""
     tp, pp, cp, ep = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
                       m.expert_model_parallel_size)
@@ -42,9 +42,6 @@ def degree_problems(m, world_size: int, model: ModelFacts, *, has_te: bool) -> l
     problems += _tensor_problems(m, model)
     problems += _pipeline_problems(m, model)
     problems += _expert_problems(m, world_size, model)
-    if cp > 1 and not has_te:
-        problems.append(f"context_parallel_size: {cp} needs Transformer Engine's attention, which is not installed; "
-                        "use context_parallel_size: 1")
     if m.overlap_param_gather and not m.use_distributed_optimizer:
         problems.append("overlap_param_gather: true needs use_distributed_optimizer: true; set it, or set "
                         "overlap_param_gather: false")
@@ -126,7 +123,12 @@ def unavailable_problems(m, model: ModelFacts) -> list[str]:
     or without sequence parallelism), pipeline (PP, with or without the interleaved schedule) and data parallelism
     run for dense language and vision-language models (full fine-tuning and LoRA) and for mixture-of-experts
     models, which also run expert parallelism (EP); overlap_grad_reduce for a mixture-of-experts model under TP is
-    named."""
+    named; context parallelism runs for dense models."""
+    if model.num_experts and m.context_parallel_size > 1:
+        return [f"context_parallel_size: {m.context_parallel_size} for a mixture-of-experts model is not available yet "
+                "(transformers' router load-balancing loss reads every token's router logits, which context "
+                "parallelism splits over ranks); use context_parallel_size: 1 with sequence_parallel: true or "
+                "expert_model_parallel_size to save memory"]
     if model.num_experts and m.tensor_model_parallel_size > 1 and m.overlap_grad_reduce:
         return ["overlap_grad_reduce for a mixture-of-experts model with tensor_model_parallel_size > 1 is not "
                 "available yet (the experts' gradient sums span the tensor-parallel ranks, and the overlapped sum "
@@ -141,7 +143,7 @@ def check_available(m, model: ModelFacts) -> None:
         raise ConfigError(problems)
 
 
-def check_degrees(m, world_size: int, model: ModelFacts, *, has_te: bool) -> None:
-    problems = degree_problems(m, world_size, model, has_te=has_te)
+def check_degrees(m, world_size: int, model: ModelFacts) -> None:
+    problems = degree_problems(m, world_size, model)
     if problems:
         raise ConfigError(problems)

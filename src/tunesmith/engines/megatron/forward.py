@@ -15,6 +15,7 @@ import torch
 from ...errors import TunesmithError
 from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
+from .context_parallel import context_mask, local_part
 from .sequence_parallel import gathered, scattered
 from .vision import deepstack_added, merged_embeddings
 
@@ -74,14 +75,20 @@ def padding_lookups_untrained(hidden_TBH: torch.Tensor, input_ids_BT: torch.Tens
 
 
 def _decoder(model, batch, angles) -> torch.Tensor:
-    """The decoder's output [T, B, H] (its final norm included on the last stage)."""
-    attention = attention_inputs(model, batch)
+    """The decoder's output [T, B, H] (its final norm included on the last stage); under context parallelism this
+    rank's tokens of it (context_parallel.py)."""
+    split = model.config.context_parallel_size > 1
+    attention = {"attention_mask": context_mask(batch.segment_ids_BT)} if split else attention_inputs(model, batch)
     rotary = angles.for_batch(batch)
+    rotary = local_part(rotary, 0) if split else rotary
     hidden, deepstack = None, None
     if model.pre_process:
         hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)
         hidden = padding_lookups_untrained(hidden, batch.input_ids_BT, getattr(model, "padding_idx", None))
         hidden, deepstack = merged_embeddings(model, batch, hidden)  # a vision-language model's media features
+        if split:  # this rank's tokens of the row
+            hidden = local_part(hidden, 0)
+            deepstack = deepstack and [local_part(extra, 0) for extra in deepstack]
         if model.config.sequence_parallel:  # this rank's block of the sequence (sequence_parallel.py)
             hidden = scattered(hidden)
             deepstack = deepstack and [scattered(extra) for extra in deepstack]

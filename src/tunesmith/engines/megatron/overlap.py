@@ -81,8 +81,8 @@ class OverlappedGradSum:
     """The data-parallel sum of `params`' gradients, bucket by bucket as the armed backward produces them.
     `group_of` gives a parameter's data-parallel group (an expert's: its expert-data-parallel group); every
     bucket, whatever its group, leaves in one order, so that no two ranks queue their collectives on the groups'
-    communicators in different orders. `order_group` (the data-parallel group, which holds every expert-data-
-    parallel group) agrees on that order after the first step."""
+    communicators in different orders. `order_group` (the replicas, parallel.replica_group, which hold every
+    expert-data-parallel group) agrees on that order after the first step."""
 
     def __init__(self, params: list, group_of, order_group):
         self.group_of, self.order_group = group_of, order_group

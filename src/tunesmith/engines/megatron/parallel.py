@@ -8,8 +8,9 @@ everything that happens outside a forward is the engine's, here:
     rank that writes the checkpoint;
   - experts (expert parallelism): each expert-parallel rank holds its block of the experts, loads only those
     and brings them to the first at save;
-  - gradients: summed over the data-parallel group (each rank's loss is already divided by the normaliser of
-    the whole step over every data-parallel rank, so the sum is the step's gradient), an expert's over the
+  - gradients: summed over the replicas, the data-parallel and context-parallel ranks (each rank's loss is
+    already divided by the normaliser of the whole step over every data-parallel rank, and a context-parallel
+    rank's covers its tokens, so the sum is the step's gradient), an expert's over the
     expert-data-parallel group (the ranks that hold the same experts) instead, a replicated weight
     that each tensor-parallel rank applies to its own heads only (Qwen3's query/key norms) over that group,
     and a tied embedding's two copies on the first and last pipeline stage over those two;
@@ -46,12 +47,19 @@ def tp_rank() -> int:
     return _state().get_tensor_model_parallel_rank()
 
 
-def dp_size() -> int:
-    return _state().get_data_parallel_world_size()
+def replica_group():
+    """The ranks that hold the same weights (every one a different tensor/pipeline/expert position's): the
+    data-parallel ranks and, under context parallelism, the context-parallel ranks of each (megatron-core's
+    data-parallel group with context parallelism). Gradients are summed over it, the optimizer sharded over it."""
+    return _state().get_data_parallel_group(with_context_parallel=True)
 
 
-def dp_rank() -> int:
-    return _state().get_data_parallel_rank()
+def replica_size() -> int:
+    return _state().get_data_parallel_world_size(with_context_parallel=True)
+
+
+def replica_rank() -> int:
+    return _state().get_data_parallel_rank(with_context_parallel=True)
 
 
 def ep_size() -> int:
@@ -73,16 +81,18 @@ def writes_engine_state() -> bool:
     experts)."""
     if ep_size() > 1:
         return _state().get_expert_data_parallel_rank() == 0
-    return dp_rank() == 0
+    return replica_rank() == 0
 
 
 def register_data_parallel() -> None:
-    """Tell the loop which ranks read different data: megatron-core's data-parallel group (dist.py)."""
+    """Tell the loop which ranks read different data: megatron-core's data-parallel group (dist.py); the
+    context-parallel ranks of one replica read the same rows (each computes its part of their sequence)."""
     from ... import dist
 
     state = _state()
     if tdist.get_world_size() > 1:
-        dist.set_data_parallel(state.get_data_parallel_group(), dp_rank(), dp_size())
+        dist.set_data_parallel(state.get_data_parallel_group(), state.get_data_parallel_rank(),
+                               state.get_data_parallel_world_size())
 
 
 def local_shards(full: dict, padded_vocab_size: int, num_experts: int = 0) -> dict:
@@ -140,9 +150,9 @@ def _sum_in_place(grads: list, group) -> None:
 
 
 def data_parallel_group(param):
-    """The group a parameter's gradient is summed over: the data-parallel group, an expert's the
+    """The group a parameter's gradient is summed over: the replicas (replica_group), an expert's the
     expert-data-parallel group (the ranks that hold the same experts)."""
-    return _state().get_expert_data_parallel_group() if is_expert(param) else _state().get_data_parallel_group()
+    return _state().get_expert_data_parallel_group() if is_expert(param) else replica_group()
 
 
 def overlapped_grad_sum(params: list):
@@ -150,14 +160,14 @@ def overlapped_grad_sum(params: list):
     from .overlap import OverlappedGradSum
 
     summed = [p for p in params if tdist.get_world_size(data_parallel_group(p)) > 1]
-    return OverlappedGradSum(summed, data_parallel_group, _state().get_data_parallel_group()) if summed else None
+    return OverlappedGradSum(summed, data_parallel_group, replica_group()) if summed else None
 
 
 def sum_over_data_parallel(params: list) -> None:
-    """Every gradient summed over the data-parallel group (an expert's under expert parallelism: over the
+    """Every gradient summed over the replicas (an expert's under expert parallelism: over the
     expert-data-parallel group), in flat buckets."""
     experts = [p for p in params if is_expert(p)]
-    _sum_over(_state().get_data_parallel_group(), [p for p in params if not is_expert(p)])
+    _sum_over(replica_group(), [p for p in params if not is_expert(p)])
     if experts:
         _sum_over(_state().get_expert_data_parallel_group(), experts)
 
@@ -231,7 +241,7 @@ def stages_gathered(state: dict) -> dict | None:
     state_ = _state()
     if state_.get_pipeline_model_parallel_world_size() == 1:
         return state
-    if tp_rank() != 0 or dp_rank() != 0:
+    if tp_rank() != 0 or replica_rank() != 0:
         return None
     group = state_.get_pipeline_model_parallel_group()
     parts = [None] * tdist.get_world_size(group) if state_.is_pipeline_first_stage() else None
@@ -243,11 +253,11 @@ def _counted_here(param) -> bool:
     """Whether this rank counts `param` in the gradient norm, so that the sum over all ranks counts every weight
     once: an expert on the first of the ranks that hold it (its expert-data-parallel group; the experts are whole
     on every tensor-parallel rank, build._moe_kwargs, though megatron-core marks their linears tensor-parallel);
-    any other weight on the first data-parallel replica only, a tensor-parallel shard on each of its ranks, a
+    any other weight on the first replica only, a tensor-parallel shard on each of its ranks, a
     replicated weight on tensor-parallel rank 0, a pipeline stage's copy of the tied embedding (`shared`) never."""
     if is_expert(param):
         return _state().get_expert_data_parallel_rank() == 0
-    if getattr(param, "shared", False) or dp_rank() != 0:
+    if getattr(param, "shared", False) or replica_rank() != 0:
         return False
     return bool(getattr(param, "tensor_model_parallel", False)) or tp_rank() == 0
 

@@ -34,7 +34,7 @@ def pipelined() -> bool:
 
 def hidden_shapes(micro_batches: list, hidden_size: int, sequence_blocks: int = 1) -> list[tuple[int, int, int]]:
     """The [T, B, H] hidden states each micro-batch sends between stages (megatron-core's sequence-first layout);
-    under sequence parallelism a rank's block of the sequence, T / `sequence_blocks`."""
+    under sequence or context parallelism a rank's part of the sequence, T / `sequence_blocks`."""
     return [(b.input_ids_BT.shape[1] // sequence_blocks, b.input_ids_BT.shape[0], hidden_size)
             for b in micro_batches]
 

@@ -29,6 +29,7 @@ import torch
 
 from ..base import LossFn, StepOutput, nonfinite
 from ..local_step import autocast
+from .context_parallel import cp_size, local_batch, summed_over_context
 from .forward import as_outputs, stage_forward
 from .pipeline import from_last_stage, gpipe, hidden_shapes, pipelined
 
@@ -40,6 +41,7 @@ def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
 
 def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, aux_loss, output):
     # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
+    batch = local_batch(batch) if cp_size() > 1 else batch  # this rank's tokens (context_parallel.py)
     with autocast(engine.precision, engine.device):
         outputs = as_outputs(output, loss_fn.outputs, engine.model, batch)
         if aux_loss is not None:
@@ -99,23 +101,30 @@ def local_schedule(forward_step, data_iterator, model, num_microbatches: int) ->
         (loss / num_microbatches).backward()
 
 
+def _sequence_blocks(config) -> int:
+    """How many blocks a row's sequence is cut into over the ranks: 2 per context-parallel rank
+    (context_parallel.py), each cut again over the tensor-parallel ranks under sequence parallelism."""
+    cp = config.context_parallel_size
+    return (2 * cp if cp > 1 else 1) * (config.tensor_model_parallel_size if config.sequence_parallel else 1)
+
+
 def _sequence_sized(module, micro_batches: list) -> list:
-    """Under sequence parallelism each micro-batch's rows padded to a multiple of the tensor-parallel degree
-    (sequence_parallel.py); else the micro-batches."""
-    config = module.config
-    if not config.sequence_parallel:
+    """Each micro-batch's rows padded to a multiple of _sequence_blocks (sequence_parallel.py); the micro-batches
+    as they are when the sequence is not cut."""
+    blocks = _sequence_blocks(module.config)
+    if blocks == 1:
         return micro_batches
     from .sequence_parallel import padded_rows
 
     pad_id = getattr(module, "padding_idx", None) or 0  # (its positions reach no loss: any id does)
-    return [padded_rows(b, config.tensor_model_parallel_size, pad_id) for b in micro_batches]
+    return [padded_rows(b, blocks, pad_id) for b in micro_batches]
 
 
 def _gpipe(engine, forward_step, module, micro_batches: list, *, forward_only: bool, relay=None) -> None:
     config = module.config
     overlapped = None if forward_only else engine.overlapped
-    shapes = hidden_shapes(micro_batches, config.hidden_size, config.tensor_model_parallel_size
-                           if config.sequence_parallel else 1)
+    rank_blocks = config.context_parallel_size * (config.tensor_model_parallel_size if config.sequence_parallel else 1)
+    shapes = hidden_shapes(micro_batches, config.hidden_size, rank_blocks)
     gpipe(forward_step, micro_batches, module, shapes,
           dtype=config.pipeline_dtype, device=engine.device, forward_only=forward_only,
           before_last_backward=overlapped.arm if overlapped is not None else None, relay=relay)
@@ -132,7 +141,7 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
         relay = _relay(engine, micro_batches, loss_fn.outputs)
         step = forward_step_func(engine, loss_fn, total, count, relay)
         _gpipe(engine, step, engine.model, micro_batches, forward_only=False, relay=relay)
-        return from_last_stage(total.settle())
+        return from_last_stage(summed_over_context(total, engine.device).settle())
     step = forward_step_func(engine, loss_fn, total, count)
     if engine.device.type == "cuda":
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -144,7 +153,7 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
                                     forward_only=False)
     else:
         local_schedule(step, _arming(micro_batches, engine.overlapped), engine.model, count)
-    return total.settle()
+    return summed_over_context(total, engine.device).settle()
 
 
 def _arming(micro_batches: list, overlapped):
@@ -168,8 +177,10 @@ def forward_values(engine, module, micro_batches: list, fn: LossFn) -> list:
             output = stage_forward(model, batch, fn.outputs, engine.angles)
 
         def value_func(output):
+            mine = local_batch(batch) if cp_size() > 1 else batch
             with autocast(engine.precision, engine.device):
-                values.append(fn.fn(as_outputs(output, fn.outputs, model, batch), batch))
+                value = fn.fn(as_outputs(output, fn.outputs, model, mine), mine)
+            values.append(summed_over_context(value, engine.device))
             return output.new_zeros(()), {}
         return output, value_func
 

@@ -1,11 +1,15 @@
-"""use_distributed_optimizer: the AdamW state sharded over the data-parallel ranks (ZeRO stage 1).
+"""use_distributed_optimizer: the AdamW state sharded over the ranks that hold the same weights (ZeRO stage 1).
 
-torch's ZeroRedundancyOptimizer over megatron-core's data-parallel group: each rank keeps the moments of its share
-of the parameters, updates that share after the gradients have been summed (parallel.reduce_gradients) and sends
-it to the other ranks. The same update as one AdamW per rank, with the optimizer state divided by the
-data-parallel size. A save gathers the state on the group's first rank first, so the checkpoint holds the
-plain optimizer's state_dict, as without it. Expert parallelism keeps the unsharded optimizer (its experts'
-replicas form other groups).
+torch's ZeroRedundancyOptimizer over `shard_group`: the replicas (parallel.replica_group: the data-parallel ranks,
+and under context parallelism the context-parallel ranks of each); under expert parallelism the
+expert-data-parallel group, the ranks that hold the same experts and, as every data-parallel rank, the same other
+weights (with tensor parallelism as well, no group: that one spans the tensor-parallel ranks). Each rank keeps the
+moments of its share of the parameters, updates that share after the gradients have been summed
+(parallel.reduce_gradients) and sends it to the other ranks of the group: the same update as one AdamW per rank,
+with the optimizer state divided by the group's size. Under expert parallelism every expert-parallel rank's group
+updates the weights outside the experts alike (their gradients are summed over every data-parallel rank), so they
+stay equal everywhere. A save gathers the state on the group's first rank (the rank that writes its position's
+engine state), so the checkpoint holds the plain optimizer's state_dict, as without it.
 
 overlap_param_gather: the step starts sending the updated shards and returns (`OverlappedParamGather`); each
 module waits for its own parameters just before its next forward (a forward pre-hook), so the next step's first
@@ -20,22 +24,40 @@ import torch
 from ..optim import adamw_options, parameter_groups
 
 
-def shards_optimizer(m) -> bool:
-    """Whether use_distributed_optimizer shards anything here: several data-parallel ranks, no expert parallelism."""
-    from .parallel import dp_size, ep_size
+def shard_group():
+    """The ranks the optimizer state is sharded over (module docstring); None under expert and tensor parallelism
+    together, where the expert-data-parallel group spans the tensor-parallel ranks (the experts are whole on each,
+    build._moe_kwargs), whose other weights are different shards."""
+    from megatron.core import parallel_state
 
-    return m.use_distributed_optimizer and dp_size() > 1 and ep_size() == 1
+    from .parallel import ep_size, replica_group, tp_size
+
+    if ep_size() == 1:
+        return replica_group()
+    return parallel_state.get_expert_data_parallel_group() if tp_size() == 1 else None
+
+
+def shard_count() -> int:
+    """How many ranks share the optimizer state under use_distributed_optimizer."""
+    import torch.distributed as tdist
+
+    group = shard_group()
+    return 1 if group is None else tdist.get_world_size(group)
+
+
+def shards_optimizer(m) -> bool:
+    """Whether use_distributed_optimizer shards anything here: its group has several ranks."""
+    return m.use_distributed_optimizer and shard_count() > 1
 
 
 def sharded_optimizer(model, train_cfg, *, overlap_param_gather: bool = False):
-    """AdamW (foreach: the step clips with a separate scale, parallel.py) sharded over the data-parallel group;
-    with overlap_param_gather the updated shards arrive during the next forward."""
-    from megatron.core import parallel_state
+    """AdamW (foreach: the step clips with a separate scale, parallel.py) sharded over shard_group; with
+    overlap_param_gather the updated shards arrive during the next forward."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     kind = _overlapped_class() if overlap_param_gather else ZeroRedundancyOptimizer
     optimizer = kind(parameter_groups(model, train_cfg), optimizer_class=torch.optim.AdamW,
-                     process_group=parallel_state.get_data_parallel_group(), **adamw_options(train_cfg))
+                     process_group=shard_group(), **adamw_options(train_cfg))
     if overlap_param_gather:
         optimizer.wait_in_forwards(model)
     return optimizer
@@ -88,7 +110,7 @@ def settle_params(optimizer) -> None:
 
 
 def gather_state(optimizer) -> None:
-    """Bring a sharded optimizer's state to the data-parallel group's first rank, which writes it (collective over
+    """Bring a sharded optimizer's state to its group's first rank, which writes it (collective over
     the group); nothing for an unsharded one."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
