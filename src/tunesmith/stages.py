@@ -42,11 +42,6 @@ class Stage:
         return self.data_kind in ("pairs", "unpaired")
 
     @property
-    def loss_adds_over_tokens(self) -> bool:
-        """The loss is a sum of per-token terms (next-token cross-entropy): any split of a row's tokens adds up."""
-        return self.method == "sft:SFTMethod"
-
-    @property
     def is_online_rl(self) -> bool:
         return self.steps == "rollout"
 

@@ -302,6 +302,35 @@ def test_megatron_context_parallel_gives_the_single_engines_run_and_resumes(tmp_
         assert _losses(tmp_path / name) == pytest.approx(_losses(tmp_path / "single"), rel=1e-5), name
 
 
+@pytest.mark.slow
+def test_megatron_context_parallel_trains_dpo_a_reward_model_and_qwen3_moe(tmp_path, monkeypatch):
+    """context_parallel_size=2 (2 gloo processes) for losses of whole sequences: DPO (policy and frozen reference) reads
+    the whole rows' logits, a reward model the whole rows' token scores; the single engine's losses and gradient
+    norms (a weight applied after the gather, as the score head, would count twice in the sum over the ranks).
+    Qwen3-MoE: the router loss over both ranks' router logits; the one-process run's losses, router loss, gradient
+    norms and weights (each micro-batch its own forward, as over several processes)."""
+    from test_distributed import _two_ranks
+
+    common = [*BASE, "dataset=dpo_demo", "finetuning_type=full", "max_samples=32", "logging_steps=1",
+              "learning_rate=1e-4", "max_steps=3", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
+              "save_strategy=no", "save_final_model=false"]
+    moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe") for c in TWO_RANKS] + ["per_device_train_batch_size=2",
+                                                                            "save_strategy=no"]
+    for stage in ("dpo", "rm"):
+        cli("train", *common, f"stage={stage}", "backend=single", f"output_dir={tmp_path / stage}")
+    cli("train", *moe, "merge_micro_batches=false", f"output_dir={tmp_path / 'moe'}", env=MCA)
+    _two_ranks(monkeypatch)
+    runs = {"dpo": [*common, "stage=dpo"], "rm": [*common, "stage=rm"], "moe": moe}
+    for name, keys in runs.items():
+        out = tmp_path / f"{name}_cp2"
+        cli("train", *keys, "context_parallel_size=2", f"output_dir={out}", env=MCA)
+        assert len(_losses(out)) >= 3 and (name != "moe" or any("aux_loss" in m for m in metrics(out)))
+        for key in ("loss", "grad_norm", "aux_loss"):
+            ours, theirs = ([m[key] for m in metrics(run) if key in m] for run in (out, tmp_path / name))
+            assert len(ours) == len(theirs) and ours == pytest.approx(theirs, rel=1e-4), (name, key)
+    _same_weights(tmp_path / "moe_cp2", tmp_path / "moe")
+
+
 def _four_layers(arch: str, folder: Path) -> Path:
     """The tiny `arch` with 4 decoder layers (2 stages x 2 virtual stages: a layer each), random; a text model with
     a tied embedding."""

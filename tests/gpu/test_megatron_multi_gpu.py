@@ -1,5 +1,6 @@
 """Two GPUs (issue 19): the Megatron engine with TP=2, PP=2 and DP=2 against FSDP2 on the same two GPUs, same
-Hugging Face initialisation and data, 20 optimiser steps of full SFT in bf16: every step's loss within 1% relative;
+Hugging Face initialisation and data, 20 optimiser steps of full SFT in bf16: every step's loss within 1% relative
+(and context parallelism, CP=2, the same way);
 for a Qwen3 text shape, for test_megatron_parity's Qwen3-VL shape (every part trained, mllm_demo), and for its
 Qwen3-MoE shape with expert parallelism (EP=2) and with the experts data-parallel (DP=2).
 
@@ -50,6 +51,7 @@ LAYOUTS = {  # 8 samples per optimiser step in each
     "tp2_sp": ("tensor_model_parallel_size=2", "sequence_parallel=true", "per_device_train_batch_size=4"),
     "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),
+    "cp2": ("context_parallel_size=2", "per_device_train_batch_size=4"),  # each GPU two blocks of every row
 }
 # the interleaved schedule (dense language models): each GPU two chunks of one layer
 TEXT_LAYOUTS = {**LAYOUTS, "pp2_vpp2": ("pipeline_model_parallel_size=2", "virtual_pipeline_model_parallel_size=2",
@@ -62,6 +64,7 @@ MOE_LAYOUTS = {
     "pp2": ("pipeline_model_parallel_size=2", "per_device_train_batch_size=4"),  # the router logits' relay
     "tp2_sp": ("tensor_model_parallel_size=2", "sequence_parallel=true", "per_device_train_batch_size=4"),
     "dp2": ("per_device_train_batch_size=2",),
+    "cp2": ("context_parallel_size=2", "per_device_train_batch_size=4"),  # the router loss over both GPUs' tokens
 }
 if DRY_RUN:  # on the CPU: megatron-core's all-to-all dispatcher creates a CUDA stream when it is built
     del MOE_LAYOUTS["ep2_alltoall"]

@@ -13,9 +13,6 @@ from ..stages import STAGES
 # The stages the Megatron engine trains: pt, sft, the preference stages and reward models (a score head in place
 # of the LM head); online RL's rollouts are not wired up on it.
 MEGATRON_STAGES = tuple(s.name for s in STAGES.values() if not s.is_online_rl)
-# The stages whose loss adds up over tokens, which context parallelism splits over ranks (a pair's or a sequence's
-# loss would need every rank's part of the sequence first).
-CONTEXT_PARALLEL_STAGES = tuple(s.name for s in STAGES.values() if s.loss_adds_over_tokens)
 # Bridge-style defaults (true) that change nothing on one process nor on the other backends.
 _NO_EFFECT_ELSEWHERE = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
 
@@ -35,12 +32,6 @@ def megatron_problems(cfg) -> list[str]:
         if STAGES[cfg.finetune.stage].reward_head:
             problems.append(f"stage {cfg.finetune.stage} with finetuning_type: lora is not available on backend: "
                             "megatron; use finetuning_type: full, or backend: single / fsdp2 for a LoRA reward model")
-    if cfg.megatron.context_parallel_size > 1 and cfg.finetune.stage not in CONTEXT_PARALLEL_STAGES:
-        problems.append(f"context_parallel_size: {cfg.megatron.context_parallel_size} with stage "
-                        f"{cfg.finetune.stage} is not available yet (it runs stages "
-                        f"{', '.join(CONTEXT_PARALLEL_STAGES)}, whose loss is a sum over tokens); use "
-                        "context_parallel_size: 1 (with tensor or pipeline parallelism, or recompute_granularity: full, "
-                        "to fit long sequences)")
     if cfg.model.fp16:
         problems.append("fp16: true on backend: megatron: use bf16: true (fp16 loss scaling is not wired up)")
     if cfg.model.enable_liger_kernel:

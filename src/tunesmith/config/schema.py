@@ -232,7 +232,7 @@ class MegatronConfig(_Group):
                                     "tensor-parallel group (needs tensor_model_parallel_size > 1; a mixture-of-experts "
                                     "model under tensor parallelism needs it); CUDA GPUs only (docs/megatron.md).")
     context_parallel_size: int = Field(1, ge=1, description="megatron: context-parallel degree (splits each row's "
-                                       "sequence over ranks; stages pt and sft, dense models; docs/megatron.md).")
+                                       "sequence over ranks; torch-native attention; docs/megatron.md).")
     expert_model_parallel_size: int = Field(1, ge=1, description="megatron: expert-parallel degree (MoE models).")
     use_distributed_optimizer: bool = Field(False, description="megatron: shard optimizer states over data-parallel "
                                             "ranks (ZeRO-1; no effect on one process or under expert parallelism).")

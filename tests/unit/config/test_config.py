@@ -55,11 +55,6 @@ def test_use_mca_env_selects_megatron(monkeypatch):
     assert build_config(None, {"dataset": "x"}).train.backend == "megatron"  # LoRA, the default, runs there too
     with pytest.raises(ConfigError, match="finetuning_type: freeze is not available on backend: megatron"):
         build_config(None, {"dataset": "x", "finetuning_type": "freeze"})
-    # context parallelism: the stages whose loss is a sum over tokens
-    pt = build_config(None, {"dataset": "x", "stage": "pt", "context_parallel_size": 2})
-    assert pt.megatron.context_parallel_size == 2
-    with pytest.raises(ConfigError, match="context_parallel_size: 2 with stage dpo is not available yet"):
-        build_config(None, {"dataset": "x", "stage": "dpo", "context_parallel_size": 2})
 
 
 def test_saved_config_redacts_secrets(tmp_path):

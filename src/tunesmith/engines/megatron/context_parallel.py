@@ -8,13 +8,18 @@ load balancing (under a causal mask a late block attends to more keys than an ea
 - each attention layer gathers every rank's keys and values (their gradients summed back to the rank that made
   them) and lets this rank's queries see the keys of their own sample at or before their position: a mask from the
   row's segment ids (`context_mask`) for PyTorch's SDPA, on every device;
-- the rest (norms, MLP, output layer, the loss) is per token, on this rank's tokens.
-Each rank's loss sums its tokens' NLL over the step's label tokens (the whole rows'), so the context-parallel ranks'
-losses add up to the step loss (`summed_over_context`) and their gradients, summed with the data-parallel ranks'
-(parallel.replica_group), to the step's gradient. The context-parallel ranks of one data-parallel replica read the
-same rows (parallel.register_data_parallel).
+- the rest (norms, MLP, output layer) is per token, on this rank's tokens;
+- a loss that is a sum over tokens (pt, sft: `splits_loss`) is computed by each rank over its tokens, normalised
+  by the step's label tokens (the whole rows'), so the ranks' losses add up to the step loss
+  (`summed_over_context`); any other loss (a sequence's log-probability, a reward at the last token) reads the
+  whole rows' logits or token scores (`whole_sequence`), the same on every rank, each rank taking back the
+  gradient of its own tokens.
+Either way the ranks' gradients, summed with the data-parallel ranks' (parallel.replica_group), are the step's.
+The context-parallel ranks of one data-parallel replica read the same rows (parallel.register_data_parallel).
 
-Activations per rank drop by the degree, except attention's gathered keys and values and its [B, T / CP, T] mask.
+Activations per rank drop by the degree, except attention's gathered keys and values and its [B, T / CP, T] mask
+(and the whole rows' logits where a loss reads them). A mixture-of-experts model's router loss reads every rank's
+router logits (`router_loss_share`).
 """
 
 from __future__ import annotations
@@ -95,9 +100,52 @@ class _GatheredSequence(torch.autograd.Function):
         return grad[start:start + ctx.length].clone()
 
 
+class _WholeSequence(torch.autograd.Function):
+    """Every context-parallel rank's tokens of a tensor put back in the row's order along `dim`; backward: this rank's
+    tokens of the gradient (every rank computes the same function of the whole, so each keeps its own part)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        group = _state().get_context_parallel_group()
+        pieces = [torch.empty_like(tensor) for _ in range(tdist.get_world_size(group))]
+        tdist.all_gather(pieces, tensor.contiguous(), group=group)
+        ranked = torch.cat(pieces, dim=dim)
+        blocks = block_positions(ranked.shape[dim], len(pieces)).to(ranked.device)
+        ctx.dim, ctx.mine = dim, blocks[cp_rank()]
+        return ranked.index_select(dim, torch.argsort(blocks.flatten()))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.index_select(ctx.dim, ctx.mine), None
+
+
+def whole_sequence(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    """This rank's tokens of `tensor` along `dim` -> the whole row's, in order (context_parallel.py's module
+    docstring: outputs a loss reads as a whole, logits for a sequence's log-probability, a reward head's hidden
+    states)."""
+    return _WholeSequence.apply(tensor, dim)
+
+
 def gathered_sequence(tensor_TX: torch.Tensor) -> torch.Tensor:
     """Keys or values [T / CP, ...] of every context-parallel rank -> [T, ...] (context_mask's key order)."""
     return _GatheredSequence.apply(tensor_TX)
+
+
+def router_loss_share(loss_of, layers: list) -> torch.Tensor:
+    """transformers' router load-balancing loss, `loss_of(layers)`, over every context-parallel rank's tokens: each
+    layer's router logits [tokens, experts] gathered (the loss reads them as a set of tokens: their order does not
+    matter) and the loss divided by the degree, since every rank computes it and the ranks' losses are summed; the
+    gather sums the ranks' gradients back, so each rank's logits get the whole loss's gradient."""
+    if cp_size() == 1:
+        return loss_of(layers)
+    return loss_of([gathered_sequence(logits) for logits in layers]) / cp_size()
+
+
+def splits_loss(kind: str) -> bool:
+    """Whether each context-parallel rank computes its tokens' share of the loss (a sum over tokens: "nll", which
+    methods read with the targets); otherwise the outputs are made whole first (whole_sequence) and every rank
+    computes the same loss of them."""
+    return kind == "nll" and cp_size() > 1
 
 
 def summed_over_context(out, device: torch.device):

@@ -120,15 +120,10 @@ _FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configu
 
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP, with
-    or without sequence parallelism), pipeline (PP, with or without the interleaved schedule) and data parallelism
-    run for dense language and vision-language models (full fine-tuning and LoRA) and for mixture-of-experts
-    models, which also run expert parallelism (EP); overlap_grad_reduce for a mixture-of-experts model under TP is
-    named; context parallelism runs for dense models."""
-    if model.num_experts and m.context_parallel_size > 1:
-        return [f"context_parallel_size: {m.context_parallel_size} for a mixture-of-experts model is not available yet "
-                "(transformers' router load-balancing loss reads every token's router logits, which context "
-                "parallelism splits over ranks); use context_parallel_size: 1 with sequence_parallel: true or "
-                "expert_model_parallel_size to save memory"]
+    or without sequence parallelism), pipeline (PP, with or without the interleaved schedule), context (CP) and
+    data parallelism run for dense language and vision-language models (full fine-tuning and LoRA) and for
+    mixture-of-experts models, which also run expert parallelism (EP); overlap_grad_reduce for a mixture-of-experts
+    model under TP is named."""
     if model.num_experts and m.tensor_model_parallel_size > 1 and m.overlap_grad_reduce:
         return ["overlap_grad_reduce for a mixture-of-experts model with tensor_model_parallel_size > 1 is not "
                 "available yet (the experts' gradient sums span the tensor-parallel ranks, and the overlapped sum "

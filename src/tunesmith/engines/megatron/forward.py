@@ -15,7 +15,7 @@ import torch
 from ...errors import TunesmithError
 from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
-from .context_parallel import context_mask, local_part
+from .context_parallel import context_mask, local_part, whole_sequence
 from .sequence_parallel import gathered, scattered
 from .vision import deepstack_added, merged_embeddings
 
@@ -108,14 +108,17 @@ def lm_forward(model, batch, angles) -> torch.Tensor:
 
 def reward_forward(model, batch, angles) -> torch.Tensor:
     """A reward model's scalar per row [B]: the score head at the row's last real token (models/forward.py's
-    sequence_rewards), or the hidden states for the next pipeline stage."""
+    sequence_rewards), or the hidden states for the next pipeline stage. The head scores every token, as
+    transformers' sequence classifier does; under context parallelism this rank's tokens, whose scores are then made
+    the whole rows' (so the head's gradient comes from this rank's tokens only, as every other weight's)."""
     hidden = _decoder(model, batch, angles)
     if not model.post_process:
         return hidden
-    hidden_BTH = (gathered(hidden) if model.config.sequence_parallel else hidden).transpose(0, 1)
+    hidden = gathered(hidden) if model.config.sequence_parallel else hidden
+    scores_TB = model.score(hidden).squeeze(-1)
+    scores_TB = whole_sequence(scores_TB, 0) if model.config.context_parallel_size > 1 else scores_TB
     last = last_token_index(batch.segment_ids_BT)
-    picked = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=hidden_BTH.device), last]
-    return model.score(picked).squeeze(-1).float()
+    return scores_TB[last, torch.arange(scores_TB.shape[1], device=scores_TB.device)].float()
 
 
 def stage_forward(model, batch, kind: str, angles) -> torch.Tensor:
@@ -131,14 +134,17 @@ def stage_forward(model, batch, kind: str, angles) -> torch.Tensor:
 def as_outputs(tensor: torch.Tensor, kind: str, model, batch) -> ModelOutputs:
     """The last stage's tensor as the outputs a method expects on every engine; a tensor-parallel output layer's
     logits (a block of the vocabulary per rank) become the summed NLL ("nll") or the gathered logits
-    (vocab_parallel.py)."""
+    (vocab_parallel.py); under context parallelism "nll" stays this rank's tokens' (`batch` is their part) and
+    logits become the whole rows'."""
     if kind == "rewards":
         return ModelOutputs(rewards_B=tensor)
-    if model.config.tensor_model_parallel_size == 1:
-        return ModelOutputs(logits_BTV=tensor)
-    from .vocab_parallel import gathered_logits, vocab_parallel_nll
+    if model.config.tensor_model_parallel_size > 1:
+        from .vocab_parallel import gathered_logits, vocab_parallel_nll
 
-    if kind == "nll":
-        return ModelOutputs(nll_sum=vocab_parallel_nll(tensor, batch.targets_BT, model.hf_vocab_size).sum())
-    return ModelOutputs(logits_BTV=gathered_logits(tensor, model.hf_vocab_size))
+        if kind == "nll":
+            return ModelOutputs(nll_sum=vocab_parallel_nll(tensor, batch.targets_BT, model.hf_vocab_size).sum())
+        tensor = gathered_logits(tensor, model.hf_vocab_size)
+    if kind != "nll" and model.config.context_parallel_size > 1:  # the whole rows' logits (context_parallel.py)
+        tensor = whole_sequence(tensor, 1)
+    return ModelOutputs(logits_BTV=tensor)
 

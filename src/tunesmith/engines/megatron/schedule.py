@@ -29,7 +29,7 @@ import torch
 
 from ..base import LossFn, StepOutput, nonfinite
 from ..local_step import autocast
-from .context_parallel import cp_size, local_batch, summed_over_context
+from .context_parallel import local_batch, router_loss_share, splits_loss, summed_over_context
 from .forward import as_outputs, stage_forward
 from .pipeline import from_last_stage, gpipe, hidden_shapes, pipelined
 
@@ -41,7 +41,7 @@ def scheduled_loss(loss: torch.Tensor, num_microbatches: int) -> torch.Tensor:
 
 def _loss_func(engine, loss_fn: LossFn, batch, total: StepOutput, num_microbatches: int, aux_loss, output):
     # under the same autocast as the forward, as the other engines compute the loss (cross-entropy in fp32)
-    batch = local_batch(batch) if cp_size() > 1 else batch  # this rank's tokens (context_parallel.py)
+    batch = local_batch(batch) if splits_loss(loss_fn.outputs) else batch  # this rank's tokens (context_parallel.py)
     with autocast(engine.precision, engine.device):
         outputs = as_outputs(output, loss_fn.outputs, engine.model, batch)
         if aux_loss is not None:
@@ -74,7 +74,7 @@ def _forward_with_aux(engine, model, batch, kind: str, relay=None):
     with recorded_router_logits(model) as router_logits:
         output = stage_forward(model, batch, kind, engine.angles)
     layers = router_logits if relay is None else relay.layers(router_logits)
-    return output, None if layers is None else engine.balancing.loss(layers)
+    return output, None if layers is None else router_loss_share(engine.balancing.loss, layers)
 
 
 def _balances(engine, kind: str) -> bool:
@@ -89,7 +89,8 @@ def _relay(engine, micro_batches: list, kind: str):
     from .router_relay import RouterLogitsRelay
 
     dtype = torch.float32 if engine.precision == "fp32" else torch.bfloat16  # the routers' logits: compute dtype
-    return RouterLogitsRelay([b.input_ids_BT.numel() for b in micro_batches], engine.router_counts,
+    cp = engine.model.config.context_parallel_size  # each rank routes its part of the rows (context_parallel.py)
+    return RouterLogitsRelay([b.input_ids_BT.numel() // cp for b in micro_batches], engine.router_counts,
                              engine.balancing.num_experts, dtype, engine.device)
 
 
@@ -141,7 +142,7 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
         relay = _relay(engine, micro_batches, loss_fn.outputs)
         step = forward_step_func(engine, loss_fn, total, count, relay)
         _gpipe(engine, step, engine.model, micro_batches, forward_only=False, relay=relay)
-        return from_last_stage(summed_over_context(total, engine.device).settle())
+        return from_last_stage(_whole_step(total, loss_fn, engine).settle())
     step = forward_step_func(engine, loss_fn, total, count)
     if engine.device.type == "cuda":
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -153,7 +154,13 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
                                     forward_only=False)
     else:
         local_schedule(step, _arming(micro_batches, engine.overlapped), engine.model, count)
-    return summed_over_context(total, engine.device).settle()
+    return _whole_step(total, loss_fn, engine).settle()
+
+
+def _whole_step(total: StepOutput, loss_fn: LossFn, engine) -> StepOutput:
+    """The step's sums over every token: under context parallelism with a loss split over the ranks' tokens, the
+    ranks' shares added up (context_parallel.py)."""
+    return summed_over_context(total, engine.device) if splits_loss(loss_fn.outputs) else total
 
 
 def _arming(micro_batches: list, overlapped):
@@ -177,10 +184,11 @@ def forward_values(engine, module, micro_batches: list, fn: LossFn) -> list:
             output = stage_forward(model, batch, fn.outputs, engine.angles)
 
         def value_func(output):
-            mine = local_batch(batch) if cp_size() > 1 else batch
+            split = splits_loss(fn.outputs)
+            mine = local_batch(batch) if split else batch
             with autocast(engine.precision, engine.device):
                 value = fn.fn(as_outputs(output, fn.outputs, model, mine), mine)
-            values.append(summed_over_context(value, engine.device))
+            values.append(summed_over_context(value, engine.device) if split else value)
             return output.new_zeros(()), {}
         return output, value_func
 
