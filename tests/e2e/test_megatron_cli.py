@@ -489,29 +489,49 @@ def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_p
     assert _losses(resumed)[-2:] == pytest.approx(_losses(ep2)[2:], rel=1e-6)
 
 
+def _same_optimizer_state(ckpt: Path, plain: Path) -> None:
+    """Every engine state in checkpoint `ckpt` holds the plain optimizer's (checkpoint `plain`): the same parameters'
+    moments, numbered alike."""
+    names = sorted(p.name for p in ckpt.glob("engine_state*.pt"))
+    assert names and names == sorted(p.name for p in plain.glob("engine_state*.pt"))
+    for name in names:
+        ours, theirs = (torch.load(folder / name, weights_only=True)["optimizer"] for folder in (ckpt, plain))
+        assert ours["state"].keys() == theirs["state"].keys() and len(ours["state"]) > 0
+        assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in theirs["param_groups"]]
+        for index, moments in ours["state"].items():
+            torch.testing.assert_close(moments["exp_avg_sq"], theirs["state"][index]["exp_avg_sq"], rtol=1e-5,
+                                       atol=1e-12)
+
+
 @pytest.mark.slow
-def test_megatron_distributed_optimizer_under_expert_parallelism_shards_over_the_ranks_with_the_same_experts(
-        tmp_path, monkeypatch):
-    """Qwen3-MoE, EP=2 over 4 gloo processes (DP=4: two ranks hold each half of the experts): use_distributed_optimizer
-    shards the state over those two (the expert-data-parallel group) and gives the unsharded run's losses and weights;
-    its checkpoint (one engine state per expert-parallel rank, in the plain format) resumes exactly."""
+def test_megatron_distributed_optimizer_under_expert_parallelism_shards_dense_and_expert_state(tmp_path, monkeypatch):
+    """Qwen3-MoE with expert_model_parallel_size=2 (gloo processes): use_distributed_optimizer shards the state of the
+    weights outside the experts over the data-parallel ranks and the experts' over the ranks that hold the same
+    experts. Over 4 processes (DP=4: two ranks hold each half of the experts) with overlap_param_gather, and over 2
+    (DP=2: no expert replica, so only the other weights' state is sharded): the unsharded run's losses, weights and
+    saved optimizer state (one engine state per expert-parallel rank, in the plain format); an exact resume."""
     from test_distributed import _two_ranks
 
     moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe").replace("neat_packing=true", "packing=false")
-           for c in TWO_RANKS] + ["per_device_train_batch_size=1", "expert_model_parallel_size=2"]
+           for c in TWO_RANKS] + ["per_device_train_batch_size=1", "expert_model_parallel_size=2", "save_steps=2"]
     _two_ranks(monkeypatch)
     _cpu_comms(monkeypatch)
-    monkeypatch.setenv("NPROC_PER_NODE", "4")
-    plain, sharded, resumed = tmp_path / "plain", tmp_path / "sharded", tmp_path / "resumed"
-    cli("train", *moe, "save_strategy=no", f"output_dir={plain}", env=MCA)
-    zero = [*moe, "use_distributed_optimizer=true"]
-    proc = cli("train", *zero, "save_steps=2", f"output_dir={sharded}", env=MCA)
-    assert "sharded over the 2 expert-data-parallel ranks" in _said(proc)
-    assert len(_losses(sharded)) == 4 and _losses(sharded) == pytest.approx(_losses(plain), rel=1e-6)
-    _same_weights(sharded, plain)
-    cli("train", *zero, "save_strategy=no", f"output_dir={resumed}",
-        f"resume_from_checkpoint={sharded / 'checkpoint-2'}", env=MCA)
-    assert _losses(resumed)[-2:] == pytest.approx(_losses(sharded)[2:], rel=1e-6)
+    layouts = {"4": (["use_distributed_optimizer=true", "overlap_param_gather=true"],
+                     "the experts' over the 2 ranks that hold the same experts"),
+               "2": (["use_distributed_optimizer=true"], "the experts' not: no two ranks hold the same experts")}
+    for processes, (zero, said) in layouts.items():
+        monkeypatch.setenv("NPROC_PER_NODE", processes)
+        plain, sharded = tmp_path / f"plain{processes}", tmp_path / f"sharded{processes}"
+        cli("train", *moe, f"output_dir={plain}", env=MCA)
+        proc = cli("train", *moe, *zero, f"output_dir={sharded}", env=MCA)
+        assert f"sharded over the {processes} data-parallel ranks ({said})" in _said(proc)
+        assert len(_losses(sharded)) == 4 and _losses(sharded) == pytest.approx(_losses(plain), rel=1e-6)
+        _same_weights(sharded, plain)
+        _same_optimizer_state(sharded / "checkpoint-2", plain / "checkpoint-2")
+        resumed = tmp_path / f"resumed{processes}"
+        cli("train", *moe, *zero, f"output_dir={resumed}", f"resume_from_checkpoint={sharded / 'checkpoint-2'}",
+            env=MCA)
+        assert _losses(resumed)[-2:] == pytest.approx(_losses(sharded)[2:], rel=1e-6)
 
 
 @pytest.mark.slow

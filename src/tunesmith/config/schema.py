@@ -235,7 +235,8 @@ class MegatronConfig(_Group):
                                        "sequence over ranks; torch-native attention; docs/megatron.md).")
     expert_model_parallel_size: int = Field(1, ge=1, description="megatron: expert-parallel degree (MoE models).")
     use_distributed_optimizer: bool = Field(False, description="megatron: shard optimizer states over data-parallel "
-                                            "ranks (ZeRO-1; no effect on one process or under expert parallelism).")
+                                            "ranks (ZeRO-1; an MoE model's experts over the ranks that hold them; no "
+                                            "effect on one process).")
     overlap_grad_reduce: bool = Field(False, description="megatron: start the data-parallel gradient sum during "
                                       "the backward pass (no effect on one process).")
     overlap_param_gather: bool = Field(False, description="megatron: the sharded optimizer's updated parameter "

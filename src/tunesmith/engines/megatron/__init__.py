@@ -20,6 +20,7 @@ Modules, one concern each:
   pipeline.py  the schedule over pipeline stages on any device (gpipe), the last stage's results to every stage
   schedule.py  the micro-batch schedule and the loss scale it needs
   zero.py      use_distributed_optimizer: the optimizer state sharded over the data- (and context-) parallel ranks
+  expert_zero.py  use_distributed_optimizer under expert parallelism: other weights and experts over their replicas
   overlap.py   overlap_grad_reduce: the data-parallel gradient sum started in the step's last backward
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.
@@ -66,37 +67,38 @@ def _attention_kernel(device: torch.device, precision: str) -> str:
 def _log_optimizer_keys(m) -> None:
     """mcore_adapter's YAMLs set these; over several data-parallel ranks they save memory or time, not change
     numbers. use_distributed_optimizer shards the optimizer state and overlap_param_gather lets its parameter sends
-    run into the next forward (zero.py), overlap_grad_reduce starts the gradient sum in the backward (overlap.py);
-    what has no effect is said once."""
+    run into the next forward (zero.py, expert_zero.py), overlap_grad_reduce starts the gradient sum in the backward
+    (overlap.py)."""
     from .parallel import replica_size
-    from .zero import shard_count, shards_optimizer
+    from .zero import shards_optimizer
 
     if replica_size() == 1:
         return
     if shards_optimizer(m):
-        over = ("expert-data-parallel ranks (the ranks that hold the same experts)" if m.expert_model_parallel_size > 1
-                else "data-parallel and context-parallel ranks" if m.context_parallel_size > 1
-                else "data-parallel ranks")
         log.info("Megatron: use_distributed_optimizer: the optimizer state is sharded over the %d %s (ZeRO-1)",
-                 shard_count(), over)
+                 replica_size(), _sharded_over(m))
     if m.overlap_grad_reduce:
         log.info("Megatron: overlap_grad_reduce: the data-parallel gradient sum starts bucket by bucket in the "
                  "step's last backward")
     if m.overlap_param_gather and shards_optimizer(m):
         log.info("Megatron: overlap_param_gather: the updated parameter shards arrive during the next forward, "
                  "each layer waiting for its own")
-    ignored = []
-    if m.use_distributed_optimizer and not shards_optimizer(m):  # with DP > 1: under expert parallelism
-        why = ("with tensor parallelism the ranks that hold the same experts hold different tensor-parallel shards of "
-               "the other weights" if m.tensor_model_parallel_size > 1 else
-               "expert_model_parallel_size equals the data-parallel size, so no two ranks hold the same experts")
-        ignored.append(f"use_distributed_optimizer ({why}; under expert parallelism it shards over the ranks that "
-                       "hold the same weights, with tensor_model_parallel_size 1 and a data-parallel size a larger "
-                       "multiple of expert_model_parallel_size)")
-        if m.overlap_param_gather:
-            ignored.append("overlap_param_gather (it overlaps the sharded optimizer's parameter sends)")
-    if ignored:
-        log.info("Megatron: accepted without effect: %s", "; ".join(ignored))
+
+
+def _sharded_over(m) -> str:
+    """Which ranks share the optimizer state (zero.py), in words."""
+    if m.context_parallel_size > 1:
+        ranks = "data-parallel and context-parallel ranks"
+    else:
+        ranks = "data-parallel ranks"
+    if m.expert_model_parallel_size == 1:
+        return ranks
+    from megatron.core import parallel_state
+
+    holders = parallel_state.get_expert_data_parallel_world_size()
+    experts = (f"the experts' over the {holders} ranks that hold the same experts" if holders > 1 else
+               "the experts' not: no two ranks hold the same experts")
+    return f"{ranks} ({experts})"
 
 
 def _check_device(m, device: torch.device, precision: str, *, experts: int = 0) -> None:
@@ -136,13 +138,19 @@ def _degrees(m) -> str:
 
 
 def _optimizer(model, cfg, device: torch.device):
-    """AdamW over this rank's parameters, sharded over the data-parallel ranks with use_distributed_optimizer."""
-    from ..optim import build_optimizer
-    from .zero import sharded_optimizer, shards_optimizer
+    """AdamW over this rank's parameters, sharded over their replicas with use_distributed_optimizer (zero.py,
+    expert_zero.py)."""
+    from ..optim import build_optimizer, parameter_groups
+    from .expert_zero import DenseAndExperts
+    from .parallel import ep_size, replica_group
+    from .zero import shards_optimizer, zero_optimizer
 
-    if shards_optimizer(cfg.megatron):
-        return sharded_optimizer(model, cfg.train, overlap_param_gather=cfg.megatron.overlap_param_gather)
-    return build_optimizer(model, cfg.train, device)
+    if not shards_optimizer(cfg.megatron):
+        return build_optimizer(model, cfg.train, device)
+    groups, overlapped = parameter_groups(model, cfg.train), cfg.megatron.overlap_param_gather
+    if ep_size() > 1:  # the experts' replicas form other groups
+        return DenseAndExperts(groups, model, cfg.train, overlap_param_gather=overlapped)
+    return zero_optimizer(groups, replica_group(), model, cfg.train, overlap_param_gather=overlapped)
 
 
 def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):

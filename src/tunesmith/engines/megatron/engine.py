@@ -44,7 +44,7 @@ from .schedule import forward_values, run_forward_backward
 from .shards import shard
 from .stages import chunks_of, model_names, stage_state
 from .vision import hf_vision_tower, tower_of
-from .zero import drop_gathered_state, gather_state, settle_params
+from .zero import settle_params, whole_optimizer_state
 from .weights import family_map, language_config
 from .weights.layers import Shape
 
@@ -133,6 +133,7 @@ class MegatronEngine:
         self.overlapped = None  # overlap_grad_reduce: the data-parallel sum the last backward starts (overlap.py)
         # MoE over pipeline stages: each stage's number of routers, for the router logits' relay (router_relay.py)
         self.router_counts = stage_router_counts(model) if self.balancing is not None and pipelined() else None
+        self.writes_state = writes_engine_state()  # this rank writes its position's engine state (collective)
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return run_forward_backward(self, micro_batches, loss_fn)
@@ -162,13 +163,12 @@ class MegatronEngine:
         return step_of(self, total_norm=grad_norm)
 
     def save(self, path: Path) -> None:
-        """The optimizer and schedule of this rank's shards (the data-parallel replicas hold the same: the first
-        writes them)."""
-        gather_state(self.optimizer)  # use_distributed_optimizer: the shards to the first data-parallel rank
-        if writes_engine_state():
-            write_torch_file({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+        """The optimizer and schedule of this rank's shards (the ranks at the same tensor/pipeline/expert-parallel
+        position hold the same: the first writes them, parallel.writes_engine_state)."""
+        optimizer = whole_optimizer_state(self.optimizer, self.writes_state)  # a sharded one's shards gathered
+        if self.writes_state:
+            write_torch_file({"optimizer": optimizer, "scheduler": self.scheduler.state_dict()},
                              Path(path) / engine_state_file())
-        drop_gathered_state(self.optimizer)
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))

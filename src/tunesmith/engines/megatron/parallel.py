@@ -76,12 +76,16 @@ def is_expert(param) -> bool:
 
 
 def writes_engine_state() -> bool:
-    """Whether this rank writes its position's optimizer state: the first of the replicas that hold the same
-    shards (data-parallel ranks; under expert parallelism the expert-data-parallel ranks, which hold the same
-    experts)."""
-    if ep_size() > 1:
-        return _state().get_expert_data_parallel_rank() == 0
-    return replica_rank() == 0
+    """Whether this rank writes its position's optimizer state (collective over every rank: the engine asks once):
+    the first (lowest global rank) of the ranks at its tensor-, pipeline- and expert-parallel position, which hold
+    the same shards and experts. (Under expert and tensor parallelism together the expert-data-parallel group spans
+    the tensor-parallel ranks, so its first rank is not one per position.)"""
+    if not tdist.is_initialized() or tdist.get_world_size() == 1:
+        return True
+    position = (tp_rank(), _state().get_pipeline_model_parallel_rank(), ep_rank() if ep_size() > 1 else 0)
+    everyone = [None] * tdist.get_world_size()
+    tdist.all_gather_object(everyone, (position, tdist.get_rank()))
+    return min(rank for where, rank in everyone if where == position) == tdist.get_rank()
 
 
 def register_data_parallel() -> None:

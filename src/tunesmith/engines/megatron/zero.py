@@ -1,15 +1,12 @@
 """use_distributed_optimizer: the AdamW state sharded over the ranks that hold the same weights (ZeRO stage 1).
 
-torch's ZeroRedundancyOptimizer over `shard_group`: the replicas (parallel.replica_group: the data-parallel ranks,
-and under context parallelism the context-parallel ranks of each); under expert parallelism the
-expert-data-parallel group, the ranks that hold the same experts and, as every data-parallel rank, the same other
-weights (with tensor parallelism as well, no group: that one spans the tensor-parallel ranks). Each rank keeps the
-moments of its share of the parameters, updates that share after the gradients have been summed
-(parallel.reduce_gradients) and sends it to the other ranks of the group: the same update as one AdamW per rank,
-with the optimizer state divided by the group's size. Under expert parallelism every expert-parallel rank's group
-updates the weights outside the experts alike (their gradients are summed over every data-parallel rank), so they
-stay equal everywhere. A save gathers the state on the group's first rank (the rank that writes its position's
-engine state), so the checkpoint holds the plain optimizer's state_dict, as without it.
+torch's ZeroRedundancyOptimizer over the replicas (parallel.replica_group: the data-parallel ranks, and under
+context parallelism the context-parallel ranks of each). Each rank keeps the moments of its share of the
+parameters, updates that share after the gradients have been summed (parallel.reduce_gradients) and sends it to
+the other ranks of the group: the same update as one AdamW per rank, with the optimizer state divided by the
+group's size. Under expert parallelism the experts' replicas form other groups: expert_zero.py shards the other
+weights and the experts each over their own. A save gathers the state on the ranks that write their position's
+engine state (`whole_optimizer_state`), so the checkpoint holds the plain optimizer's state_dict, as without it.
 
 overlap_param_gather: the step starts sending the updated shards and returns (`OverlappedParamGather`); each
 module waits for its own parameters just before its next forward (a forward pre-hook), so the next step's first
@@ -21,43 +18,25 @@ from __future__ import annotations
 
 import torch
 
-from ..optim import adamw_options, parameter_groups
-
-
-def shard_group():
-    """The ranks the optimizer state is sharded over (module docstring); None under expert and tensor parallelism
-    together, where the expert-data-parallel group spans the tensor-parallel ranks (the experts are whole on each,
-    build._moe_kwargs), whose other weights are different shards."""
-    from megatron.core import parallel_state
-
-    from .parallel import ep_size, replica_group, tp_size
-
-    if ep_size() == 1:
-        return replica_group()
-    return parallel_state.get_expert_data_parallel_group() if tp_size() == 1 else None
-
-
-def shard_count() -> int:
-    """How many ranks share the optimizer state under use_distributed_optimizer."""
-    import torch.distributed as tdist
-
-    group = shard_group()
-    return 1 if group is None else tdist.get_world_size(group)
+from ..optim import adamw_options
 
 
 def shards_optimizer(m) -> bool:
-    """Whether use_distributed_optimizer shards anything here: its group has several ranks."""
-    return m.use_distributed_optimizer and shard_count() > 1
+    """Whether use_distributed_optimizer shards anything here: several replicas (under expert parallelism, with
+    data parallelism over the expert-parallel ranks, always)."""
+    from .parallel import replica_size
+
+    return m.use_distributed_optimizer and replica_size() > 1
 
 
-def sharded_optimizer(model, train_cfg, *, overlap_param_gather: bool = False):
-    """AdamW (foreach: the step clips with a separate scale, parallel.py) sharded over shard_group; with
-    overlap_param_gather the updated shards arrive during the next forward."""
+def zero_optimizer(groups: list, group, model, train_cfg, *, overlap_param_gather: bool = False):
+    """torch's ZeroRedundancyOptimizer of AdamW (foreach: the step clips with a separate scale, parallel.py) over
+    `groups` (parameter_groups' form), sharded over the process group `group`; with overlap_param_gather the updated
+    shards arrive during the next forward."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     kind = _overlapped_class() if overlap_param_gather else ZeroRedundancyOptimizer
-    optimizer = kind(parameter_groups(model, train_cfg), optimizer_class=torch.optim.AdamW,
-                     process_group=shard_group(), **adamw_options(train_cfg))
+    optimizer = kind(groups, optimizer_class=torch.optim.AdamW, process_group=group, **adamw_options(train_cfg))
     if overlap_param_gather:
         optimizer.wait_in_forwards(model)
     return optimizer
@@ -109,18 +88,31 @@ def settle_params(optimizer) -> None:
         optimizer.settle()
 
 
-def gather_state(optimizer) -> None:
-    """Bring a sharded optimizer's state to its group's first rank, which writes it (collective over
-    the group); nothing for an unsharded one."""
+def whole_optimizer_state(optimizer, writes: bool) -> dict | None:
+    """The optimizer's state_dict in the plain AdamW form on a rank that `writes` it, None elsewhere; a sharded
+    optimizer's shards gathered on each writing rank of its group first (collective over the group)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    settle_params(optimizer)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
-        settle_params(optimizer)
-        optimizer.consolidate_state_dict(to=0)
+        return _consolidated_on_writers(optimizer, writes)
+    if hasattr(optimizer, "whole_state"):  # expert_zero.DenseAndExperts
+        return optimizer.whole_state(writes)
+    return optimizer.state_dict() if writes else None
 
 
-def drop_gathered_state(optimizer) -> None:
-    """After the write: the first rank's consolidated copy of every shard (a whole optimizer state in CPU memory)
-    would otherwise stay until the next save."""
-    if hasattr(optimizer, "_all_state_dicts"):
-        optimizer._all_state_dicts = []
+def _consolidated_on_writers(zero, writes: bool) -> dict | None:
+    """A ZeroRedundancyOptimizer's whole state on every writing rank of its group (one gather each: the other weights'
+    replicas under expert parallelism span several writers), None elsewhere."""
+    import torch.distributed as tdist
+
+    writers = [None] * tdist.get_world_size(zero.process_group)
+    tdist.all_gather_object(writers, writes, group=zero.process_group)
+    mine = None
+    for target, is_writer in enumerate(writers):
+        if is_writer:
+            zero.consolidate_state_dict(to=target)
+            if target == tdist.get_rank(zero.process_group):
+                mine = zero.state_dict()
+            zero._all_state_dicts = []  # the gathered copy (a whole optimizer state in CPU memory) is not kept
+    return mine
