@@ -144,7 +144,9 @@ def run_forward_backward(engine, micro_batches: list, loss_fn: LossFn) -> StepOu
         _gpipe(engine, step, engine.model, micro_batches, forward_only=False, relay=relay)
         return from_last_stage(_whole_step(total, loss_fn, engine).settle())
     step = forward_step_func(engine, loss_fn, total, count)
-    if engine.device.type == "cuda":
+    # megatron-core's schedule multiplies a (loss, reduced) loss by the context-parallel degree before its backward;
+    # a context-parallel rank's loss here is already its share, so those runs take local_schedule
+    if engine.device.type == "cuda" and engine.model.config.context_parallel_size == 1:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         lengths = [b.input_ids_BT.shape for b in micro_batches]
