@@ -375,7 +375,8 @@ _FINETUNING = _section("finetuning", [
     _refused("use_megatron_bridge", _BRIDGE),
     _refused("use_hyper_parallel", "HyperParallel is not available; use backend: fsdp2"),
     _unless_null("hyper_parallel_args", "HyperParallel is not available; use backend: fsdp2"),
-    _refused("hyper_parallel_cp_size", "context parallelism is not available yet; remove it", accept=(1, None)),
+    _refused("hyper_parallel_cp_size", "HyperParallel is not available; for context parallelism use "
+             "context_parallel_size with backend: megatron", accept=(1, None)),
     _refused("use_muon", "the Muon optimizer is not available; tunesmith trains with AdamW"),
     _refused("use_dft_loss", _SFT_LOSS),
     _refused("use_asft_loss", _SFT_LOSS),
