@@ -491,11 +491,13 @@ def test_megatron_expert_parallel_on_two_ranks_gives_the_data_parallel_run(tmp_p
 
 def _same_optimizer_state(ckpt: Path, plain: Path) -> None:
     """Every engine state in checkpoint `ckpt` holds the plain optimizer's (checkpoint `plain`): the same parameters'
-    moments, numbered alike."""
+    moments, numbered alike, and the same LR schedule (an entry per plain param group)."""
     names = sorted(p.name for p in ckpt.glob("engine_state*.pt"))
     assert names and names == sorted(p.name for p in plain.glob("engine_state*.pt"))
     for name in names:
-        ours, theirs = (torch.load(folder / name, weights_only=True)["optimizer"] for folder in (ckpt, plain))
+        states = [torch.load(folder / name, weights_only=True) for folder in (ckpt, plain)]
+        assert states[0]["scheduler"] == states[1]["scheduler"]
+        ours, theirs = (state["optimizer"] for state in states)
         assert ours["state"].keys() == theirs["state"].keys() and len(ours["state"]) > 0
         assert [g["params"] for g in ours["param_groups"]] == [g["params"] for g in theirs["param_groups"]]
         for index, moments in ours["state"].items():
@@ -509,7 +511,8 @@ def test_megatron_distributed_optimizer_under_expert_parallelism_shards_dense_an
     weights outside the experts over the data-parallel ranks and the experts' over the ranks that hold the same
     experts. Over 4 processes (DP=4: two ranks hold each half of the experts) with overlap_param_gather, and over 2
     (DP=2: no expert replica, so only the other weights' state is sharded): the unsharded run's losses, weights and
-    saved optimizer state (one engine state per expert-parallel rank, in the plain format); an exact resume."""
+    saved optimizer state and LR schedule (one engine state per expert-parallel rank, in the plain format); an exact
+    resume."""
     from test_distributed import _two_ranks
 
     moe = [c.replace("tiny:qwen3", "tiny:qwen3_moe").replace("neat_packing=true", "packing=false")

@@ -103,3 +103,38 @@ def test_autocast_linear_matches_autocast_on_cuda(bias):
     for got, expected in ((gx_new, gx_ref), (gw_new, gw_ref)) + (((gb_new, gb_ref),) if bias else ()):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=1e-2 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("rows,size,hidden_dtype,out_dtype", [(8192, 2048, torch.float32, torch.bfloat16),
+                                                              (8192, 2048, torch.float32, torch.float32),
+                                                              (8192 * 16, 128, torch.bfloat16, torch.bfloat16),
+                                                              (8192, 2048, torch.bfloat16, torch.bfloat16)])
+def test_triton_rms_norm_matches_transformers_on_cuda(rows, size, hidden_dtype, out_dtype):
+    """models/rms_norm_triton.py compiled, on issue 15's shapes (a pre-norm over the fp32 residual stream writing
+    bf16 or fp32; the q/k heads in bf16; pure bf16): transformers' RMSNorm under autocast, within one rounding of
+    the output dtype, its gradients too (the weight's summed over 8k-131k rows)."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from tunesmith.models.rms_norm_triton import rms_norm
+
+    torch.manual_seed(0)
+    weight_dtype = torch.bfloat16 if hidden_dtype == out_dtype == torch.bfloat16 and size > 128 else torch.float32
+    norm = Qwen3RMSNorm(size).cuda().to(weight_dtype)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(size, device="cuda", dtype=weight_dtype) * 0.1)
+    hidden = (torch.randn(rows, size, device="cuda") * 2).to(hidden_dtype).requires_grad_(True)
+    dy = torch.randn(rows, size, device="cuda")
+    results = []
+    for fn in (norm, lambda h: rms_norm(h, norm.weight, norm.variance_epsilon, out_dtype=out_dtype,
+                                        round_normed=size <= 128)):
+        hidden.grad = norm.weight.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = fn(hidden)
+        y.backward(dy.to(y.dtype))
+        results.append((y.detach(), hidden.grad.clone(), norm.weight.grad.clone()))
+    (hf_y, hf_dx, hf_dw), (y, dx, dw) = results
+    assert y.dtype == out_dtype and dx.dtype == hidden_dtype and dw.dtype == weight_dtype
+    tolerance = 1e-5 if torch.float32 in (hidden_dtype,) and out_dtype == torch.float32 else 1e-2
+    for got, expected in ((y, hf_y), (dx, hf_dx), (dw, hf_dw)):
+        error = float((got.float() - expected.float()).norm() / expected.float().norm())
+        assert error < tolerance, (hidden_dtype, out_dtype, error)

@@ -98,13 +98,18 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
 
 
 def flash_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor, cu_seqlens: torch.Tensor,
-                 max_seqlen: int, *, dropout: float = 0.0, scale: float | None = None) -> torch.Tensor:
+                 max_seqlen: int, *, dropout: float = 0.0, scale: float | None = None,
+                 cu_seqlens_k: torch.Tensor | None = None, max_seqlen_k: int | None = None) -> torch.Tensor:
     """Causal FlashAttention within each segment of the flattened batch (N = B x T tokens, row after row):
     q [N, H, D], k/v [N, Hkv, D] (grouped-query heads are not repeated), cu_seqlens [segments + 1] int32 ->
-    [N, H, D] in FlashAttention's half dtype. CUDA only (varlen_available)."""
+    [N, H, D] in FlashAttention's half dtype. CUDA only (varlen_available). With `cu_seqlens_k` the keys' segments
+    differ from the queries' (k/v [Nk, Hkv, D]); the causal mask is aligned to each segment's last key, as
+    FlashAttention 2 does."""
     dtype = _half_dtype(v_NHD)
     q, k, v = (t.to(dtype) for t in (q_NHD, k_NHD, v_NHD))
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout,
+    cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    longest_k = max_seqlen if max_seqlen_k is None else max_seqlen_k
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_k, max_seqlen, longest_k, dropout,
                                                    True, False, scale=scale)[0]
 
 

@@ -1,16 +1,24 @@
-"""RMSNorm through PyTorch's fused kernel (`torch.nn.functional.rms_norm`, one kernel each way on CUDA).
+"""RMSNorm on a training step: our Triton kernels on CUDA (`models/rms_norm_triton.py`), PyTorch's fused kernel
+or Liger's elsewhere.
 
-Liger's RMSNorm is a Triton kernel launched from Python: on an H200 its forward and backward cost 0.6-0.7 ms
-of host time per norm (benchmarks/results/2026-12-04-step-sync-and-norms.md), and a Qwen3 step runs 113 of
-them, so the host, not the GPU, set the pace of the step. PyTorch's fused kernel does the same work for a
-quarter of the host time, and as fast on the GPU for norms over the hidden size; over the q/k heads' 128
-features its weight-gradient reduction is slow, so those keep Liger's kernel. Numerics: as Liger's, the
-output has the input's dtype; under bf16 autocast the fp32 residual stream is normalised in fp32 exactly as
-transformers does (up to the order of the sum); a half-precision input is normalised and scaled in fp32 and
-rounded once.
+History: Liger's RMSNorm is a Triton kernel launched from Python; its forward and backward cost 0.6-0.7 ms of
+host time per norm on an H200 (benchmarks/results/2026-12-04-step-sync-and-norms.md), so norms over the hidden
+size went to PyTorch's fused kernel (a quarter of the host time). The step is GPU-bound now, and there PyTorch's
+backward reduces the weight gradient in a second, slow kernel and Liger's backward over the q/k heads' 128
+features is 5x its bytes; rms_norm_triton does both in one pass. Off CUDA the former choice stays: PyTorch's
+fused kernel over the hidden size, Liger's own forward over the heads.
+
+Numerics: as Liger's, the output has the input's dtype; under bf16 autocast the fp32 residual stream is
+normalised in fp32 exactly as transformers does (up to the order of the sum); a half-precision input over the
+hidden size is normalised and scaled in fp32 and rounded once, over the heads (Liger's and transformers' form)
+rounded after the normalisation and again after the weight. One exception saves a cast: the pre-norms of the
+dense decoder layers named in PRE_NORM_LAYERS, whose output only the attention's and the MLP's linears read,
+write the autocast dtype straight away under autocast, which is the value those linears' cast would give.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -22,22 +30,48 @@ def fused_rms_norm(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tenso
     return torch.nn.functional.rms_norm(hidden, module.weight.shape, weight, module.variance_epsilon)
 
 
-NARROWEST = 512  # q/k head norms (rows of 64-256) keep Liger's kernel: PyTorch's reduces their weight gradient
-# over 126k rows (Qwen3-1.7B, 8k tokens) slowly, 2.5x Liger's GPU time; hidden-size norms are as fast either way
+NARROWEST = 512  # narrower norms (the q/k heads' 64-256 features) keep Liger's rounding (module docstring)
+PRE_NORM_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
+                             "Qwen2VLDecoderLayer", "Qwen2_5_VLDecoderLayer", "Qwen3VLTextDecoderLayer"})
+PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def _norm_forward(module: torch.nn.Module, hidden: torch.Tensor, *, fallback, half_output: bool) -> torch.Tensor:
+    """A Liger RMSNorm's forward: the Triton kernels on CUDA, `fallback` elsewhere."""
+    if not hidden.is_cuda:
+        return fallback(hidden)
+    from .rms_norm_triton import rms_norm
+
+    wide = module.weight.numel() >= NARROWEST
+    out_dtype = hidden.dtype
+    if half_output and hidden.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        out_dtype = torch.get_autocast_dtype("cuda")
+    return rms_norm(hidden, module.weight, module.variance_epsilon, out_dtype=out_dtype,
+                    round_normed=not wide and hidden.dtype != torch.float32)
+
+
+def _pre_norms(model: torch.nn.Module) -> set[int]:
+    """ids of the norms whose output only linear layers read (PRE_NORMS of PRE_NORM_LAYERS)."""
+    return {id(getattr(layer, name)) for layer in model.modules() if type(layer).__name__ in PRE_NORM_LAYERS
+            for name in PRE_NORMS if hasattr(layer, name)}
 
 
 def use_fused_rms_norms(model: torch.nn.Module) -> int:
-    """Give every Liger RMSNorm of Llama's form (no weight offset, Llama casting) over NARROWEST or more features
-    PyTorch's fused forward; Gemma-style norms (1 + weight) keep Liger's. Returns how many were changed."""
+    """Give every Liger RMSNorm of Llama's form (no weight offset, Llama casting, ungrouped) _norm_forward;
+    Gemma-style norms (1 + weight) keep Liger's. Returns how many were changed."""
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
     except ImportError:
         return 0
+    pre_norms = _pre_norms(model)
     changed = 0
     for module in model.modules():
         if (isinstance(module, LigerRMSNorm) and module.offset == 0.0 and module.casting_mode == "llama"
-                and getattr(module, "weight", None) is not None and module.weight.numel() >= NARROWEST
+                and getattr(module, "weight", None) is not None
                 and getattr(module, "group_size", None) is None):  # Liger's grouped RMSNorm normalises groups
-            module.forward = fused_rms_norm.__get__(module)
+            wide = module.weight.numel() >= NARROWEST
+            fallback = fused_rms_norm.__get__(module) if wide else type(module).forward.__get__(module)
+            module.forward = functools.partial(_norm_forward, module, fallback=fallback,
+                                               half_output=id(module) in pre_norms)
             changed += 1
     return changed

@@ -1,6 +1,7 @@
 """context_parallel.py's pieces in one process: which tokens each context-parallel rank holds, and that its queries
 against every rank's keys (in the gathered order, under context_mask) give the whole row's attention at its
-positions, packed samples and padding kept apart. Multi-process runs: tests/e2e/test_megatron_cli.py. Skipped without
+positions, packed samples and padding kept apart, and that the FlashAttention segments (varlen_plan) allow what the
+mask allows. tests/gpu/test_megatron_varlen.py runs the kernel on them. Multi-process runs: tests/e2e/test_megatron_cli.py. Skipped without
 megatron-core."""
 
 import pytest
@@ -40,6 +41,37 @@ def test_local_queries_against_the_gathered_keys_give_the_whole_rows_attention(m
         assert mask.shape == (2, 1, length // size, length)
         mine = F.scaled_dot_product_attention(context_parallel.local_part(q, 2), keys, values, attn_mask=~mask)
         torch.testing.assert_close(mine, whole[:, :, positions[rank]])
+
+
+def _plan_allowed(plan, rows: int, local: int, length: int) -> torch.Tensor:
+    """[B, T / CP, T] bool: which gathered keys each local query sees under `plan`, FlashAttention's reading of it
+    (queries flattened row after row, keys picked from [T x B], the causal mask aligned to each segment's end)."""
+    allowed = torch.zeros(rows * local, length * rows, dtype=torch.bool)
+    cu_q, cu_k = plan.cu_seqlens_q.tolist(), plan.cu_seqlens_k.tolist()
+    for i in range(len(cu_q) - 1):
+        queries, keys = range(cu_q[i], cu_q[i + 1]), plan.key_index[cu_k[i]:cu_k[i + 1]]
+        offset = len(keys) - len(queries)
+        for j, query in enumerate(queries):
+            allowed[query, keys[:offset + j + 1]] = True
+    by_row = allowed.view(rows, local, length, rows)  # key index g x B + b
+    return torch.stack([by_row[b, :, :, b] for b in range(rows)])
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_the_varlen_plan_lets_each_query_see_what_the_mask_allows(monkeypatch, size):
+    """varlen_plan (FlashAttention's segments under context parallelism) allows exactly what context_mask does,
+    with a sample crossing blocks and ranks, one inside a block, and padding; no query segment is empty."""
+    length = 24
+    segments = torch.tensor([[0] * 5 + [1] * 4 + [2] * 11 + [-1] * 4, [0] * 3 + [1] * 19 + [-1] * 2,
+                             [0] * 24])
+    for rank in range(size):
+        _as_rank(monkeypatch, rank, size)
+        plan = context_parallel.varlen_plan(segments, torch.device("cpu"))
+        lengths_q = plan.cu_seqlens_q.diff()
+        assert int(lengths_q.min()) > 0 and plan.max_seqlen_q == int(lengths_q.max())
+        assert plan.max_seqlen_k == int(plan.cu_seqlens_k.diff().max())
+        allowed = _plan_allowed(plan, 3, length // size, length)
+        assert torch.equal(allowed, ~context_parallel.context_mask(segments)[:, 0])
 
 
 def test_a_loss_reads_this_ranks_tokens_and_the_whole_rows_counts(monkeypatch):

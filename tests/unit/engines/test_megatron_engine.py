@@ -186,14 +186,18 @@ def test_the_collators_boundaries_delimit_the_packed_masks_blocks(world_of_one):
     assert not allowed_NN[12:, :12].any()  # no token sees the row before
 
 
-def _segment_sdpa(q, k, v, cu_seqlens, max_seqlen, *, dropout, scale):
-    """FlashAttention's varlen contract on the CPU, one segment at a time (a reference for the layout test)."""
+def _segment_sdpa(q, k, v, cu_seqlens, max_seqlen, *, dropout, scale, cu_seqlens_k=None, max_seqlen_k=None):
+    """FlashAttention's varlen contract on the CPU, one segment at a time (a reference for the layout tests): the
+    causal mask aligned to each segment's last key where the keys' segments differ from the queries'."""
     out = torch.empty_like(q)
     repeat = q.shape[1] // k.shape[1]
-    for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+    cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    for (start, end), (k_start, k_end) in zip(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()),
+                                              zip(cu_k[:-1].tolist(), cu_k[1:].tolist())):
+        qs, ks, vs = q[start:end].transpose(0, 1), k[k_start:k_end].transpose(0, 1), v[k_start:k_end].transpose(0, 1)
         ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
-        out[start:end] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+        allowed = torch.ones(end - start, k_end - k_start, dtype=torch.bool).tril(k_end - k_start - (end - start))
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed,
                                                                           scale=scale).transpose(0, 1)
     return out
 
@@ -216,6 +220,37 @@ def test_the_varlen_path_hands_the_kernel_the_batch_row_after_row(world_of_one, 
 
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_context_parallel_varlen_path_gives_each_ranks_share_of_the_masked_attention(world_of_one, monkeypatch, size):
+    """Under context parallelism the attention takes the FlashAttention segments of forward.context_attention_inputs
+    (context_parallel.varlen_plan, the kernel emulated on the CPU) and gives each rank's tokens of the whole rows'
+    masked attention; the ranks are simulated in one process (the gather is a reindexing)."""
+    from tunesmith.engines.megatron import attention, context_parallel, forward
+
+    hf = _hf(transformers.Qwen3Config, tie_word_embeddings=False)
+    core = attention.PackedCoreAttention(transformer_config(hf.config, MegatronConfig(), params_dtype=torch.float32),
+                                         1, None, "self")
+    core.context_parallel = True
+    monkeypatch.setattr(attention, "flash_varlen", _segment_sdpa)
+    monkeypatch.setattr(forward, "varlen_fits", lambda *args: True)
+    segments = torch.tensor([[0] * 5 + [1] * 4 + [-1] * 3, [0] * 10 + [-1] * 2])
+    batch = types.SimpleNamespace(input_ids_BT=torch.zeros(2, 12, dtype=torch.long), segment_ids_BT=segments)
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(12, 2, 4, 16, generator=generator)  # [T, B, heads, D]
+    key, value = (torch.randn(12, 2, 2, 16, generator=generator) for _ in range(2))
+    whole = core(query, key, value, packed_causal_mask(segments))
+    positions = context_parallel.block_positions(12, size)
+    monkeypatch.setattr(attention, "gathered_sequence", lambda t: {id(key): key, id(value): value}[id(t)][
+        positions.flatten()])
+    for rank in range(size):
+        monkeypatch.setattr(context_parallel, "cp_rank", lambda: rank)
+        monkeypatch.setattr(context_parallel, "cp_size", lambda: size)
+        inputs = forward.context_attention_inputs(torch.nn.Linear(1, 1), batch)
+        assert inputs["attention_mask"] is None
+        mine = core(query[positions[rank]], key, value, **inputs)
+        torch.testing.assert_close(mine, whole[positions[rank]], rtol=1e-5, atol=1e-6)
+
+
 def test_the_varlen_context_of_one_row_folds_into_one_matmul(world_of_one, monkeypatch):
     """With one packed row the context [T, 1, width] must have the strides torch.matmul folds into [T, width]
     (a transposed [1, T, width] counts as contiguous but ran the next linear as T matrix-vector products)."""
@@ -228,7 +263,8 @@ def test_the_varlen_context_of_one_row_folds_into_one_matmul(world_of_one, monke
     generator = torch.Generator().manual_seed(3)
     query = torch.randn(12, 1, 4, 16, generator=generator)
     key, value = (torch.randn(12, 1, 2, 16, generator=generator) for _ in range(2))
-    packed = types.SimpleNamespace(cu_seqlens_q=torch.tensor([0, 5, 12], dtype=torch.int32), max_seqlen_q=7)
+    cu_seqlens = torch.tensor([0, 5, 12], dtype=torch.int32)
+    packed = types.SimpleNamespace(cu_seqlens_q=cu_seqlens, max_seqlen_q=7, cu_seqlens_kv=cu_seqlens, max_seqlen_kv=7)
     context = core(query, key, value, None, packed_seq_params=packed)
     assert context.shape == (12, 1, 64) and context.stride() == (64, 64, 1)
 

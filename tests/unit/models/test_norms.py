@@ -1,5 +1,6 @@
 """models/norms.py: PyTorch's fused RMSNorm gives transformers' RMSNorm (Llama's form) for the dtypes a run
-meets, in the input's dtype (bf16 heads within bf16 rounding), and replaces only Liger norms of that form."""
+meets, in the input's dtype (bf16 heads within bf16 rounding); only Liger norms of that form are replaced, and off
+CUDA they keep PyTorch's kernel (hidden size) or Liger's (heads)."""
 
 import sys
 import types
@@ -43,8 +44,25 @@ def test_only_llama_form_liger_norms_are_replaced(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.rms_norm", fake)
     model = torch.nn.ModuleDict({"llama": LigerRMSNorm(0.0, "llama"), "gemma": LigerRMSNorm(1.0, "gemma"),
                                  "head": LigerRMSNorm(0.0, "llama", width=128)})
-    assert use_fused_rms_norms(model) == 1
+    assert use_fused_rms_norms(model) == 2
     model["llama"](torch.randn(2, 1024))
-    for kept in ("gemma", "head"):
+    for kept in ("gemma", "head"):  # the head's CPU fallback is Liger's forward
         with pytest.raises(AssertionError, match="Liger"):
             model[kept](torch.randn(2, model[kept].weight.numel()))
+
+
+def test_pre_norms_of_dense_decoder_layers_are_found():
+    """Only the pre-norms of the dense decoder layers (read by linears alone) may write the autocast dtype."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Model
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeModel
+
+    from tunesmith.models.norms import _pre_norms
+
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, vocab_size=64)
+    dense = Qwen3Model(Qwen3Config(**small))
+    assert _pre_norms(dense) == {id(layer.input_layernorm) for layer in dense.layers} | {
+        id(layer.post_attention_layernorm) for layer in dense.layers}
+    assert _pre_norms(Qwen3MoeModel(Qwen3MoeConfig(**small, moe_intermediate_size=16, num_experts=4,
+                                                   num_experts_per_tok=2))) == set()

@@ -10,9 +10,11 @@ forward signature, and runs one of two kernels, chosen per batch by forward.py (
   PackedSeqParams (cu_seqlens over the flattened batch, `sbhd` layout so that megatron-core changes
   nothing else), and the single engine's kernel (models/attention.py's flash_varlen) computes only the
   blocks inside each sample, with no mask;
-- otherwise (the CPU, fp32; and under context parallelism on every device): SDPA with the boolean mask of
-  forward.py (True = masked in megatron-core's convention; SDPA's is the opposite), the keys and values of every
-  context-parallel rank gathered first (context_parallel.py).
+- under context parallelism, the keys and values of every context-parallel rank gathered first
+  (context_parallel.py), then on CUDA in half precision the same kernel over the segments of
+  context_parallel.varlen_plan (PackedSeqParams with `context_keys`), elsewhere SDPA with its mask;
+- otherwise (the CPU, fp32): SDPA with the boolean mask of forward.py (True = masked in megatron-core's
+  convention; SDPA's is the opposite).
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ class PackedCoreAttention(MegatronModule):
         if attention_bias is not None:
             raise ValueError("PackedCoreAttention takes a mask or packed_seq_params, not an attention bias")
         dropout = self.dropout if self.training else 0.0
+        if self.context_parallel:  # every rank's keys and values (context_parallel.py)
+            key, value = gathered_sequence(key), gathered_sequence(value)
         if packed_seq_params is not None:
             return self._varlen(query, key, value, packed_seq_params, dropout)
-        if self.context_parallel:  # every rank's keys and values; the mask is context_parallel.context_mask
-            key, value = gathered_sequence(key), gathered_sequence(value)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, T, D]
         if self.num_heads != self.num_groups:
             repeat = self.num_heads // self.num_groups
@@ -63,12 +65,19 @@ class PackedCoreAttention(MegatronModule):
         return context.permute(2, 0, 1, 3).reshape(length, batch, self.num_heads * self.head_dim)
 
     def _varlen(self, query, key, value, packed, dropout: float) -> torch.Tensor:
-        """cu_seqlens number the tokens row after row (batch-major), as the collator counts them. The context stays
-        in the kernel's half dtype, as SDPA's does under autocast."""
+        """cu_seqlens number the tokens row after row (batch-major), as the collator counts them; under context
+        parallelism the keys of each query segment are picked from the gathered ones (`packed.context_keys`). The
+        context stays in the kernel's half dtype, as SDPA's does under autocast."""
         length, batch = query.shape[0], query.shape[1]
-        q, k, v = (t.transpose(0, 1).reshape(batch * length, t.shape[2], t.shape[3]) for t in (query, key, value))
+        q = query.transpose(0, 1).reshape(batch * length, *query.shape[2:])
+        picked = getattr(packed, "context_keys", None)
+        if picked is None:
+            k, v = (t.transpose(0, 1).reshape(batch * length, *t.shape[2:]) for t in (key, value))
+        else:  # [T x B, groups, D] (sequence-major, as gathered), the picked rows
+            k, v = (t.reshape(-1, *t.shape[2:]).index_select(0, picked) for t in (key, value))
         out = flash_varlen(q, k, v, packed.cu_seqlens_q, packed.max_seqlen_q, dropout=dropout,
-                           scale=self.softmax_scale)
+                           scale=self.softmax_scale, cu_seqlens_k=packed.cu_seqlens_kv,
+                           max_seqlen_k=packed.max_seqlen_kv)
         width = self.num_heads * self.head_dim
         if batch == 1:
             # Not transpose(0, 1): that leaves [T, 1, width] with strides (width, T x width, 1), which counts as

@@ -6,8 +6,12 @@ load balancing (under a causal mask a late block attends to more keys than an ea
 - the embeddings, a vision-language model's media features and the rotary angles are computed for the whole row
   and cut to this rank's blocks (forward.py);
 - each attention layer gathers every rank's keys and values (their gradients summed back to the rank that made
-  them) and lets this rank's queries see the keys of their own sample at or before their position: a mask from the
-  row's segment ids (`context_mask`) for PyTorch's SDPA, on every device;
+  them) and lets this rank's queries see the keys of their own sample at or before their position. On CUDA in
+  bf16/fp16 through PyTorch's variable-length FlashAttention (`varlen_plan`): each piece of a sample inside one of
+  this rank's blocks is a query segment whose keys are its sample's from the sample's start to the piece's end
+  (FlashAttention aligns the causal mask to the keys' end), so only those blocks are computed, no mask is built and
+  the early block's rank does less work than the late one's. Elsewhere (CPU, fp32) a mask from the row's segment
+  ids (`context_mask`) for PyTorch's SDPA;
 - the rest (norms, MLP, output layer) is per token, on this rank's tokens;
 - a loss that is a sum over tokens (pt, sft: `splits_loss`) is computed by each rank over its tokens, normalised
   by the step's label tokens (the whole rows'), so the ranks' losses add up to the step loss
@@ -17,8 +21,9 @@ load balancing (under a causal mask a late block attends to more keys than an ea
 Either way the ranks' gradients, summed with the data-parallel ranks' (parallel.replica_group), are the step's.
 The context-parallel ranks of one data-parallel replica read the same rows (parallel.register_data_parallel).
 
-Activations per rank drop by the degree, except attention's gathered keys and values and its [B, T / CP, T] mask
-(and the whole rows' logits where a loss reads them). A mixture-of-experts model's router loss reads every rank's
+Activations per rank drop by the degree, except attention's gathered keys and values (under SDPA also its
+[B, T / CP, T] mask; under FlashAttention the keys each piece reads, at most about 1.5 x a row's), and the whole
+rows' logits where a loss reads them. A mixture-of-experts model's router loss reads every rank's
 router logits (`router_loss_share`).
 """
 
@@ -73,6 +78,50 @@ def context_mask(segment_ids_BT: torch.Tensor) -> torch.Tensor:
     queries, keys = positions[cp_rank()], positions.flatten()
     same_BQK = segment_ids_BT[:, queries, None] == segment_ids_BT[:, None, keys]
     return ~(same_BQK & (keys[None, :] <= queries[:, None]))[:, None]
+
+
+@dataclasses.dataclass
+class VarlenPlan:
+    """This rank's queries and the gathered keys as FlashAttention's variable-length segments: queries in the local
+    layout flattened row after row ([B x T / CP]), keys picked from the gathered keys flattened as [T x B]
+    (`key_index`, sequence-major, as gathered_sequence returns them)."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    key_index: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def varlen_plan(segment_ids_BT: torch.Tensor, device: torch.device) -> VarlenPlan:
+    """The segments for `segment_ids_BT` (the whole rows'; a row's padding run is a sample of its own, as in
+    context_mask); one host read of the ids per forward."""
+    size, rank = cp_size(), cp_rank()
+    ids = segment_ids_BT.cpu()
+    rows, length = ids.shape
+    positions = block_positions(length, size)
+    gathered_at = torch.empty(length, dtype=torch.long)
+    gathered_at[positions.flatten()] = torch.arange(length)  # a row position -> its index among the gathered keys
+    block = length // (2 * size)
+    starts_T = torch.ones(rows, length, dtype=torch.bool)
+    starts_T[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    first_T = torch.where(starts_T, torch.arange(length), 0).cummax(dim=1).values  # each token's sample start
+    q_lengths, k_lengths, keys = [], [], []
+    for row in range(rows):
+        for first in (rank * block, (2 * size - 1 - rank) * block):
+            cuts = [first, *(first + torch.nonzero(starts_T[row, first + 1:first + block]).flatten() + 1).tolist(),
+                    first + block]
+            for start, end in zip(cuts[:-1], cuts[1:]):
+                sample_start = int(first_T[row, start])
+                q_lengths.append(end - start)
+                k_lengths.append(end - sample_start)
+                keys.append(gathered_at[sample_start:end] * rows + row)
+
+    def cumulative(lengths):
+        return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+
+    return VarlenPlan(cumulative(q_lengths), cumulative(k_lengths), torch.cat(keys).to(device), max(q_lengths),
+                      max(k_lengths))
 
 
 class _GatheredSequence(torch.autograd.Function):

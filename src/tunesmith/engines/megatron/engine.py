@@ -167,8 +167,10 @@ class MegatronEngine:
         position hold the same: the first writes them, parallel.writes_engine_state)."""
         optimizer = whole_optimizer_state(self.optimizer, self.writes_state)  # a sharded one's shards gathered
         if self.writes_state:
-            write_torch_file({"optimizer": optimizer, "scheduler": self.scheduler.state_dict()},
-                             Path(path) / engine_state_file())
+            schedule = self.scheduler.state_dict()
+            if hasattr(self.optimizer, "plain_schedule"):  # expert_zero.DenseAndExperts: the plain AdamW's shape
+                schedule = self.optimizer.plain_schedule(schedule)
+            write_torch_file({"optimizer": optimizer, "scheduler": schedule}, Path(path) / engine_state_file())
 
     def _load_hf_weights(self, path: Path) -> None:
         load_model_weights(self.hf_model, Path(path))
@@ -185,7 +187,10 @@ class MegatronEngine:
         self._load_hf_weights(path)
         state = read_torch_file(engine_state_path(Path(path)), map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        schedule = state["scheduler"]
+        if hasattr(self.optimizer, "parts_schedule"):
+            schedule = self.optimizer.parts_schedule(schedule)
+        self.scheduler.load_state_dict(schedule)
         realign_schedule(self.optimizer, self.scheduler)
 
     def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,

@@ -7,7 +7,9 @@ tensor-parallel ranks too: the experts are whole on each, build._moe_kwargs), so
 that group. A part whose group has one rank (expert_model_parallel_size equal to the data-parallel size: no two
 ranks hold the same experts) keeps a plain AdamW. `DenseAndExperts` steps both as one optimizer: its param_groups
 are the parts' (the LR schedule sets the parts' rates), and its checkpoint is the plain AdamW's state_dict over
-parameter_groups(model), renumbered from the parts', so it resumes with or without the sharding.
+parameter_groups(model), renumbered from the parts', so it resumes with or without the sharding. The LR
+schedule's state, whose lists hold one entry per param group, is saved in the plain AdamW's shape too
+(`plain_schedule`, `parts_schedule`).
 """
 
 from __future__ import annotations
@@ -108,5 +110,27 @@ class DenseAndExperts(torch.optim.Optimizer):
             part.load_state_dict({"state": state, "param_groups": groups})
         self._use_parts_groups()
 
+    def _plain_of_groups(self) -> list[int]:
+        """For each of param_groups (the parts'), the index of the plain group it was split from."""
+        keys = [group["weight_decay"] for group in self.plain_groups]
+        return [keys.index(group["weight_decay"]) for group in self.param_groups]
+
+    def plain_schedule(self, schedule: dict) -> dict:
+        """An LR scheduler's state_dict over param_groups -> the plain AdamW's shape (an entry per plain group)."""
+        plain_of = self._plain_of_groups()
+        first = [plain_of.index(i) for i in range(len(self.plain_groups))]
+        return {key: [value[j] for j in first] if _per_group(value, len(plain_of)) else value
+                for key, value in schedule.items()}
+
+    def parts_schedule(self, schedule: dict) -> dict:
+        """plain_schedule's inverse: each of param_groups takes the entry of the plain group it was split from."""
+        plain_of = self._plain_of_groups()
+        return {key: [value[i] for i in plain_of] if _per_group(value, len(self.plain_groups)) else value
+                for key, value in schedule.items()}
+
     def state_dict(self) -> dict:
         raise NotImplementedError("DenseAndExperts' state is sharded: use zero.whole_optimizer_state")
+
+
+def _per_group(value, groups: int) -> bool:
+    return isinstance(value, list) and len(value) == groups

@@ -15,7 +15,7 @@ import torch
 from ...errors import TunesmithError
 from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
-from .context_parallel import context_mask, local_part, whole_sequence
+from .context_parallel import context_mask, local_part, varlen_plan, whole_sequence
 from .sequence_parallel import gathered, scattered
 from .vision import deepstack_added, merged_embeddings
 
@@ -53,6 +53,21 @@ def attention_inputs(model, batch) -> dict:
     return {"attention_mask": None, "packed_seq_params": packed_seq_params(batch)}
 
 
+def context_attention_inputs(model, batch) -> dict:
+    """Under context parallelism: this rank's FlashAttention segments (context_parallel.varlen_plan) carried by a
+    `sbhd` PackedSeqParams, or SDPA's mask where the kernel does not fit (CPU, fp32)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    device = batch.input_ids_BT.device
+    if not varlen_fits(device, compute_dtype(model), True):
+        return {"attention_mask": context_mask(batch.segment_ids_BT)}
+    plan = varlen_plan(batch.segment_ids_BT, device)
+    params = PackedSeqParams(qkv_format="sbhd", cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_kv=plan.cu_seqlens_k,
+                             max_seqlen_q=plan.max_seqlen_q, max_seqlen_kv=plan.max_seqlen_k)
+    params.context_keys = plan.key_index  # read by attention.PackedCoreAttention
+    return {"attention_mask": None, "packed_seq_params": params}
+
+
 def packed_seq_params(batch):
     """The collator's boundaries (every sample and padding run of the flattened batch, row after row) as
     megatron-core's PackedSeqParams, on the batch's device."""
@@ -78,7 +93,7 @@ def _decoder(model, batch, angles) -> torch.Tensor:
     """The decoder's output [T, B, H] (its final norm included on the last stage); under context parallelism this
     rank's tokens of it (context_parallel.py)."""
     split = model.config.context_parallel_size > 1
-    attention = {"attention_mask": context_mask(batch.segment_ids_BT)} if split else attention_inputs(model, batch)
+    attention = context_attention_inputs(model, batch) if split else attention_inputs(model, batch)
     rotary = angles.for_batch(batch)
     rotary = local_part(rotary, 0) if split else rotary
     hidden, deepstack = None, None

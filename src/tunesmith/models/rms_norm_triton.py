@@ -1,0 +1,130 @@
+"""RMSNorm forward and backward as two Triton kernels, for the norms of a training step on CUDA.
+
+Why our own: on issue 15's workload (Qwen3-1.7B, ~8k tokens a micro-batch) PyTorch's fused RMSNorm backward
+reduces the weight gradient over the rows in a second, slow kernel (110 us a call over the hidden size, 2.4x
+what its bytes need), and Liger's backward over the q/k heads' 128 features takes ~100 us for ~20 us of bytes
+(benchmarks/results/2026-12-04-autocast-linear-loop-profile.txt). Here one backward kernel reads each row once,
+writes its input gradient and adds its share of the weight gradient to one partial row per program; the
+partial rows (a few hundred) are summed by PyTorch.
+
+Numerics, Llama's form (no weight offset): the row is read in fp32, rstd = 1/sqrt(mean(x^2) + eps), n = x * rstd,
+y = n * w computed in fp32 and rounded once to the output dtype. `round_normed` rounds n to the input's half
+dtype before the weight, as transformers and Liger do for a half-precision input. The output dtype may differ
+from the input's: under bf16 autocast a pre-norm over the fp32 residual stream can write bf16 straight away,
+which is the cast every linear reading it would make (the same value: one rounding of the fp32 product).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+TILE_ELEMENTS = 8192  # elements a program holds at once: BLOCK_R rows x BLOCK_N features
+
+
+@triton.jit
+def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, cols, eps,
+                    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_NORMED: tl.constexpr):
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.arange(0, BLOCK_N)
+    row_ok, col_ok = r < rows, c < cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    offsets = r[:, None] * cols + c[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / cols + eps)
+    normed = x * rstd[:, None]
+    if ROUND_NORMED:
+        normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offsets, (normed * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + r, rstd, mask=row_ok)
+
+
+@triton.jit
+def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, rows, cols, tiles_per_program,
+                     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_NORMED: tl.constexpr,
+                     WEIGHT_GRAD: tl.constexpr):
+    program = tl.program_id(0)
+    c = tl.arange(0, BLOCK_N)
+    col_ok = c < cols
+    w = tl.load(w_ptr + c, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in range(tiles_per_program):
+        r = ((program * tiles_per_program + i) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        row_ok = r < rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        offsets = r[:, None] * cols + c[None, :]
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + r, mask=row_ok, other=0.0)
+        normed = x * rstd[:, None]
+        if WEIGHT_GRAD:
+            if ROUND_NORMED:
+                dw += tl.sum(dy * normed.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
+            else:
+                dw += tl.sum(dy * normed, axis=0)
+        dn = dy * w[None, :]
+        mean_dn_n = tl.sum(dn * normed, axis=1) / cols
+        dx = rstd[:, None] * (dn - normed * mean_dn_n[:, None])
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if WEIGHT_GRAD:
+        tl.store(dw_ptr + program * cols + c, dw, mask=col_ok)
+
+
+def _blocks(cols: int) -> tuple[int, int, int]:
+    """(rows a tile, features padded to a power of two, warps)."""
+    block_n = triton.next_power_of_2(cols)
+    block_r = max(1, TILE_ELEMENTS // block_n)
+    return block_r, block_n, 8 if block_r * block_n >= 4096 else 4
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(device_index: int) -> int:
+    """Backward programs: a few per multiprocessor, so the partial weight-gradient rows stay few."""
+    return 4 * torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, out_dtype: torch.dtype, round_normed: bool):
+        shape, cols = x.shape, x.shape[-1]
+        x2 = x.reshape(-1, cols).contiguous()
+        rows = x2.shape[0]
+        y = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        block_r, block_n, warps = _blocks(cols)
+        _forward_kernel[(triton.cdiv(rows, block_r),)](x2, weight, y, rstd, rows, cols, eps, BLOCK_R=block_r,
+                                                       BLOCK_N=block_n, ROUND_NORMED=round_normed,
+                                                       num_warps=warps)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.shape, ctx.round_normed = shape, round_normed
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        rows, cols = x2.shape
+        dy2 = dy.reshape(-1, cols).contiguous()
+        block_r, block_n, warps = _blocks(cols)
+        tiles = triton.cdiv(rows, block_r)
+        wanted = _programs(x2.device.index or 0) if x2.is_cuda else 4
+        per_program = triton.cdiv(tiles, min(tiles, wanted))
+        programs = triton.cdiv(tiles, per_program)
+        weight_grad = ctx.needs_input_grad[1]
+        dx = torch.empty_like(x2)
+        partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=x2.device)
+        _backward_kernel[(programs,)](dy2, x2, weight, rstd, dx, partial, rows, cols, per_program,
+                                      BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=ctx.round_normed,
+                                      WEIGHT_GRAD=weight_grad, num_warps=warps)
+        dw = partial.sum(0).to(weight.dtype) if weight_grad else None
+        return dx.view(ctx.shape), dw, None, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out_dtype: torch.dtype | None = None,
+             round_normed: bool = False) -> torch.Tensor:
+    """Llama-form RMSNorm of the last dimension through the Triton kernels (module docstring); `out_dtype`
+    defaults to the input's."""
+    return _RMSNorm.apply(x, weight, eps, out_dtype or x.dtype, round_normed)
