@@ -125,7 +125,8 @@ def test_build_leaves_callers_rng_alone(tmp_path):
 
 
 def test_losing_a_concurrent_build_uses_the_winners_folder(tmp_path, monkeypatch):
-    """Another process finishes first: our rename fails, we return its folder and clean up."""
+    """Another process (one without the build lock) finishes first: our rename fails, we return its folder and clean
+    up."""
     real_build = tiny_build._build_into
     final = tmp_path / "tiny" / f"qwen3-{recipe_hash('qwen3')}"
 
@@ -135,7 +136,7 @@ def test_losing_a_concurrent_build_uses_the_winners_folder(tmp_path, monkeypatch
 
     monkeypatch.setattr(tiny_build, "_build_into", build_and_lose)
     assert build_tiny("qwen3", tmp_path) == final
-    assert sorted(p.name for p in final.parent.iterdir()) == [final.name]
+    assert sorted(p.name for p in final.parent.iterdir() if not p.name.endswith(".lock")) == [final.name]
 
 
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
@@ -146,7 +147,7 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny_build, "_build_into", crash)
     with pytest.raises(RuntimeError):
         build_tiny("qwen3", tmp_path)
-    assert list((tmp_path / "tiny").iterdir()) == []
+    assert [p for p in (tmp_path / "tiny").iterdir() if not p.name.endswith(".lock")] == []
 
 
 def test_unknown_arch_lists_known():
@@ -171,3 +172,18 @@ def test_generate_runs_with_the_saved_generation_config(tiny_qwen3):
                                   return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] <= ids["input_ids"].shape[1] + 4
+
+
+def test_processes_building_the_same_model_at_once_all_get_it_whole(tmp_path):
+    """The processes of one launch (torchrun) build a tiny model on a fresh cache side by side: one builds under the
+    lock, the others wait and read its folder, whole."""
+    import subprocess
+    import sys
+
+    script = ("import json, sys; from tunesmith.models.tiny.build import build_tiny; "
+              "p = build_tiny('qwen3', sys.argv[1]); print(json.loads((p / 'config.json').read_text())['model_type'])")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [proc.communicate(timeout=300)[0].strip().splitlines()[-1] for proc in procs]  # after any warning
+    assert [proc.returncode for proc in procs] == [0, 0, 0] and outs == ["qwen3"] * 3
+    assert len([p for p in (tmp_path / "tiny").iterdir() if not p.name.startswith(".")]) == 1

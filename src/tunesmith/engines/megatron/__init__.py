@@ -22,6 +22,7 @@ Modules, one concern each:
   zero.py      use_distributed_optimizer: the optimizer state sharded over the data- (and context-) parallel ranks
   expert_zero.py  use_distributed_optimizer under expert parallelism: other weights and experts over their replicas
   overlap.py   overlap_grad_reduce: the data-parallel gradient sum started in the step's last backward
+  host_template.py  the Hugging Face model each process reads its shards from: host memory in turns, given back
   engine.py    MegatronEngine (the Engine interface)
 build_megatron_engine below puts them together.
 """
@@ -161,6 +162,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
                         transformer_config)
     from .degrees import ModelFacts, check_available, check_degrees
     from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
+    from .host_template import in_turns, ranks_at_once, release, template_bytes
     from .lora import adapted_parts, add_lora, megatron_targets
     from .parallel import overlapped_grad_sum, register_data_parallel
     from .rotary import RotaryAngles
@@ -170,16 +172,16 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     from .weights import family_map, language_config
 
     require_megatron()
-    hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
-    hf_config = base_model(hf_model).config
+    shape = make_model(torch.device("cpu"), True)  # on the meta device: what the checks and the turns read
+    hf_config = base_model(shape).config
     family_map(hf_config)
     vision_language = language_config(hf_config) is not hf_config
     if vision_language:
-        _check_vision_language(cfg, hf_model)
+        _check_vision_language(cfg, shape)
     facts = ModelFacts.of(language_config(hf_config), getattr(hf_config, "vision_config", None))
     if facts.num_experts and cfg.finetune.finetuning_type == "lora":
-        _check_moe_lora(hf_model)
-    lora_linears = megatron_targets(adapted_parts(hf_model)) if hasattr(hf_model, "peft_config") else None
+        _check_moe_lora(shape)
+    lora_linears = megatron_targets(adapted_parts(shape)) if hasattr(shape, "peft_config") else None
     has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts)
     check_available(cfg.megatron, facts)
@@ -192,10 +194,10 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
     config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
 
-    reward_head = getattr(hf_model, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
-    padding_idx = base_model(hf_model).get_input_embeddings().padding_idx
+    reward_head = getattr(shape, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
+    padding_idx = base_model(shape).get_input_embeddings().padding_idx
 
-    def built():
+    def built(hf_model):
         model = build_stages(hf_config, config, reward_head=reward_head)
         if cfg.megatron.recompute_granularity == "full" and facts.num_experts:
             checkpoint_layers(model, cfg.megatron.recompute_num_layers)
@@ -207,20 +209,31 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
         load_hf_state(model, hf_base_state(hf_model), hf_config)
         return model
 
-    def with_adapters(model):
+    def with_adapters(model, hf_model):
         """The LoRA run's adapters on the megatron linears, from the PeftModel's when it holds a trained one."""
         if lora_linears is not None:
             add_lora(model, lora_linears, hf_model.peft_config["default"], cfg.train.seed)
             start_lora_from_hf(model, hf_model, lora_linears)
         return model
 
-    model = built()
-    if vision_language and cfg.finetune.freeze_language_model:
-        freeze_language_model(model)
-    model = with_adapters(model).to(device)
-    # pref_reference: copy: the starting policy, adapters included, frozen
-    reference = (with_adapters(built()).to(device).eval().requires_grad_(False)
-                 if cfg.finetune.pref_reference == "copy" else None)
+    def on_host():
+        """This process's turn: the Hugging Face template, its shards into megatron-core's modules on the device,
+        then the template's memory given back except on the main process (host_template.py)."""
+        hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
+        model = built(hf_model)
+        if vision_language and cfg.finetune.freeze_language_model:
+            freeze_language_model(model)
+        model = with_adapters(model, hf_model).to(device)
+        # pref_reference: copy: the starting policy, adapters included, frozen
+        reference = (with_adapters(built(hf_model), hf_model).to(device).eval().requires_grad_(False)
+                     if cfg.finetune.pref_reference == "copy" else None)
+        if not dist.is_main():
+            release(hf_model, model, reference)
+        return hf_model, model, reference
+
+    at_once = ranks_at_once(template_bytes(shape))
+    del shape
+    hf_model, model, reference = in_turns(on_host, at_once)
     optimizer = _optimizer(model, cfg, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
     log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
@@ -229,6 +242,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     engine = MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
                             precision=precision, max_grad_norm=cfg.train.max_grad_norm,
                             skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)
+    engine.host_at_once = at_once  # a resume reads the checkpoint into the template in the same turns
     if cfg.megatron.overlap_grad_reduce:
         engine.overlapped = overlapped_grad_sum([p for p in model.parameters() if p.requires_grad])
     return engine

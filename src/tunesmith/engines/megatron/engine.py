@@ -32,6 +32,7 @@ from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, 
                     read_torch_file, schedule_at, switched_to_reference, write_torch_file)
 from ..local_step import step_of
 from ..optim import realign_schedule
+from .host_template import in_turns, is_released, refill, release
 from .lora import (adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron,
                    lora_weight_name, tower_adapters)
 from .moe import RouterBalancing
@@ -134,6 +135,7 @@ class MegatronEngine:
         # MoE over pipeline stages: each stage's number of routers, for the router logits' relay (router_relay.py)
         self.router_counts = stage_router_counts(model) if self.balancing is not None and pipelined() else None
         self.writes_state = writes_engine_state()  # this rank writes its position's engine state (collective)
+        self.host_at_once = 1  # processes of a node that read a checkpoint into their template at once
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return run_forward_backward(self, micro_batches, loss_fn)
@@ -173,13 +175,24 @@ class MegatronEngine:
             write_torch_file({"optimizer": optimizer, "scheduler": schedule}, Path(path) / engine_state_file())
 
     def _load_hf_weights(self, path: Path) -> None:
-        load_model_weights(self.hf_model, Path(path))
-        load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
-        if self.lora_linears is not None:
-            start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
-            tower = tower_of(self.model)
-            if tower is not None:  # the tower's own PEFT adapters, as saved
-                copy_lora(tower_adapters(tower), tower_adapters(hf_vision_tower(self.hf_model)))
+        """The checkpoint's Hugging Face weights through the template into the shards; a released template
+        (host_template.py) gets its memory for the read, in the build's turns, and gives it back after."""
+
+        def read():
+            released = is_released(self.hf_model)
+            if released:
+                refill(self.hf_model)
+            load_model_weights(self.hf_model, Path(path))
+            load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
+            if self.lora_linears is not None:
+                start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
+                tower = tower_of(self.model)
+                if tower is not None:  # the tower's own PEFT adapters, as saved
+                    copy_lora(tower_adapters(tower), tower_adapters(hf_vision_tower(self.hf_model)))
+            if released:
+                release(self.hf_model, self.model, self.reference_model)
+
+        in_turns(read, self.host_at_once)
 
     def load(self, path: Path, *, trusted: bool = False) -> None:
         """Weights from the checkpoint's Hugging Face export, optimizer and schedule from engine_state.pt

@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from filelock import FileLock
+
 from tunesmith.errors import ModelError
 
 from . import (deepseek_v3, gemma3, gemma3_vl, gemma3n, glm4, glm4v, gpt_oss, idefics3, internvl, llama, llama4, llava,
@@ -104,19 +106,23 @@ def build_tiny(arch: str, cache_dir: str | Path | None = None) -> Path:
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        _build_into(arch, tmp)
-        # mkdtemp (and the safetensors writer) make owner-only files; a shared cache must be readable
-        for path in (tmp, *tmp.iterdir()):
-            path.chmod(0o755 if path.is_dir() else 0o644)
+    # the processes of one launch build the same model side by side: one builds, the others wait for it
+    with FileLock(str(final.parent / f".{final.name}.lock")):
+        if (final / "config.json").is_file():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            os.rename(tmp, final)  # atomic; fails if another process got there first
-        except OSError:
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _build_into(arch, tmp)
+            # mkdtemp (and the safetensors writer) make owner-only files; a shared cache must be readable
+            for path in (tmp, *tmp.iterdir()):
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            try:
+                os.rename(tmp, final)  # atomic: a crash never leaves a half-built model under the final name
+            except OSError:  # a process without the lock (an older release sharing the cache) got there first
+                if not (final / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
