@@ -47,3 +47,4 @@ def test_each_process_works_in_its_turn(monkeypatch):
     assert turns == [1] and len(waits) == 2  # local rank 3 works in the second turn of two
     waits.clear()
     assert host_template.in_turns(lambda: "alone", 4) == "alone" and waits == []  # all at once: no barrier
+

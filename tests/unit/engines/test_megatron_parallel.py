@@ -234,3 +234,19 @@ def test_tensor_and_data_parallel_pieces_on_two_processes():
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_worker, args=(port, str(build_tiny("qwen3_vl"))), nprocs=2, join=True)
+
+
+def test_the_sharded_optimizers_schedule_is_saved_in_the_plain_shape():
+    """expert_zero.DenseAndExperts: the LR schedule's per-group lists in the plain AdamW's shape and back, also when
+    this rank's shards hold no parameter of a plain group."""
+    from tunesmith.engines.megatron.expert_zero import DenseAndExperts
+
+    zero = DenseAndExperts.__new__(DenseAndExperts)
+    zero.plain_groups = [{"weight_decay": 0.1}, {"weight_decay": 0.0}]
+    zero.param_groups = [{"weight_decay": 0.1}, {"weight_decay": 0.0}, {"weight_decay": 0.1}]  # dense, then experts
+    schedule = {"base_lrs": [1.0, 1.0, 1.0], "_last_lr": [0.5, 0.5, 0.5], "last_epoch": 3}
+    plain = zero.plain_schedule(schedule)
+    assert plain == {"base_lrs": [1.0, 1.0], "_last_lr": [0.5, 0.5], "last_epoch": 3}
+    assert zero.parts_schedule(plain) == schedule
+    zero.param_groups = [{"weight_decay": 0.1}, {"weight_decay": 0.1}]  # no norm or bias among this rank's shards
+    assert zero.plain_schedule({"base_lrs": [1.0, 1.0], "last_epoch": 3}) == {"base_lrs": [1.0, 1.0], "last_epoch": 3}

@@ -116,9 +116,11 @@ class DenseAndExperts(torch.optim.Optimizer):
         return [keys.index(group["weight_decay"]) for group in self.param_groups]
 
     def plain_schedule(self, schedule: dict) -> dict:
-        """An LR scheduler's state_dict over param_groups -> the plain AdamW's shape (an entry per plain group)."""
+        """An LR scheduler's state_dict over param_groups -> the plain AdamW's shape (an entry per plain group). A
+        rank's shards may hold no parameter of a plain group; its entry is then the first group's, as every group
+        follows one schedule from one learning rate (optim.parameter_groups)."""
         plain_of = self._plain_of_groups()
-        first = [plain_of.index(i) for i in range(len(self.plain_groups))]
+        first = [plain_of.index(i) if i in plain_of else 0 for i in range(len(self.plain_groups))]
         return {key: [value[j] for j in first] if _per_group(value, len(plain_of)) else value
                 for key, value in schedule.items()}
 
