@@ -63,6 +63,20 @@ def main():
         case("residual norm torch_fused fp32", lambda h: torch.nn.functional.rms_norm(h, (hidden,), w_hidden, 1e-6),
              x, dy_bf16.float()),
         case("q heads liger", liger, q, dq)]
+    from tunesmith.models.rms_norm_triton import add_rms_norm
+
+    branch = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def add_then_norm(h):
+        total = h + branch
+        return total + torch.nn.functional.rms_norm(total, (hidden,), w_hidden, 1e-6).to(torch.bfloat16)
+
+    def fused_add_norm(h):
+        total, y = add_rms_norm(h, branch, w_hidden, 1e-6, out_dtype=torch.bfloat16)
+        return total + y  # the next add of the layer reads both
+
+    results += [case("add + pre-norm torch (then the layer's add)", add_then_norm, x, dy_bf16.float()),
+                case("add + pre-norm fused (then the layer's add)", fused_add_norm, x, dy_bf16.float())]
     for tile in (4096, 8192, 16384):  # elements a program holds (rms_norm_triton.TILE_ELEMENTS)
         rms_norm_triton.TILE_ELEMENTS = tile
         results += [

@@ -138,3 +138,35 @@ def test_triton_rms_norm_matches_transformers_on_cuda(rows, size, hidden_dtype, 
     for got, expected in ((y, hf_y), (dx, hf_dx), (dw, hf_dw)):
         error = float((got.float() - expected.float()).norm() / expected.float().norm())
         assert error < tolerance, (hidden_dtype, out_dtype, error)
+
+
+@pytest.mark.parametrize("residual_dtype,out_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, None)])
+def test_triton_add_rms_norm_matches_the_add_then_the_norm_on_cuda(residual_dtype, out_dtype):
+    """rms_norm_triton.add_rms_norm compiled, issue 15's shape: the residual stream plus a bf16 attention output, and
+    its norm under autocast (bf16 out) or in pure bf16, against `residual + branch` then transformers' RMSNorm; the
+    gradients of both inputs (each in its own dtype) and of the weight."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from tunesmith.models.rms_norm_triton import add_rms_norm
+
+    torch.manual_seed(0)
+    norm = Qwen3RMSNorm(2048).cuda().to(torch.float32 if out_dtype else residual_dtype)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn_like(norm.weight) * 0.1)
+    residual = (torch.randn(8192, 2048, device="cuda") * 3).to(residual_dtype).requires_grad_(True)
+    branch = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    d_sum, dy = torch.randn(8192, 2048, device="cuda"), torch.randn(8192, 2048, device="cuda")
+    results = []
+    for fused in (False, True):
+        residual.grad = branch.grad = norm.weight.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if fused:
+                total, y = add_rms_norm(residual, branch, norm.weight, norm.variance_epsilon, out_dtype=out_dtype)
+            else:
+                total = residual + branch
+                y = norm(total)
+        torch.autograd.backward([total, y], [d_sum.to(total.dtype), dy.to(y.dtype)])
+        results.append([t.detach().float() for t in (total, y, residual.grad, branch.grad, norm.weight.grad)])
+    for got, expected in zip(results[1], results[0]):
+        error = float((got - expected).norm() / expected.norm())
+        assert error < (1e-5 if residual_dtype == torch.float32 and got.shape != () and out_dtype is None else 1e-2)

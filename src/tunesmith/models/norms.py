@@ -14,6 +14,10 @@ hidden size is normalised and scaled in fp32 and rounded once, over the heads (L
 rounded after the normalisation and again after the weight. One exception saves a cast: the pre-norms of the
 dense decoder layers named in PRE_NORM_LAYERS, whose output only the attention's and the MLP's linears read,
 write the autocast dtype straight away under autocast, which is the value those linears' cast would give.
+
+Those layers' training forward also adds the attention's output to the residual stream and normalises the sum in
+one kernel (`_pre_norm_layer_forward`, rms_norm_triton.add_rms_norm): the same sum in the same dtype, the same
+norm. Anything else (generation with a cache, no gradients, off CUDA) runs the layer's own forward.
 """
 
 from __future__ import annotations
@@ -36,18 +40,42 @@ PRE_NORM_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2D
 PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
+def _on_triton(hidden: torch.Tensor) -> bool:
+    """Whether the Triton kernels run here (CUDA; the CPU tests run them in Triton's interpreter)."""
+    return hidden.is_cuda
+
+
 def _norm_forward(module: torch.nn.Module, hidden: torch.Tensor, *, fallback, half_output: bool) -> torch.Tensor:
     """A Liger RMSNorm's forward: the Triton kernels on CUDA, `fallback` elsewhere."""
-    if not hidden.is_cuda:
+    if not _on_triton(hidden):
         return fallback(hidden)
     from .rms_norm_triton import rms_norm
 
     wide = module.weight.numel() >= NARROWEST
-    out_dtype = hidden.dtype
-    if half_output and hidden.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
-        out_dtype = torch.get_autocast_dtype("cuda")
+    out_dtype = _half_output_dtype(hidden) if half_output else hidden.dtype
     return rms_norm(hidden, module.weight, module.variance_epsilon, out_dtype=out_dtype,
                     round_normed=not wide and hidden.dtype != torch.float32)
+
+
+def _half_output_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """A pre-norm's output dtype: the autocast dtype for an fp32 input under autocast, else the input's."""
+    if hidden.dtype == torch.float32 and torch.is_autocast_enabled(hidden.device.type):
+        return torch.get_autocast_dtype(hidden.device.type)
+    return hidden.dtype
+
+
+def _pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A dense pre-norm decoder layer's training forward with the residual add and the second norm in one kernel;
+    transformers passes everything but the hidden states by keyword, and the attention takes them all."""
+    if args or not _on_triton(hidden_states) or not torch.is_grad_enabled() or kwargs.get("use_cache"):
+        return type(layer).forward(layer, hidden_states, *args, **kwargs)
+    from .rms_norm_triton import add_rms_norm
+
+    norm = layer.post_attention_layernorm
+    attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+    hidden_states, normed = add_rms_norm(hidden_states, attended, norm.weight, norm.variance_epsilon,
+                                         out_dtype=_half_output_dtype(hidden_states))
+    return hidden_states + layer.mlp(normed)
 
 
 def _pre_norms(model: torch.nn.Module) -> set[int]:
@@ -64,7 +92,7 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
     except ImportError:
         return 0
     pre_norms = _pre_norms(model)
-    changed = 0
+    changed, replaced = 0, set()
     for module in model.modules():
         if (isinstance(module, LigerRMSNorm) and module.offset == 0.0 and module.casting_mode == "llama"
                 and getattr(module, "weight", None) is not None
@@ -74,4 +102,9 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
             module.forward = functools.partial(_norm_forward, module, fallback=fallback,
                                                half_output=id(module) in pre_norms)
             changed += 1
+            replaced.add(id(module))
+    for layer in model.modules():
+        if type(layer).__name__ in PRE_NORM_LAYERS and id(getattr(layer, "post_attention_layernorm", None)) in (
+                replaced & pre_norms):
+            layer.forward = functools.partial(_pre_norm_layer_forward, layer)
     return changed

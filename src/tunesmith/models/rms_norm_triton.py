@@ -12,6 +12,10 @@ y = n * w computed in fp32 and rounded once to the output dtype. `round_normed` 
 dtype before the weight, as transformers and Liger do for a half-precision input. The output dtype may differ
 from the input's: under bf16 autocast a pre-norm over the fp32 residual stream can write bf16 straight away,
 which is the cast every linear reading it would make (the same value: one rounding of the fp32 product).
+
+`add_rms_norm` also adds a residual branch first (a decoder layer's `residual + attention output` before its
+second norm): one kernel writes the sum and its norm, and one backward kernel writes both inputs' gradients (the
+residual's in its dtype, the branch's in its own: the cast the add's backward made in a separate, slow kernel).
 """
 
 from __future__ import annotations
@@ -74,6 +78,55 @@ def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, rows, cols,
         tl.store(dw_ptr + program * cols + c, dw, mask=col_ok)
 
 
+@triton.jit
+def _add_forward_kernel(r_ptr, b_ptr, w_ptr, s_ptr, y_ptr, rstd_ptr, rows, cols, eps,
+                        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.arange(0, BLOCK_N)
+    row_ok, col_ok = r < rows, c < cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    offsets = r[:, None] * cols + c[None, :]
+    total = (tl.load(r_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+             + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+    total = total.to(s_ptr.dtype.element_ty)  # the sum as the residual stream holds it (rounded in pure bf16)
+    tl.store(s_ptr + offsets, total, mask=mask)
+    x = total.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / cols + eps)
+    w = tl.load(w_ptr + c, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offsets, (x * rstd[:, None] * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + r, rstd, mask=row_ok)
+
+
+@triton.jit
+def _add_backward_kernel(ds_ptr, dy_ptr, s_ptr, w_ptr, rstd_ptr, dr_ptr, db_ptr, dw_ptr, rows, cols,
+                         tiles_per_program, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                         WEIGHT_GRAD: tl.constexpr):
+    program = tl.program_id(0)
+    c = tl.arange(0, BLOCK_N)
+    col_ok = c < cols
+    w = tl.load(w_ptr + c, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in range(tiles_per_program):
+        r = ((program * tiles_per_program + i) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        row_ok = r < rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        offsets = r[:, None] * cols + c[None, :]
+        x = tl.load(s_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + r, mask=row_ok, other=0.0)
+        normed = x * rstd[:, None]
+        if WEIGHT_GRAD:
+            dw += tl.sum(dy * normed, axis=0)
+        dn = dy * w[None, :]
+        mean_dn_n = tl.sum(dn * normed, axis=1) / cols
+        total = (rstd[:, None] * (dn - normed * mean_dn_n[:, None])
+                 + tl.load(ds_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+        tl.store(dr_ptr + offsets, total.to(dr_ptr.dtype.element_ty), mask=mask)
+        tl.store(db_ptr + offsets, total.to(db_ptr.dtype.element_ty), mask=mask)
+    if WEIGHT_GRAD:
+        tl.store(dw_ptr + program * cols + c, dw, mask=col_ok)
+
+
 def _blocks(cols: int) -> tuple[int, int, int]:
     """(rows a tile, features padded to a power of two, warps)."""
     block_n = triton.next_power_of_2(cols)
@@ -85,6 +138,15 @@ def _blocks(cols: int) -> tuple[int, int, int]:
 def _programs(device_index: int) -> int:
     """Backward programs: a few per multiprocessor, so the partial weight-gradient rows stay few."""
     return 4 * torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _backward_grid(rows: int, cols: int, device: torch.device) -> tuple[int, int]:
+    """(programs, tiles a program) for a backward kernel over `rows`."""
+    block_r = _blocks(cols)[0]
+    tiles = triton.cdiv(rows, block_r)
+    wanted = _programs(device.index or 0) if device.type == "cuda" else 4
+    per_program = triton.cdiv(tiles, min(tiles, wanted))
+    return triton.cdiv(tiles, per_program), per_program
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -109,10 +171,7 @@ class _RMSNorm(torch.autograd.Function):
         rows, cols = x2.shape
         dy2 = dy.reshape(-1, cols).contiguous()
         block_r, block_n, warps = _blocks(cols)
-        tiles = triton.cdiv(rows, block_r)
-        wanted = _programs(x2.device.index or 0) if x2.is_cuda else 4
-        per_program = triton.cdiv(tiles, min(tiles, wanted))
-        programs = triton.cdiv(tiles, per_program)
+        programs, per_program = _backward_grid(rows, cols, x2.device)
         weight_grad = ctx.needs_input_grad[1]
         dx = torch.empty_like(x2)
         partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=x2.device)
@@ -128,3 +187,45 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out_dtype: to
     """Llama-form RMSNorm of the last dimension through the Triton kernels (module docstring); `out_dtype`
     defaults to the input's."""
     return _RMSNorm.apply(x, weight, eps, out_dtype or x.dtype, round_normed)
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, residual, branch, weight, eps: float, out_dtype: torch.dtype):
+        shape, cols = residual.shape, residual.shape[-1]
+        r2, b2 = (t.reshape(-1, cols).contiguous() for t in (residual, branch))
+        rows = r2.shape[0]
+        total = torch.empty_like(r2)
+        y = torch.empty((rows, cols), dtype=out_dtype, device=r2.device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=r2.device)
+        block_r, block_n, warps = _blocks(cols)
+        _add_forward_kernel[(triton.cdiv(rows, block_r),)](r2, b2, weight, total, y, rstd, rows, cols, eps,
+                                                           BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+        ctx.save_for_backward(total, weight, rstd)
+        ctx.shape, ctx.branch_dtype = shape, branch.dtype
+        return total.view(shape), y.view(shape)
+
+    @staticmethod
+    def backward(ctx, d_total, dy):
+        total, weight, rstd = ctx.saved_tensors
+        rows, cols = total.shape
+        d_total = torch.zeros_like(total) if d_total is None else d_total.reshape(-1, cols).contiguous()
+        dy = torch.zeros_like(total) if dy is None else dy.reshape(-1, cols).contiguous()
+        block_r, block_n, warps = _blocks(cols)
+        programs, per_program = _backward_grid(rows, cols, total.device)
+        weight_grad = ctx.needs_input_grad[2]
+        d_residual = torch.empty_like(total)
+        d_branch = torch.empty((rows, cols), dtype=ctx.branch_dtype, device=total.device)
+        partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=total.device)
+        _add_backward_kernel[(programs,)](d_total, dy, total, weight, rstd, d_residual, d_branch, partial, rows, cols,
+                                          per_program, BLOCK_R=block_r, BLOCK_N=block_n, WEIGHT_GRAD=weight_grad,
+                                          num_warps=warps)
+        dw = partial.sum(0).to(weight.dtype) if weight_grad else None
+        return d_residual.view(ctx.shape), d_branch.view(ctx.shape), dw, None, None
+
+
+def add_rms_norm(residual: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                 out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + branch, its Llama-form RMSNorm) through the Triton kernels: the sum in the residual's dtype,
+    the norm in `out_dtype` (default the residual's)."""
+    return _AddRMSNorm.apply(residual, branch, weight, eps, out_dtype or residual.dtype)

@@ -1,5 +1,6 @@
 """models/rms_norm_triton.py: the Triton RMSNorm's output and gradients equal transformers' RMSNorm (Llama's form)
-for the dtypes a run meets. Run on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set before Triton is
+for the dtypes a run meets, and the fused residual add + RMSNorm equals the add then the norm; norms.py's decoder
+layer forward equals transformers' layer. Run on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set before Triton is
 imported, hence a subprocess); tests/gpu/test_step_sync_gpu.py runs the compiled kernels against it on a GPU."""
 
 import os
@@ -42,6 +43,28 @@ CHECK = textwrap.dedent("""
     case(300, 16, torch.bfloat16, torch.float32, None, True)             # q/k heads under autocast (Liger's form)
     case(41, 96, torch.bfloat16, torch.bfloat16, None, False)            # pure bf16
     case(5, 96, torch.float32, torch.float32, None, False, train_weight=False)  # frozen weight (LoRA)
+
+    from tunesmith.models.rms_norm_triton import add_rms_norm
+
+    for residual_dtype, branch_dtype, out_dtype in ((torch.float32, torch.bfloat16, torch.bfloat16),
+                                                    (torch.bfloat16, torch.bfloat16, None)):
+        torch.manual_seed(1)
+        norm = Qwen3RMSNorm(96, eps=1e-6).to(residual_dtype if out_dtype is None else torch.float32)
+        residual = torch.randn(3, 7, 96).to(residual_dtype).requires_grad_()
+        branch = torch.randn(3, 7, 96).to(branch_dtype).requires_grad_()
+        d_sum, dy = torch.randn(3, 7, 96), torch.randn(3, 7, 96)
+        total = residual + branch
+        expected = norm(total)
+        torch.autograd.backward([total, expected], [d_sum.to(total.dtype), dy.to(expected.dtype)])
+        want = [t.detach().float() for t in (total, expected, residual.grad, branch.grad, norm.weight.grad)]
+        residual.grad = branch.grad = norm.weight.grad = None
+        got_total, got = add_rms_norm(residual, branch, norm.weight, 1e-6, out_dtype=out_dtype)
+        assert got_total.dtype == residual_dtype and got.dtype == (out_dtype or residual_dtype)
+        torch.autograd.backward([got_total, got], [d_sum.to(got_total.dtype), dy.to(got.dtype)])
+        assert residual.grad.dtype == residual_dtype and branch.grad.dtype == branch_dtype
+        tol = 2e-2 if torch.bfloat16 in (residual_dtype, out_dtype) else 1e-5
+        for g, w in zip((got_total, got, residual.grad, branch.grad, norm.weight.grad), want):
+            torch.testing.assert_close(g.detach().float(), w, rtol=tol, atol=tol * 10)
     print("ok")
 """)
 
@@ -49,4 +72,52 @@ CHECK = textwrap.dedent("""
 def test_triton_rms_norm_matches_transformers_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+LAYER_CHECK = textwrap.dedent("""
+    import sys, types
+    import torch
+    import transformers
+    from transformers.models.qwen3 import modeling_qwen3
+    from tunesmith.models import norms
+
+    sys.modules["liger_kernel.transformers.rms_norm"] = types.SimpleNamespace(LigerRMSNorm=modeling_qwen3.Qwen3RMSNorm)
+    modeling_qwen3.Qwen3RMSNorm.offset, modeling_qwen3.Qwen3RMSNorm.casting_mode = 0.0, "llama"
+    norms._on_triton = lambda hidden: True
+    config = transformers.Qwen3Config(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=128, vocab_size=64,
+                                      use_cache=False)  # as models/load.py sets it for training
+    from tunesmith.models import rms_norm_triton
+    calls = []
+    fused_add = rms_norm_triton.add_rms_norm
+    rms_norm_triton.add_rms_norm = lambda *a, **k: calls.append(1) or fused_add(*a, **k)
+    torch.manual_seed(0)
+    plain = modeling_qwen3.Qwen3ForCausalLM(config)
+    fused = modeling_qwen3.Qwen3ForCausalLM(config)
+    fused.load_state_dict(plain.state_dict())
+    assert norms.use_fused_rms_norms(fused) == 2 * 4 + 1
+    assert all(isinstance(layer.forward, __import__("functools").partial) for layer in fused.model.layers)
+    ids = torch.randint(0, 64, (2, 9))
+    results = []
+    for model in (plain, fused):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.float() for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert len(calls) == 2  # one fused add + norm a layer
+    torch.testing.assert_close(loss_b, loss_a, rtol=2e-2, atol=2e-2)
+    for name, grad in grads_a.items():
+        error = float((grads_b[name] - grad).norm() / grad.norm().clamp_min(1e-12))
+        assert error < 5e-2, (name, error)
+    print("ok")
+""")
+
+
+def test_the_fused_decoder_layer_gives_transformers_layer_in_the_interpreter():
+    """norms.use_fused_rms_norms on a Qwen3 model (transformers' RMSNorm standing in for Liger's): every norm and
+    every layer's forward replaced, and under bf16 autocast the loss and every gradient those of the model without."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", LAYER_CHECK], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
