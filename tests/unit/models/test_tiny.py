@@ -175,15 +175,19 @@ def test_generate_runs_with_the_saved_generation_config(tiny_qwen3):
 
 
 def test_processes_building_the_same_model_at_once_all_get_it_whole(tmp_path):
-    """The processes of one launch (torchrun) build a tiny model on a fresh cache side by side: one builds under the
-    lock, the others wait and read its folder, whole."""
+    """The ranks of one launch (torchrun, torch.distributed initialised) build a tiny model on a fresh cache side by
+    side: one builds under the lock (here not rank 0, which transformers alone would let write the model), the
+    others wait and read its folder, whole."""
     import subprocess
     import sys
 
-    script = ("import json, sys; from tunesmith.models.tiny.build import build_tiny; "
+    script = ("import json, sys, time, torch.distributed as d; from tunesmith.models.tiny.build import build_tiny; "
+              "rank = int(sys.argv[2]); d.init_process_group('gloo', init_method='file://' + sys.argv[1] + '/store', "
+              "rank=rank, world_size=3); time.sleep(3 if rank == 0 else 0); "
               "p = build_tiny('qwen3', sys.argv[1]); print(json.loads((p / 'config.json').read_text())['model_type'])")
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(rank)], stdout=subprocess.PIPE,
+                              text=True) for rank in range(3)]
     outs = [proc.communicate(timeout=300)[0].strip().splitlines()[-1] for proc in procs]  # after any warning
     assert [proc.returncode for proc in procs] == [0, 0, 0] and outs == ["qwen3"] * 3
-    assert len([p for p in (tmp_path / "tiny").iterdir() if not p.name.startswith(".")]) == 1
+    folders = [p for p in (tmp_path / "tiny").iterdir() if not p.name.startswith(".")]
+    assert len(folders) == 1 and (folders[0] / "model.safetensors").is_file()

@@ -144,8 +144,13 @@ def _build_into(arch: str, out: Path) -> None:
             model = build_mm_model(spec, _MM_CONFIG_BUILDERS[arch](spec, tokenizer))
         else:
             model = build_text_model(spec, tokenizer)
+        # transformers writes a model only on rank 0 once torch.distributed is initialised; this folder is private
+        # to the process that holds the build lock, whichever rank that is
+        model.should_save_on_this_rank = lambda is_main_process: True
         model.save_pretrained(out)
         generation.save_pretrained(out)
+        if not (out / "config.json").is_file():
+            raise ModelError(f"building tiny:{arch}: transformers wrote no config.json into {out}")
     finally:
         if bars:
             hf_logging.enable_progress_bar()
