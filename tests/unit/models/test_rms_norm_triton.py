@@ -84,6 +84,7 @@ LAYER_CHECK = textwrap.dedent("""
 
     sys.modules["liger_kernel.transformers.rms_norm"] = types.SimpleNamespace(LigerRMSNorm=modeling_qwen3.Qwen3RMSNorm)
     modeling_qwen3.Qwen3RMSNorm.offset, modeling_qwen3.Qwen3RMSNorm.casting_mode = 0.0, "llama"
+    norms.TRITON_NORMS = True
     norms._on_triton = lambda hidden: True
     config = transformers.Qwen3Config(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=128, vocab_size=64,
