@@ -48,9 +48,11 @@ def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, cols, eps,
 
 
 @triton.jit
-def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, rows, cols, tiles_per_program,
+def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, ds_ptr, db_ptr, rows, cols, tiles_per_program,
                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_NORMED: tl.constexpr,
-                     WEIGHT_GRAD: tl.constexpr):
+                     WEIGHT_GRAD: tl.constexpr, ADD: tl.constexpr):
+    """dx (and the weight gradient's partial row of this program) from dy; with ADD (add_rms_norm) x is the sum,
+    whose own gradient ds joins dx, and the branch's gradient db is the same total in the branch's dtype."""
     program = tl.program_id(0)
     c = tl.arange(0, BLOCK_N)
     col_ok = c < cols
@@ -73,6 +75,9 @@ def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, rows, cols,
         dn = dy * w[None, :]
         mean_dn_n = tl.sum(dn * normed, axis=1) / cols
         dx = rstd[:, None] * (dn - normed * mean_dn_n[:, None])
+        if ADD:
+            dx += tl.load(ds_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            tl.store(db_ptr + offsets, dx.to(db_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if WEIGHT_GRAD:
         tl.store(dw_ptr + program * cols + c, dw, mask=col_ok)
@@ -95,36 +100,6 @@ def _add_forward_kernel(r_ptr, b_ptr, w_ptr, s_ptr, y_ptr, rstd_ptr, rows, cols,
     w = tl.load(w_ptr + c, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offsets, (x * rstd[:, None] * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + r, rstd, mask=row_ok)
-
-
-@triton.jit
-def _add_backward_kernel(ds_ptr, dy_ptr, s_ptr, w_ptr, rstd_ptr, dr_ptr, db_ptr, dw_ptr, rows, cols,
-                         tiles_per_program, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                         WEIGHT_GRAD: tl.constexpr):
-    program = tl.program_id(0)
-    c = tl.arange(0, BLOCK_N)
-    col_ok = c < cols
-    w = tl.load(w_ptr + c, mask=col_ok, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in range(tiles_per_program):
-        r = ((program * tiles_per_program + i) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-        row_ok = r < rows
-        mask = row_ok[:, None] & col_ok[None, :]
-        offsets = r[:, None] * cols + c[None, :]
-        x = tl.load(s_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + r, mask=row_ok, other=0.0)
-        normed = x * rstd[:, None]
-        if WEIGHT_GRAD:
-            dw += tl.sum(dy * normed, axis=0)
-        dn = dy * w[None, :]
-        mean_dn_n = tl.sum(dn * normed, axis=1) / cols
-        total = (rstd[:, None] * (dn - normed * mean_dn_n[:, None])
-                 + tl.load(ds_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
-        tl.store(dr_ptr + offsets, total.to(dr_ptr.dtype.element_ty), mask=mask)
-        tl.store(db_ptr + offsets, total.to(db_ptr.dtype.element_ty), mask=mask)
-    if WEIGHT_GRAD:
-        tl.store(dw_ptr + program * cols + c, dw, mask=col_ok)
 
 
 def _blocks(cols: int) -> tuple[int, int, int]:
@@ -175,9 +150,9 @@ class _RMSNorm(torch.autograd.Function):
         weight_grad = ctx.needs_input_grad[1]
         dx = torch.empty_like(x2)
         partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=x2.device)
-        _backward_kernel[(programs,)](dy2, x2, weight, rstd, dx, partial, rows, cols, per_program,
+        _backward_kernel[(programs,)](dy2, x2, weight, rstd, dx, partial, dx, dx, rows, cols, per_program,
                                       BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=ctx.round_normed,
-                                      WEIGHT_GRAD=weight_grad, num_warps=warps)
+                                      WEIGHT_GRAD=weight_grad, ADD=False, num_warps=warps)
         dw = partial.sum(0).to(weight.dtype) if weight_grad else None
         return dx.view(ctx.shape), dw, None, None, None
 
@@ -217,9 +192,9 @@ class _AddRMSNorm(torch.autograd.Function):
         d_residual = torch.empty_like(total)
         d_branch = torch.empty((rows, cols), dtype=ctx.branch_dtype, device=total.device)
         partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=total.device)
-        _add_backward_kernel[(programs,)](d_total, dy, total, weight, rstd, d_residual, d_branch, partial, rows, cols,
-                                          per_program, BLOCK_R=block_r, BLOCK_N=block_n, WEIGHT_GRAD=weight_grad,
-                                          num_warps=warps)
+        _backward_kernel[(programs,)](dy, total, weight, rstd, d_residual, partial, d_total, d_branch, rows, cols,
+                                      per_program, BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=False,
+                                      WEIGHT_GRAD=weight_grad, ADD=True, num_warps=warps)
         dw = partial.sum(0).to(weight.dtype) if weight_grad else None
         return d_residual.view(ctx.shape), d_branch.view(ctx.shape), dw, None, None
 
