@@ -82,6 +82,11 @@ def max_int(value: int) -> int:
     return int(_all_reduce(value, torch.long, dist.ReduceOp.MAX, over_data=False))
 
 
+def min_int(value: int) -> int:
+    """The smallest value of an integer over all processes."""
+    return -max_int(-value)
+
+
 def set_data_parallel(group, rank_in_group: int, size: int) -> None:
     """Register the data-parallel group of a model-parallel engine (None: back to every rank its own data)."""
     global _DATA

@@ -30,7 +30,7 @@ OPTIONAL: dict[str, Extra] = {
     "math-verify": Extra("math_verify", "math-verify answer matching in the accuracy reward",
                              "pip install 'tunesmith[math]'"),
     "av": Extra("av", "video/audio decoding (vision/audio-language models)", "pip install av"),
-    "megatron-core": Extra("megatron.core", "backend: megatron / USE_MCA=1 (Megatron-Core engine, one process, "
+    "megatron-core": Extra("megatron.core", "backend: megatron / USE_MCA=1 (Megatron-Core engine, TP/PP/CP/EP/DP, "
                            "local layer spec; tested with megatron-core " + "0.19.2)",
                            "pip install 'tunesmith[megatron]'"),
 }

@@ -22,6 +22,24 @@ def test_release_drops_what_the_megatron_model_does_not_share_and_refill_gives_i
     template["lm"].load_state_dict({"weight": torch.ones(8, 4), "bias": torch.zeros(8)})
 
 
+def test_a_lora_resume_refills_only_the_adapters():
+    """An adapter checkpoint holds only LoRA tensors: the released base stays on the meta device (reading it
+    back would copy uninitialised memory into the megatron model)."""
+    template = torch.nn.ModuleDict({"q": torch.nn.Linear(4, 4)})
+    template["q"].lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(4, 2, bias=False)})
+    host_template.release(template)
+    host_template.refill(template, adapters_only=True)
+    assert template["q"].weight.is_meta and not template["q"].lora_A["default"].weight.is_meta
+
+
+def test_every_process_takes_the_smallest_number_of_turns(monkeypatch):
+    from tunesmith import dist
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "max_int", lambda value: -1)  # another process fits only one at a time
+    assert host_template.ranks_at_once(1) == 1
+
+
 def test_as_many_processes_build_at_once_as_the_host_memory_holds(monkeypatch):
     import psutil
 

@@ -115,9 +115,6 @@ def _recompute_problems(m, model: ModelFacts) -> list[str]:
     return []
 
 
-_FSDP2 = "use backend: fsdp2 or deepspeed for multi-GPU training of this configuration"
-
-
 def unavailable_problems(m, model: ModelFacts) -> list[str]:
     """What this release's Megatron engine does not run, each with the reason and the alternative: tensor (TP, with
     or without sequence parallelism), pipeline (PP, with or without the interleaved schedule), context (CP) and

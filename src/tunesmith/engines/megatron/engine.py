@@ -179,12 +179,14 @@ class MegatronEngine:
         (host_template.py) gets its memory for the read, in the build's turns, and gives it back after."""
 
         def read():
+            adapters_only = self.lora_linears is not None  # the base is frozen: the build's weights still hold
             released = is_released(self.hf_model)
             if released:
-                refill(self.hf_model)
+                refill(self.hf_model, adapters_only=adapters_only)
             load_model_weights(self.hf_model, Path(path))
-            load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
-            if self.lora_linears is not None:
+            if not adapters_only:
+                load_hf_state(self.model, hf_base_state(self.hf_model), self.hf_config)
+            else:
                 start_lora_from_hf(self.model, self.hf_model, self.lora_linears)
                 tower = tower_of(self.model)
                 if tower is not None:  # the tower's own PEFT adapters, as saved

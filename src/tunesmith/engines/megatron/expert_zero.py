@@ -111,7 +111,9 @@ class DenseAndExperts(torch.optim.Optimizer):
         self._use_parts_groups()
 
     def _plain_of_groups(self) -> list[int]:
-        """For each of param_groups (the parts'), the index of the plain group it was split from."""
+        """For each of param_groups (the parts'), the index of the plain group it was split from, found by weight
+        decay (a sharded part's groups hold its flat shards, not the model's parameters). With weight_decay: 0
+        both plain groups match the first; their settings and schedule are then the same, so nothing differs."""
         keys = [group["weight_decay"] for group in self.plain_groups]
         return [keys.index(group["weight_decay"]) for group in self.param_groups]
 

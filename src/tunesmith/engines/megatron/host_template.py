@@ -8,7 +8,9 @@ would need about 1 TB of host memory. So:
 - after its turn every process but the main one drops the template's parameters (`release`): the main process
   keeps its own, which writes the Hugging Face checkpoint at every save (MegatronEngine.export_hf). A vision
   tower the megatron model shares with the template is kept (it trains);
-- a resume reads the checkpoint into the template again (`refill`, in turns too), then releases it.
+- a resume reads the checkpoint into the template again (`refill`, in turns too), then releases it; a LoRA
+  run's checkpoint holds only the adapters, so only they get memory, and the frozen base in megatron-core's
+  modules stays as built.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def ranks_at_once(needed: int) -> int:
         return max(local, 1)
     available = psutil.virtual_memory().available * HEADROOM
     fit = int(available // needed) - 1  # one template stays with the main process
-    at_once = max(1, min(local, fit))
+    at_once = dist.min_int(max(1, min(local, fit)))  # every process takes the same turns (their barriers match)
     if at_once < local:
         log.info("Megatron: %d of this node's %d processes build the Hugging Face model on the CPU at a time "
                  "(%.1f GiB each, %.1f GiB available)", at_once, local, needed / 2**30, available / HEADROOM / 2**30)
@@ -72,9 +74,12 @@ def release(template: torch.nn.Module, *keep: torch.nn.Module) -> None:
                                                               requires_grad=param.requires_grad)
 
 
-def refill(template: torch.nn.Module) -> None:
-    """Give released parameters CPU memory again (uninitialised: a checkpoint is read into them next)."""
-    for module in template.modules():
+def refill(template: torch.nn.Module, *, adapters_only: bool = False) -> None:
+    """Give released parameters CPU memory again (uninitialised: a checkpoint is read into them next); with
+    adapters_only, only the LoRA adapters' (an adapter checkpoint holds nothing else)."""
+    for module_name, module in template.named_modules():
+        if adapters_only and ".lora_" not in f".{module_name}":
+            continue
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
                 module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
