@@ -77,16 +77,17 @@ def test_vllm_cuda_generates_with_the_pushed_weights(setup):
     check_weight_push(model, rollout, greedy, prompts, check_gap, scale=0.05, sleep_first=True)
 
 
-@pytest.mark.parametrize("finetuning", ["full", "lora"])
-def test_grpo_cli_with_vllm_on_the_gpu(tmp_path, folder, finetuning):
-    out = tmp_path / finetuning
+@pytest.mark.parametrize("finetuning,fp32_head", [("full", False), ("lora", False), ("full", True)])
+def test_grpo_cli_with_vllm_on_the_gpu(tmp_path, folder, finetuning, fp32_head):
+    """fp32_head: cast_lm_head_to_fp32, vLLM's logits through tunesmith's out-of-tree logits layer."""
+    out = tmp_path / f"{finetuning}-{fp32_head}"
     lr = {"full": 1e-3, "lora": 1e-2}[finetuning]
     config = {"stage": "grpo", "model_name_or_path": str(folder), "dataset": "arith_rl",
               "dataset_dir": str(REPO / "data"), "template": "qwen3_nothink", "max_samples": 16, "max_steps": 3,
               "num_generations": 4, "prompts_per_step": 2, "max_new_tokens": 16, "per_device_train_batch_size": 8,
               "learning_rate": lr, "logging_steps": 1, "bf16": True, "rollout_backend": "vllm",
               "rollout_gpu_memory_utilization": SHARE, "finetuning_type": finetuning, "lora_rank": 8,
-              "save_strategy": "no", "report_to": "none", "output_dir": str(out),
+              "save_strategy": "no", "report_to": "none", "output_dir": str(out), "cast_lm_head_to_fp32": fp32_head,
               "reward_funcs": [f"{tmp_path / 'reward.py'}:by_length"]}
     (tmp_path / "reward.py").write_text(  # varied within each group, so every step has a gradient
         "def by_length(prompts, completions, **columns):\n    return [len(c) / 10 for c in completions]\n")
@@ -94,6 +95,6 @@ def test_grpo_cli_with_vllm_on_the_gpu(tmp_path, folder, finetuning):
     cmd = [sys.executable, "-m", "tunesmith", "train", str(tmp_path / "grpo.yaml")]
     subprocess.run(cmd, check=True, cwd=REPO)
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "rollout_kl" in m]
-    print(finetuning, [(round(m["rollout_logp_diff_mean"], 5), round(m["rollout_logp_diff_max"], 3)) for m in steps])
+    print(finetuning, fp32_head, [(round(m["rollout_logp_diff_mean"], 5), round(m["rollout_logp_diff_max"], 3)) for m in steps])
     assert len(steps) == 3 and all(m["grad_norm"] > 0 for m in steps)
     assert all(m["rollout_logp_diff_mean"] <= MEAN_GAP for m in steps), steps

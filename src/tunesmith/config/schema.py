@@ -375,6 +375,10 @@ class RLConfig(_Group):
         "none", description="Correct the sampler/trainer log-prob gap: tis weights each token's loss by "
         "min(p_trainer / p_sampler, rollout_tis_cap); seq_mask drops sequences whose geometric-mean ratio leaves "
         "[rollout_seq_mask_low, rollout_seq_mask_high].")
+    cast_lm_head_to_fp32: bool = Field(
+        False, description="The output layer's logits in fp32 in the trainer and in the rollout engine (TRL's key; "
+        "ScaleRL): both multiply the same bf16 operands with fp32 sums, which narrows the sampler/trainer "
+        "log-prob gap; models.fp32_head.")
     rollout_tis_cap: float = Field(2.0, gt=0, description="tis: the cap of the token importance weight.")
     rollout_seq_mask_low: float = Field(0.9, gt=0, description="seq_mask: the lowest kept sequence ratio.")
     rollout_seq_mask_high: float = Field(1.1, gt=0, description="seq_mask: the highest kept sequence ratio.")

@@ -35,10 +35,11 @@ def _vllm(model, media, world_size, vllm_args):
                              "rollout_backend: hf")
     check_head_size(model.config, param.device.type)
     args = dict(vllm_args())
+    fp32_logits = args.pop("fp32_logits", False)
     kv = kv_cache_bytes(model.config, num_seqs=args.pop("num_seqs"), max_model_len=args["max_model_len"],
                         dtype=param.dtype)
     return VllmRollout(engine_args(**args, device_type=param.device.type, kv_bytes=kv), param.device.type,
-                       image_token_id=getattr(model.config, "image_token_id", None))
+                       image_token_id=getattr(model.config, "image_token_id", None), fp32_logits=fp32_logits)
 
 
 ROLLOUT_BACKENDS: dict[str, Callable] = {"hf": _hf, "hf_paged": _hf_paged, "vllm": _vllm}

@@ -107,13 +107,57 @@ def one_placeholder_per_image(ids: list[int], image_token_id: int) -> list[int]:
     return [t for k, t in enumerate(ids) if t != image_token_id or k == 0 or ids[k - 1] != image_token_id]
 
 
+_FP32_LOGITS = {"on": False, "registered": False}
+
+
+def fp32_logits_in_vllm(on: bool) -> None:
+    """cast_lm_head_to_fp32: the engine built next computes its logits as models/fp32_head.py does (its bf16
+    hidden states and lm_head weight, fp32 products and sums). vLLM 0.25 takes an fp32 head for pooling models
+    only, so its logits layer is replaced through its out-of-tree layer hook (PluggableLayer.register_oot),
+    once per process; each logits layer reads the setting when it is built."""
+    _FP32_LOGITS["on"] = on
+    if not on or _FP32_LOGITS["registered"]:
+        return
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    if not hasattr(LogitsProcessor, "register_oot"):
+        raise TunesmithError("cast_lm_head_to_fp32 with rollout_backend: vllm needs vLLM's out-of-tree layer hook "
+                             f"(PluggableLayer.register_oot, vLLM 0.25); the installed vLLM lacks it: {INSTALL}, "
+                             "or set cast_lm_head_to_fp32: false")
+    LogitsProcessor.register_oot(name="LogitsProcessor")(_fp32_logits_layer(LogitsProcessor))
+    _FP32_LOGITS["registered"] = True
+
+
+def _fp32_logits_layer(base: type) -> type:
+    from ..models.fp32_head import HALF, exact_tf32
+
+    class Fp32LogitsProcessor(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fp32 = _FP32_LOGITS["on"]
+
+        def _get_logits(self, hidden_states, lm_head, embedding_bias):
+            weight = getattr(lm_head, "weight", None)
+            if not self.fp32 or weight is None or weight.dtype not in HALF:  # off, or a quantized head
+                return super()._get_logits(hidden_states, lm_head, embedding_bias)
+            bias = None if embedding_bias is None else embedding_bias.float()
+            with exact_tf32(hidden_states.device):
+                logits = torch.nn.functional.linear(hidden_states.to(weight.dtype).float(), weight.float(), bias)
+            logits = self._gather_logits(logits)
+            return None if logits is None else logits[..., : self.org_vocab_size]
+
+    return Fp32LogitsProcessor
+
+
 class VllmRollout:
     shares_weights = False
     raw_media = True  # generate() takes each prompt's decoded images (vLLM runs the processor itself)
 
-    def __init__(self, args: dict, device_type: str, image_token_id: int | None = None):
+    def __init__(self, args: dict, device_type: str, image_token_id: int | None = None,
+                 fp32_logits: bool = False):
         from vllm import LLM
 
+        fp32_logits_in_vllm(fp32_logits)
         with _engine_env(device_type):
             self.llm = LLM(**args)
         self.image_token_id = image_token_id

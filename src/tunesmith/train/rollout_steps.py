@@ -83,7 +83,8 @@ class RolloutSteps:
         width = max(len(p["ids"]) for p in self.prompts + self.eval_prompts) + self.rl.max_new_tokens
         num_seqs = max(self.rl.prompts_per_step * self.rl.num_generations, self.rl.eval_num_prompts)
         return {"model_path": engine.model.config.name_or_path, "dtype": dtype, "gpu_memory_utilization": share,
-                "max_model_len": width, "seed": self.cfg.train.seed, "num_seqs": num_seqs}
+                "max_model_len": width, "seed": self.cfg.train.seed, "num_seqs": num_seqs,
+                "fp32_logits": self.rl.cast_lm_head_to_fp32}
 
     # ---- prompts --------------------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:

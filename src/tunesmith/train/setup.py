@@ -251,6 +251,10 @@ def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int], layers:
         _set_stop_tokens(model, stop_ids)
         model = apply_finetuning(model, cfg.finetune, cfg.model.adapter_name_or_path)
         share_input_casts(model)
+        if stage.is_online_rl and cfg.rl.cast_lm_head_to_fp32:
+            from ..models.fp32_head import install_fp32_head
+
+            install_fp32_head(model)
         if cfg.model.enable_liger_kernel and method.outputs == "nll":
             from ..models.kernels import install_fused_ce
 

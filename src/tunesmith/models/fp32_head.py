@@ -1,0 +1,96 @@
+"""`cast_lm_head_to_fp32` (online RL): the output layer's logits in fp32, as the rollout engine computes them.
+
+In bf16 the last step from hidden states to logits rounds every logit to 8 bits of mantissa, and the trainer's
+and the sampler's kernels round differently: that rounding is the largest part of the gap between their
+log-probs (ScaleRL; TRL's `cast_lm_head_to_fp32`, NeMo-RL's `fp32_lm_head`). Here both sides take the same
+half-precision operands (the hidden states and the weight rounded to the compute dtype, exactly what vLLM holds
+after a weight push) and multiply them with fp32 products and sums, so only the summation order differs.
+
+The product of two bf16 (or fp16) numbers is exact in TF32, so on CUDA the forward matmul runs on TF32 tensor
+cores at no loss. The backward runs in the compute dtype, as it would under autocast: the gradients are those of
+the plain run up to the logits' own rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import TunesmithError
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+@contextlib.contextmanager
+def exact_tf32(device: torch.device):
+    """TF32 matmuls on CUDA for operands that are half-precision values (exact there), restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
+
+
+class _HalfOperandsFp32Logits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, half):
+        x, w = hidden.to(half), weight.to(half)
+        ctx.save_for_backward(x, w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        with exact_tf32(x.device):
+            return F.linear(x.float(), w.float())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        g = grad.to(x.dtype)
+        grad_x = (g @ w).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (g.reshape(-1, g.shape[-1]).T @ x.reshape(-1, x.shape[-1])).to(ctx.dtypes[1])
+        return grad_x, grad_w, None
+
+
+def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """The half precision the head would run in: autocast's, else the weight's; None for an fp32 run."""
+    kind = hidden.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        return dtype if dtype in HALF else None
+    return weight.dtype if weight.dtype in HALF else None
+
+
+def fp32_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """hidden @ weight.T (+ bias) in fp32, from the operands rounded to the run's compute dtype."""
+    half = compute_dtype(hidden, weight)
+    with torch.autocast(hidden.device.type, enabled=False):
+        if half is None:
+            logits = F.linear(hidden.float(), weight.float())
+        else:
+            logits = _HalfOperandsFp32Logits.apply(hidden, weight, half)
+        if bias is not None:
+            logits = logits + (bias.to(half) if half is not None else bias).float()
+    return logits
+
+
+def install_fp32_head(model) -> None:
+    """The model's output layer returns fp32 logits (fp32_logits); its parameters and names are unchanged."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise TunesmithError(f"cast_lm_head_to_fp32 needs a plain linear output layer; this model's is "
+                             f"{type(head).__name__} (LoRA on lm_head?): remove lm_head from lora_target, or set "
+                             "cast_lm_head_to_fp32: false")
+    head.forward = types.MethodType(_fp32_head_forward, head)  # a deep copy (a reference model) gets its own
+
+
+def _fp32_head_forward(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    return fp32_logits(hidden, head.weight, head.bias)
