@@ -6,14 +6,15 @@ log-probs (ScaleRL; TRL's `cast_lm_head_to_fp32`, NeMo-RL's `fp32_lm_head`). Her
 half-precision operands (the hidden states and the weight rounded to the compute dtype, exactly what vLLM holds
 after a weight push) and multiply them with fp32 products and sums, so only the summation order differs.
 
-The product of two bf16 (or fp16) numbers is exact in TF32, so on CUDA the forward matmul runs on TF32 tensor
-cores at no loss. The backward runs in the compute dtype, as it would under autocast: the gradients are those of
-the plain run up to the logits' own rounding.
+On CUDA the forward is one half-precision GEMM that writes its fp32 sums as they are (`torch.mm(...,
+out_dtype=torch.float32)`: the tensor cores' products of half-precision numbers are exact and their sums fp32,
+only the final rounding is left out), at bf16 speed and without an fp32 copy of the weight; elsewhere the
+operands are widened and multiplied in fp32 (the same numbers). The backward runs in the compute dtype, as it
+would under autocast: the gradients are those of the plain run up to the logits' own rounding.
 """
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 import torch
@@ -24,19 +25,14 @@ from ..errors import TunesmithError
 HALF = (torch.bfloat16, torch.float16)
 
 
-@contextlib.contextmanager
-def exact_tf32(device: torch.device):
-    """TF32 matmuls on CUDA for operands that are half-precision values (exact there), restored after."""
-    if device.type != "cuda":
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
-    matmul.fp32_precision = "tf32"
-    try:
-        yield
-    finally:
-        matmul.fp32_precision = before
+def half_matmul_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., H] @ w [V, H].T for half-precision x and w, as fp32 sums (what vLLM's fp32 head computes too)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.is_cuda:
+        out = torch.mm(flat, w.t(), out_dtype=torch.float32)
+    else:
+        out = flat.float() @ w.float().t()
+    return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 class _HalfOperandsFp32Logits(torch.autograd.Function):
@@ -45,8 +41,7 @@ class _HalfOperandsFp32Logits(torch.autograd.Function):
         x, w = hidden.to(half), weight.to(half)
         ctx.save_for_backward(x, w)
         ctx.dtypes = (hidden.dtype, weight.dtype)
-        with exact_tf32(x.device):
-            return F.linear(x.float(), w.float())
+        return half_matmul_fp32(x, w)
 
     @staticmethod
     def backward(ctx, grad):

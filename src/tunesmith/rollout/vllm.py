@@ -110,26 +110,31 @@ def one_placeholder_per_image(ids: list[int], image_token_id: int) -> list[int]:
 _FP32_LOGITS = {"on": False, "registered": False}
 
 
-def fp32_logits_in_vllm(on: bool) -> None:
-    """cast_lm_head_to_fp32: the engine built next computes its logits as models/fp32_head.py does (its bf16
-    hidden states and lm_head weight, fp32 products and sums). vLLM 0.25 takes an fp32 head for pooling models
-    only, so its logits layer is replaced through its out-of-tree layer hook (PluggableLayer.register_oot),
-    once per process; each logits layer reads the setting when it is built."""
+def fp32_logits_in_vllm(args: dict, on: bool) -> dict:
+    """cast_lm_head_to_fp32: the LLM(...) arguments with vLLM's logits computed as models/fp32_head.py does
+    (its bf16 hidden states and lm_head weight, fp32 sums). vLLM releases whose logits layer honours
+    `head_dtype` for generation models get it through hf_overrides; vLLM 0.25, which takes it for pooling models
+    only, gets its logits layer replaced through its out-of-tree layer hook (PluggableLayer.register_oot), once
+    per process (each logits layer reads the setting when it is built)."""
     _FP32_LOGITS["on"] = on
-    if not on or _FP32_LOGITS["registered"]:
-        return
+    if not on:
+        return args
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
+    if hasattr(LogitsProcessor, "_apply_head"):  # head_dtype honoured (vLLM >= 0.26)
+        return {**args, "hf_overrides": {**args.get("hf_overrides", {}), "head_dtype": "float32"}}
     if not hasattr(LogitsProcessor, "register_oot"):
-        raise TunesmithError("cast_lm_head_to_fp32 with rollout_backend: vllm needs vLLM's out-of-tree layer hook "
-                             f"(PluggableLayer.register_oot, vLLM 0.25); the installed vLLM lacks it: {INSTALL}, "
-                             "or set cast_lm_head_to_fp32: false")
-    LogitsProcessor.register_oot(name="LogitsProcessor")(_fp32_logits_layer(LogitsProcessor))
-    _FP32_LOGITS["registered"] = True
+        raise TunesmithError("cast_lm_head_to_fp32 with rollout_backend: vllm: the installed vLLM has neither "
+                             f"head_dtype for generation models nor the out-of-tree layer hook; {INSTALL}, or set "
+                             "cast_lm_head_to_fp32: false")
+    if not _FP32_LOGITS["registered"]:
+        LogitsProcessor.register_oot(name="LogitsProcessor")(_fp32_logits_layer(LogitsProcessor))
+        _FP32_LOGITS["registered"] = True
+    return args
 
 
 def _fp32_logits_layer(base: type) -> type:
-    from ..models.fp32_head import HALF, exact_tf32
+    from ..models.fp32_head import HALF, half_matmul_fp32
 
     class Fp32LogitsProcessor(base):
         def __init__(self, *args, **kwargs):
@@ -140,9 +145,9 @@ def _fp32_logits_layer(base: type) -> type:
             weight = getattr(lm_head, "weight", None)
             if not self.fp32 or weight is None or weight.dtype not in HALF:  # off, or a quantized head
                 return super()._get_logits(hidden_states, lm_head, embedding_bias)
-            bias = None if embedding_bias is None else embedding_bias.float()
-            with exact_tf32(hidden_states.device):
-                logits = torch.nn.functional.linear(hidden_states.to(weight.dtype).float(), weight.float(), bias)
+            logits = half_matmul_fp32(hidden_states.to(weight.dtype), weight)
+            if embedding_bias is not None:
+                logits = logits + embedding_bias.float()
             logits = self._gather_logits(logits)
             return None if logits is None else logits[..., : self.org_vocab_size]
 
@@ -157,7 +162,7 @@ class VllmRollout:
                  fp32_logits: bool = False):
         from vllm import LLM
 
-        fp32_logits_in_vllm(fp32_logits)
+        args = fp32_logits_in_vllm(args, fp32_logits)
         with _engine_env(device_type):
             self.llm = LLM(**args)
         self.image_token_id = image_token_id

@@ -81,6 +81,37 @@ def test_a_head_that_is_not_a_plain_linear_is_refused():
         install_fp32_head(model)
 
 
+def test_vllms_logits_layer_with_the_fp32_head_computes_what_the_trainers_does():
+    """vLLM 0.25's logits layer, replaced through its out-of-tree hook (rollout/vllm.py), on a stand-in base."""
+    from tunesmith.rollout import vllm as rollout_vllm
+
+    class Base(torch.nn.Module):  # the parts of vLLM's LogitsProcessor the replacement uses
+        def __init__(self, vocab):
+            super().__init__()
+            self.org_vocab_size = vocab
+
+        def _get_logits(self, hidden, lm_head, bias):
+            return F.linear(hidden, lm_head.weight)
+
+        def _gather_logits(self, logits):
+            return logits
+
+    hidden, weight = _operands()
+    head = torch.nn.Embedding(300, 64, _weight=weight.detach().bfloat16())
+    layer_class = rollout_vllm._fp32_logits_layer(Base)
+    try:
+        rollout_vllm._FP32_LOGITS["on"] = True
+        layer = layer_class(290)  # vLLM pads the vocabulary; the padding is cut
+    finally:
+        rollout_vllm._FP32_LOGITS["on"] = False
+    logits = layer._get_logits(hidden.detach().bfloat16(), head, None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trainer = fp32_logits(hidden.detach(), weight.detach())
+    assert logits.dtype == torch.float32 and logits.shape[-1] == 290
+    torch.testing.assert_close(logits, trainer[..., :290], rtol=1e-6, atol=1e-6)
+    assert layer_class(290)._get_logits(hidden.detach().bfloat16(), head, None).dtype == torch.bfloat16  # off
+
+
 def test_grpo_with_the_fp32_head_keeps_the_sampler_and_trainer_log_probs_together(tmp_path):
     """The hf backend samples with the same fp32 head the trainer recomputes with, under bf16 autocast."""
     out = tmp_path / "run"

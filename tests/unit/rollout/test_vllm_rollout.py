@@ -14,10 +14,12 @@ pytest.importorskip("vllm")
 from conftest import run_config  # noqa: E402
 from test_rollout_backends import RL, _trainer_logps  # noqa: E402
 from tunesmith.rollout.engine import Sampling  # noqa: E402
+from tunesmith.rollout.vllm import VllmRollout  # noqa: E402
 from tunesmith.train.setup import train  # noqa: E402
 from vllm_support import check_weight_push, tiny_for_vllm, tiny_qwen3_for_vllm, vllm_rollout_setup  # noqa: E402
 
 MEDIA_GAP = 0.005  # see the image-prompt test
+BF16_MEAN_GAP = 0.005  # bf16 on both sides (9e-4 measured without the fp32 head)
 GAP = 1e-4  # fp32 on both sides: vLLM's CPU kernels and the trainer's forward agree to ~1e-6 per token
 
 
@@ -65,6 +67,28 @@ def test_grpo_with_vllm_keeps_the_sampler_at_the_trainers_weights(tmp_path, fold
     # each step's rollout ran on the weights the previous step left: a stale copy shows up here (LoRA pushed
     # unmerged gave 0.08 mean after step 1)
     assert all(m["rollout_logp_diff_max"] < GAP for m in steps), steps
+
+
+@pytest.mark.parametrize("fp32_head", [False, True])
+def test_grpo_in_bf16_with_and_without_the_fp32_head(tmp_path, folder, fp32_head, monkeypatch):
+    """bf16 on both sides: vLLM's CPU kernels against the trainer's autocast forward. cast_lm_head_to_fp32 makes
+    both compute the logits from the same bf16 operands with fp32 sums (vLLM through head_dtype or tunesmith's
+    logits layer, rollout/vllm.py)."""
+    built, plain_init = [], VllmRollout.__init__
+
+    def recorded(self, *args, **kwargs):
+        plain_init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(VllmRollout, "__init__", recorded)
+    out = tmp_path / str(fp32_head)
+    train(run_config(out, **{**RL, "max_steps": 2, "max_new_tokens": 16, "learning_rate": 1e-3},
+                     model_name_or_path=str(folder), rollout_backend="vllm", bf16=True,
+                     cast_lm_head_to_fp32=fp32_head, reward_funcs=["test_rollout_backends:varied"]))
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "rollout_kl" in m]
+    print("fp32_head", fp32_head, [(m["rollout_logp_diff_mean"], m["rollout_logp_diff_max"]) for m in steps])
+    assert len(steps) == 2 and all(m["rollout_logp_diff_mean"] <= BF16_MEAN_GAP for m in steps), steps
+    assert built[0].llm.llm_engine.model_config.head_dtype == (torch.float32 if fp32_head else torch.bfloat16)
 
 
 def test_grpo_with_vllm_on_image_prompts_samples_what_the_trainer_scores(tmp_path, tiny_cache):
