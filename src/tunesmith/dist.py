@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 _OWN_GROUP = False  # init() made the default process group
+_BEFORE_SHUTDOWN: list = []  # before_shutdown()'s callables
 # What init() set in the environment for a one-process group, with the values before: shutdown puts those back
 # (a LOCAL_RANK left behind makes a later `tunesmith train` in a child process think torchrun started it)
 _ENV_SET: dict[str, str | None] = {}
@@ -122,15 +123,23 @@ def barrier() -> None:
         dist.barrier()
 
 
+def before_shutdown(close) -> None:
+    """close() runs at shutdown while the group still exists (a library that built its groups on it, such as
+    vLLM's engine on each rank, tears them down there, and may destroy the default group itself)."""
+    _BEFORE_SHUTDOWN.append(close)
+
+
 def shutdown(finished: bool = False) -> None:
     """Destroy the group init() made; one another library made in this process (an in-process vLLM rollout
     engine makes its own one-process group) is that library's to destroy at its shutdown. `finished`: every rank
     ended its command normally, so they first meet in a barrier: no rank tears its group down while another still
     has collectives in flight (gloo's worker threads abort a process that exits with work pending)."""
     global _OWN_GROUP
+    if _OWN_GROUP and dist.is_initialized() and finished and dist.get_world_size() > 1:
+        dist.barrier()
+    while _BEFORE_SHUTDOWN:
+        _BEFORE_SHUTDOWN.pop()()
     if _OWN_GROUP and dist.is_initialized():
-        if finished and dist.get_world_size() > 1:
-            dist.barrier()
         dist.destroy_process_group()
     _OWN_GROUP = False
     for key, before in _ENV_SET.items():

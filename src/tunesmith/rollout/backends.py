@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import dist
 from ..errors import TunesmithError
 from .engine import RolloutEngine
 
@@ -30,15 +31,13 @@ def _vllm(model, media, world_size, vllm_args):
     check_vllm_rollout(installed=vllm_device(), device_type=param.device.type)
     if media:
         check_vllm_images(family_of(model.config))
-    if world_size > 1:
-        raise TunesmithError("rollout_backend: vllm is colocated with one training process; with several, use "
-                             "rollout_backend: hf")
     check_head_size(model.config, param.device.type)
     args = dict(vllm_args())
     fp32_logits = args.pop("fp32_logits", False)
     kv = kv_cache_bytes(model.config, num_seqs=args.pop("num_seqs"), max_model_len=args["max_model_len"],
                         dtype=param.dtype)
-    return VllmRollout(engine_args(**args, device_type=param.device.type, kv_bytes=kv), param.device.type,
+    engine = engine_args(**args, device_type=param.device.type, kv_bytes=kv, world_size=world_size, rank=dist.rank())
+    return VllmRollout(engine, param.device.type,
                        image_token_id=getattr(model.config, "image_token_id", None), fp32_logits=fp32_logits)
 
 

@@ -81,10 +81,16 @@ def kv_cache_bytes(config, *, num_seqs: int, max_model_len: int, dtype: torch.dt
 
 
 def engine_args(*, model_path: str, dtype: str, device_type: str, gpu_memory_utilization: float,
-                max_model_len: int, seed: int, kv_bytes: int) -> dict:
-    """vLLM's LLM(...) arguments for a colocated rollout engine on this device."""
-    args = {"model": model_path, "tokenizer": model_path, "dtype": dtype, "seed": seed,
+                max_model_len: int, seed: int, kv_bytes: int, world_size: int = 1, rank: int = 0) -> dict:
+    """vLLM's LLM(...) arguments for a colocated rollout engine on this device. Under several training
+    processes each one holds an engine of its own, with the whole model, on its own device (LOCAL_RANK), and
+    generates its own prompts: vLLM's executor for external launchers (torchrun), which makes its groups on the
+    training processes' group, at tensor and data parallel size 1, so that no step of one engine waits for
+    another's (vLLM's own data parallelism would meet the other ranks at every forward step)."""
+    args = {"model": model_path, "tokenizer": model_path, "dtype": dtype, "seed": seed + rank,
             "max_model_len": max_model_len, "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs"}
+    if world_size > 1:
+        args.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
     if device_type == "cpu":  # gpu_memory_utilization would be a share of the machine's RAM here
         return {**args, "kv_cache_memory_bytes": kv_bytes, "enforce_eager": True}
     return {**args, "gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True,
@@ -165,6 +171,11 @@ class VllmRollout:
         args = fp32_logits_in_vllm(args, fp32_logits)
         with _engine_env(device_type):
             self.llm = LLM(**args)
+        if args.get("distributed_executor_backend") == "external_launcher":
+            # its shutdown destroys its groups and the training processes' group with them: last, not at exit
+            from .. import dist
+
+            dist.before_shutdown(self.close)
         self.image_token_id = image_token_id
         self.can_sleep = bool(args.get("enable_sleep_mode"))
         self.asleep = False
@@ -177,6 +188,10 @@ class VllmRollout:
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down now (its groups, its memory) rather than when it is collected."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
         if self.can_sleep and not self.asleep:

@@ -17,8 +17,8 @@ from tunesmith.models.families import FAMILIES
 from tunesmith.rollout.engine import Rollouts, Sampling
 from tunesmith.rollout.hf import HFRollout
 from tunesmith.rollout.hf_paged import HFPagedRollout, _batching_kwargs, check_paged_supported
-from tunesmith.rollout.vllm import (VllmRollout, check_vllm_images, check_vllm_rollout, memory_fraction,
-                                    one_placeholder_per_image)
+from tunesmith.rollout.vllm import (VllmRollout, check_vllm_images, check_vllm_rollout, engine_args,
+                                    memory_fraction, one_placeholder_per_image)
 from tunesmith.train.setup import train
 
 RL = dict(stage="grpo", dataset="arith_rl", template="qwen3_nothink", max_samples=16, max_steps=2, num_generations=4,
@@ -98,6 +98,17 @@ def test_auto_picks_vllm_only_when_installed_on_cuda_in_one_process():
     assert _resolve("auto", device_type="cuda", has_vllm=False) == "hf"
     assert _resolve("auto", device_type="cuda", has_vllm=True, world_size=2) == "hf"
     assert _resolve("hf_paged") == "hf_paged"
+    assert _resolve("vllm", device_type="cuda", has_vllm=True, world_size=2) == "vllm"  # an engine per process
+
+
+def test_under_several_processes_each_runs_a_vllm_engine_of_its_own():
+    args = engine_args(model_path="m", dtype="bfloat16", device_type="cuda", gpu_memory_utilization=0.5,
+                       max_model_len=64, seed=7, kv_bytes=0, world_size=4, rank=2)
+    assert args["distributed_executor_backend"] == "external_launcher" and args["tensor_parallel_size"] == 1
+    assert "data_parallel_size" not in args and args["seed"] == 9  # vLLM's DP would sync every forward step
+    one = engine_args(model_path="m", dtype="bfloat16", device_type="cuda", gpu_memory_utilization=0.5,
+                      max_model_len=64, seed=7, kv_bytes=0)
+    assert "distributed_executor_backend" not in one and one["seed"] == 7
 
 
 def test_vllms_cpu_build_runs_rollouts_on_a_cpu_when_asked_for_by_name():

@@ -4,9 +4,14 @@ GRPO (full and LoRA) runs with the sampler/trainer gap at fp32 noise after every
 Skipped where vLLM is not installed (the main environment)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("vllm")
 
@@ -18,6 +23,7 @@ from tunesmith.rollout.vllm import VllmRollout  # noqa: E402
 from tunesmith.train.setup import train  # noqa: E402
 from vllm_support import check_weight_push, tiny_for_vllm, tiny_qwen3_for_vllm, vllm_rollout_setup  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[3]
 MEDIA_GAP = 0.005  # see the image-prompt test
 BF16_MEAN_GAP = 0.005  # bf16 on both sides (9e-4 measured without the fp32 head)
 GAP = 1e-4  # fp32 on both sides: vLLM's CPU kernels and the trainer's forward agree to ~1e-6 per token
@@ -66,6 +72,37 @@ def test_grpo_with_vllm_keeps_the_sampler_at_the_trainers_weights(tmp_path, fold
     assert len(steps) == 3 and all(m["grad_norm"] > 0 for m in steps)
     # each step's rollout ran on the weights the previous step left: a stale copy shows up here (LoRA pushed
     # unmerged gave 0.08 mean after step 1)
+    assert all(m["rollout_logp_diff_max"] < GAP for m in steps), steps
+
+
+def test_the_engines_of_two_processes_never_wait_for_each_other(folder):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(Path(__file__).with_name("vllm_two_engines.py")), str(folder)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "rank 0 lengths [3] sum 3.0" in proc.stdout and "rank 1 lengths [33, 33, 33, 33] sum 3.0" in proc.stdout
+
+
+def test_grpo_with_vllm_on_two_processes_gives_each_its_own_engine(tmp_path, folder):
+    """FSDP2 over 2 gloo processes, tunesmith's launcher (torchrun): each process builds a vLLM engine of its own
+    (vLLM's executor for external launchers), loads the gathered full weights and generates its own prompts,
+    which stop at different lengths (a per-step meeting of the engines would hang here); the gap stays at fp32
+    noise after every step, so every rank's engine got the pushed weights."""
+    config = {**RL, "max_steps": 2, "max_new_tokens": 8, "learning_rate": 1e-3, "model_name_or_path": str(folder),
+              "dataset_dir": str(REPO / "data"), "rollout_backend": "vllm", "backend": "fsdp2",
+              "output_dir": str(tmp_path / "out"), "report_to": "none", "save_strategy": "no",
+              "reward_funcs": [f"{tmp_path / 'reward.py'}:by_length"]}
+    (tmp_path / "reward.py").write_text(
+        "def by_length(prompts, completions, **columns):\n    return [len(c) / 10 for c in completions]\n")
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tunesmith", "train", str(tmp_path / "grpo.yaml")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = [m for m in map(json.loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
+             if "rollout_kl" in m]
+    assert len(steps) == 2 and all(m["grad_norm"] > 0 for m in steps)
     assert all(m["rollout_logp_diff_max"] < GAP for m in steps), steps
 
 
