@@ -14,6 +14,7 @@ loop sums its statistics with the `data_*` reductions. Agreement between all pro
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 
 import torch
@@ -138,7 +139,11 @@ def shutdown(finished: bool = False) -> None:
     if _OWN_GROUP and dist.is_initialized() and finished and dist.get_world_size() > 1:
         dist.barrier()
     while _BEFORE_SHUTDOWN:
-        _BEFORE_SHUTDOWN.pop()()
+        close = _BEFORE_SHUTDOWN.pop()
+        try:
+            close()
+        except Exception as err:  # noqa: BLE001 - the group and the environment are still put back
+            logging.getLogger("tunesmith").warning("at shutdown, %s failed: %s", close, err)
     if _OWN_GROUP and dist.is_initialized():
         dist.destroy_process_group()
     _OWN_GROUP = False

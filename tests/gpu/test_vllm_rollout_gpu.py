@@ -93,7 +93,10 @@ def test_grpo_cli_with_vllm_on_the_gpu(tmp_path, folder, finetuning, fp32_head):
         "def by_length(prompts, completions, **columns):\n    return [len(c) / 10 for c in completions]\n")
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "tunesmith", "train", str(tmp_path / "grpo.yaml")]
-    subprocess.run(cmd, check=True, cwd=REPO)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    assert ("logits in fp32" in proc.stdout + proc.stderr) == fp32_head  # vLLM took it (rollout/vllm.py)
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "rollout_kl" in m]
     print(finetuning, fp32_head, [(round(m["rollout_logp_diff_mean"], 5), round(m["rollout_logp_diff_max"], 3)) for m in steps])
     assert len(steps) == 3 and all(m["grad_norm"] > 0 for m in steps)

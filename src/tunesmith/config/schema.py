@@ -366,8 +366,9 @@ class RLConfig(_Group):
     eval_num_prompts: int = Field(64, ge=0, description="Held-out prompts scored greedily at each evaluation.")
     rollout_backend: Literal["auto", "hf", "hf_paged", "vllm"] = Field(
         "auto", description="What generates the rollouts: hf (transformers `generate` on the training model), "
-        "hf_paged (transformers continuous batching, text prompts, one process), vllm (vLLM in the training "
-        "process, on its GPU; pip install 'tunesmith[vllm]'); auto: vllm when installed and on CUDA, else hf.")
+        "hf_paged (transformers continuous batching, text prompts, one process), vllm (vLLM in each training "
+        "process, on its GPU; pip install 'tunesmith[vllm]'); auto: vllm when installed and the run is one process "
+        "on CUDA, else hf.")
     rollout_gpu_memory_utilization: float | None = Field(
         None, gt=0, lt=1, description="vllm: its share of the GPU (default: what the trainer's states leave, from "
         "the memory estimate).")

@@ -217,11 +217,25 @@ class DeepSpeedEngine:
             saver.save_pretrained(str(path))
         dist.barrier()
 
+    @property
+    def merges_lora_for_rollout(self) -> bool:
+        """Under ZeRO-3 a LoRA layer's weights exist whole only inside the gather: full_state_for_rollout merges
+        the adapter there (outside it PEFT's merge would add an empty product to an empty weight, silently)."""
+        return self.stage == 3
+
     def full_state_for_rollout(self) -> dict:
         module = self.ds.module
         if self.stage != 3:
             return {k: v.detach() for k, v in module.state_dict().items()}
         import deepspeed
 
+        lora = hasattr(module, "merge_adapter") and hasattr(module, "peft_config")
+        # modifier_rank None: whatever changes inside is dropped when the parameters are partitioned again
         with deepspeed.zero.GatheredParameters(list(module.parameters())):
-            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+            if lora:
+                module.merge_adapter()
+            try:
+                return {k: v.detach().clone() for k, v in module.state_dict().items()}
+            finally:
+                if lora:
+                    module.unmerge_adapter()

@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def mm_out_dtype(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """a @ b written in out_dtype: one GEMM on CUDA; elsewhere (no such kernel) the product widened."""
     if out_dtype == a.dtype:
         return a @ b
@@ -42,9 +42,9 @@ class _AutocastLinear(torch.autograd.Function):
         rows = grad.reshape(-1, grad.shape[-1]).to(w_cast.dtype)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _mm(rows, w_cast, ctx.x_dtype).view(*grad.shape[:-1], w_cast.shape[1])
+            grad_x = mm_out_dtype(rows, w_cast, ctx.x_dtype).view(*grad.shape[:-1], w_cast.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_w = _mm(rows.t(), x_cast.reshape(-1, x_cast.shape[-1]), ctx.w_dtype)
+            grad_w = mm_out_dtype(rows.t(), x_cast.reshape(-1, x_cast.shape[-1]), ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = rows.sum(0, dtype=ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None

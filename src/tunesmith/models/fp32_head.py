@@ -9,8 +9,9 @@ after a weight push) and multiply them with fp32 products and sums, so only the 
 On CUDA the forward is one half-precision GEMM that writes its fp32 sums as they are (`torch.mm(...,
 out_dtype=torch.float32)`: the tensor cores' products of half-precision numbers are exact and their sums fp32,
 only the final rounding is left out), at bf16 speed and without an fp32 copy of the weight; elsewhere the
-operands are widened and multiplied in fp32 (the same numbers). The backward runs in the compute dtype, as it
-would under autocast: the gradients are those of the plain run up to the logits' own rounding.
+operands are widened and multiplied in fp32 (the same numbers). The backward is models/autocast_linear.py's
+(half-precision products, each gradient written in its tensor's dtype): the gradients are those of the plain
+run up to the logits' own rounding.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import TunesmithError
+from .autocast_linear import mm_out_dtype
 
 HALF = (torch.bfloat16, torch.float16)
 
@@ -45,12 +47,14 @@ class _HalfOperandsFp32Logits(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        """As models/autocast_linear.py's: half-precision products, each gradient written in its tensor's dtype."""
         x, w = ctx.saved_tensors
-        g = grad.to(x.dtype)
-        grad_x = (g @ w).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
-        grad_w = None
+        rows = grad.reshape(-1, grad.shape[-1]).to(x.dtype)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = mm_out_dtype(rows, w, ctx.dtypes[0]).view(*grad.shape[:-1], w.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_w = (g.reshape(-1, g.shape[-1]).T @ x.reshape(-1, x.shape[-1])).to(ctx.dtypes[1])
+            grad_w = mm_out_dtype(rows.t(), x.reshape(-1, x.shape[-1]), ctx.dtypes[1])
         return grad_x, grad_w, None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
 from collections.abc import Iterable
 
@@ -30,6 +31,7 @@ import torch
 from ..errors import TunesmithError
 from .engine import Rollouts, Sampling, cut_at_stop
 
+log = logging.getLogger("tunesmith")
 INSTALL = "pip install 'tunesmith[vllm]'"
 # vLLM's CPU attention kernels take only these head sizes (vllm/v1/attention/backends/cpu_attn.py).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -113,7 +115,7 @@ def one_placeholder_per_image(ids: list[int], image_token_id: int) -> list[int]:
     return [t for k, t in enumerate(ids) if t != image_token_id or k == 0 or ids[k - 1] != image_token_id]
 
 
-_FP32_LOGITS = {"on": False, "registered": False}
+_FP32_LOGITS = {"on": False, "registered": False, "built": 0}
 
 
 def fp32_logits_in_vllm(args: dict, on: bool) -> dict:
@@ -146,6 +148,7 @@ def _fp32_logits_layer(base: type) -> type:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.fp32 = _FP32_LOGITS["on"]
+            _FP32_LOGITS["built"] += self.fp32
 
         def _get_logits(self, hidden_states, lm_head, embedding_bias):
             weight = getattr(lm_head, "weight", None)
@@ -160,6 +163,17 @@ def _fp32_logits_layer(base: type) -> type:
     return Fp32LogitsProcessor
 
 
+def _check_fp32_logits(llm, *, replaced: bool) -> None:
+    """cast_lm_head_to_fp32 took effect in the engine just built (its model config's head_dtype, or a logits
+    layer of ours built), said in one line; a vLLM that ignored it is refused rather than run in bf16."""
+    head_dtype = getattr(llm.llm_engine.model_config, "head_dtype", None)
+    if not replaced and head_dtype != torch.float32:
+        raise TunesmithError("cast_lm_head_to_fp32: the installed vLLM built its logits layer in "
+                             f"{head_dtype} all the same; {INSTALL}, or set cast_lm_head_to_fp32: false")
+    log.info("vLLM: logits in fp32 from the bf16 hidden states and lm_head weight (cast_lm_head_to_fp32, %s)",
+             "tunesmith's logits layer" if replaced else "head_dtype")
+
+
 class VllmRollout:
     shares_weights = False
     raw_media = True  # generate() takes each prompt's decoded images (vLLM runs the processor itself)
@@ -169,8 +183,11 @@ class VllmRollout:
         from vllm import LLM
 
         args = fp32_logits_in_vllm(args, fp32_logits)
+        built = _FP32_LOGITS["built"]
         with _engine_env(device_type):
             self.llm = LLM(**args)
+        if fp32_logits:
+            _check_fp32_logits(self.llm, replaced=_FP32_LOGITS["built"] > built)
         if args.get("distributed_executor_backend") == "external_launcher":
             # its shutdown destroys its groups and the training processes' group with them: last, not at exit
             from .. import dist

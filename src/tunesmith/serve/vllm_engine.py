@@ -10,6 +10,7 @@ adapter_name_or_path and those of lora_modules) are vLLM LoRA requests on the ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -30,6 +31,12 @@ log = logging.getLogger("tunesmith")
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _DEFAULT = "__default__"  # the handle of the stacked adapter of adapter_name_or_path
+
+
+async def _cancelled(task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class _Loop:
@@ -220,6 +227,10 @@ class VllmEngine(Engine):
                        len(last.prompt_token_ids or []) or prepared.prompt.num_tokens, len(completion.token_ids))
 
     def close(self) -> None:
+        handler = getattr(self.llm, "output_handler", None)
+        if handler is not None and not handler.done():
+            # vLLM's shutdown stops its engine before this task, which then logs the dead engine's traceback
+            self.loop.submit(_cancelled(handler)).result(timeout=30)
         shutdown = getattr(self.llm, "shutdown", None)
         if callable(shutdown):
             shutdown()

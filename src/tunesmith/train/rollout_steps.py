@@ -307,7 +307,8 @@ def rollout_weights(engine):
     """(name, tensor) pairs of the trainer's full weights in Hugging Face names, LoRA merged in, for a rollout
     engine with its own copy (vLLM loads base-model names; an adapter's A/B matrices it would not know)."""
     model = engine.model
-    merges = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+    merges = (hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+              and not getattr(engine, "merges_lora_for_rollout", False))
     if merges:
         model.merge_adapter()
     try:

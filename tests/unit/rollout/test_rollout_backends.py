@@ -261,6 +261,42 @@ def test_a_lora_run_pushes_merged_weights_under_the_base_models_names(tmp_path, 
     assert all(torch.equal(pushed[name], base[name]) for name in base)
 
 
+def _pushes(tmp_path, monkeypatch, name, **keys):
+    pushes = []
+
+    class Recording(FakeRollout):
+        def update_weights(self, named_tensors):
+            pushes.append({name: tensor.detach().clone().float() for name, tensor in named_tensors})
+            self.calls.append("update")
+
+    fake = Recording()
+    monkeypatch.setattr("tunesmith.train.rollout_steps.build_rollout", lambda *a, **k: fake)
+    train(run_config(tmp_path / name, **{**RL, "max_steps": 2}, finetuning_type="lora", lora_rank=4,
+                     reward_funcs=["test_rollout_backends:varied"], **keys))
+    return pushes
+
+
+def test_under_zero3_a_lora_run_pushes_the_merged_weights_too(tmp_path, monkeypatch):
+    """ZeRO-3 holds a layer's weights whole only inside its gather: the adapter is merged there (merged outside,
+    PEFT added an empty product to an empty weight and the base was pushed). The second push, after an update
+    made B non-zero, moves the weights as the single engine's does."""
+    pytest.importorskip("deepspeed")
+    # ZeRO-3 leaves torch.nn.functional.linear patched in the process (its zero3_linear_wrap): put back after
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
+    # every parameter partitioned (the tiny model's would all stay whole under the default persistence threshold)
+    config = tmp_path / "z3.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
+    single = _pushes(tmp_path, monkeypatch, "single")
+    zero3 = _pushes(tmp_path, monkeypatch, "zero3", deepspeed=str(config))
+    assert len(single) == len(zero3) == 2 and set(single[1]) == set(zero3[1])
+    moved = [n for n in single[1] if not torch.equal(single[1][n], single[0][n])]
+    assert moved  # the adapter changed the merged weights
+    for name in moved:  # the same order of change (this step's gradients are ~1e-8, near AdamW's eps, so the
+        # two optimizers' rounding shows); merged outside the gather, the push was the base: no change at all
+        change = (single[1][name] - single[0][name]).abs().max()
+        assert change / 3 < (zero3[1][name] - zero3[0][name]).abs().max() < 3 * change, name
+
+
 def test_merged_lora_weights_are_still_merged_when_the_engine_reads_them_after_the_push(tiny_qwen3):
     """vLLM takes the whole iterable before it loads: the generator has ended and unmerged the adapter by then,
     so a merged layer must be pushed as a copy, not as the live parameter (the pushed weights were the base)."""
