@@ -2,6 +2,7 @@
 config resolution and refusals, and the sampler/trainer gap of the transformers backends."""
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -287,7 +288,16 @@ def test_under_zero3_a_lora_run_pushes_the_merged_weights_too(tmp_path, monkeypa
     config = tmp_path / "z3.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
     single = _pushes(tmp_path, monkeypatch, "single")
-    zero3 = _pushes(tmp_path, monkeypatch, "zero3", deepspeed=str(config))
+    # DeepSpeed in this process sets RANK, LOCAL_RANK, MASTER_PORT... and leaves its process group: later tests'
+    # commands would take themselves for torchrun children
+    environment, had_group = dict(os.environ), torch.distributed.is_initialized()
+    try:
+        zero3 = _pushes(tmp_path, monkeypatch, "zero3", deepspeed=str(config))
+    finally:
+        if not had_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
     assert len(single) == len(zero3) == 2 and set(single[1]) == set(zero3[1])
     moved = [n for n in single[1] if not torch.equal(single[1][n], single[0][n])]
     assert moved  # the adapter changed the merged weights
