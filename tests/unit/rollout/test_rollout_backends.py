@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import run_config
+from tunesmith import dist
 from tunesmith.config.load import build_config
 from tunesmith.config.resolve import RunFacts, resolve
 from tunesmith.errors import ConfigError, TunesmithError
@@ -288,14 +289,17 @@ def test_under_zero3_a_lora_run_pushes_the_merged_weights_too(tmp_path, monkeypa
     config = tmp_path / "z3.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
     single = _pushes(tmp_path, monkeypatch, "single")
-    # DeepSpeed in this process sets RANK, LOCAL_RANK, MASTER_PORT... and leaves its process group: later tests'
-    # commands would take themselves for torchrun children
-    environment, had_group = dict(os.environ), torch.distributed.is_initialized()
+    # DeepSpeed in one process gets a one-process group with RANK, LOCAL_RANK... set: ended as the CLI ends it,
+    # or later tests' commands would take themselves for torchrun children
+    from deepspeed.utils import groups
+
+    environment = dict(os.environ)
+    groups._WORLD_GROUP = None  # a clone left by an earlier in-process DeepSpeed run, of a destroyed group
     try:
         zero3 = _pushes(tmp_path, monkeypatch, "zero3", deepspeed=str(config))
     finally:
-        if not had_group and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        dist.shutdown()
+        groups._WORLD_GROUP = None  # DeepSpeed's clone of the group just destroyed: a later one clones its own
         os.environ.clear()
         os.environ.update(environment)
     assert len(single) == len(zero3) == 2 and set(single[1]) == set(zero3[1])
