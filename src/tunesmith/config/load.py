@@ -21,7 +21,8 @@ from ..data.lf_templates import LF_TEMPLATES, REFUSED
 from ..errors import ConfigError
 from ..stages import STAGES, uses_reference
 from .deepspeed import zero_settings
-from .lf_keys import LF_KEYS, env_backend, env_problems, translate
+from .lf_keys import LF_KEYS
+from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
 from .schema import GROUPS, SECRET_KEYS, RunConfig
 

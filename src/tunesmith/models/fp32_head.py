@@ -30,10 +30,8 @@ HALF = (torch.bfloat16, torch.float16)
 def half_matmul_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., H] @ w [V, H].T for half-precision x and w, as fp32 sums (what vLLM's fp32 head computes too)."""
     flat = x.reshape(-1, x.shape[-1])
-    if flat.is_cuda:
-        out = torch.mm(flat, w.t(), out_dtype=torch.float32)
-    else:
-        out = flat.float() @ w.float().t()
+    # the CPU has no such GEMM: there the operands are widened first, so the sums are fp32 there too
+    out = mm_out_dtype(flat, w.t(), torch.float32) if flat.is_cuda else flat.float() @ w.float().t()
     return out.reshape(*x.shape[:-1], w.shape[0])
 
 

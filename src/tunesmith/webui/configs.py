@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from ..config.lf_keys import LF_KEYS, translate
+from ..config.lf_keys import LF_KEYS
+from ..config.lf_translate import translate
 from ..config.load import KEY_TO_GROUP, build_config, parse_cli_items, read_yaml
 from ..config.schema import GROUPS, SECRET_KEYS
 from ..errors import TunesmithError

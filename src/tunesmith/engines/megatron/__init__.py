@@ -30,6 +30,7 @@ build_megatron_engine below puts them together.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -154,25 +155,25 @@ def _optimizer(model, cfg, device: torch.device):
     return zero_optimizer(groups, replica_group(), model, cfg.train, overlap_param_gather=overlapped)
 
 
-def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
-    """The engine in the order of engine.py's docstring."""
+@dataclass(frozen=True)
+class _ModelPlan:
+    """What the checks read from the model's meta-device shape, for the build that follows."""
+    hf_config: object
+    facts: object  # degrees.ModelFacts
+    precision: str  # "bf16" (autocast), "pure_bf16" or "fp32"
+    lora_linears: list | None  # the megatron linears LoRA adapts; None without LoRA
+    vision_language: bool
+    reward_head: bool  # stage rm (with LoRA: refused by config/megatron.py)
+    padding_idx: int | None
+
+
+def _checked_plan(cfg, shape, device: torch.device) -> _ModelPlan:
+    """Every refusal that needs only the model's shape, before a process group or a weight is made."""
     from ...models.forward import base_model
-    from ..optim import build_scheduler
-    from .build import (autocast_in_recompute, build_stages, checkpoint_layers, log_kernel_fallback,
-                        transformer_config)
     from .degrees import ModelFacts, check_available, check_degrees
-    from .engine import MegatronEngine, hf_base_state, load_hf_state, start_lora_from_hf
-    from .host_template import in_turns, ranks_at_once, release, template_bytes
-    from .lora import adapted_parts, add_lora, megatron_targets
-    from .parallel import overlapped_grad_sum, register_data_parallel
-    from .rotary import RotaryAngles
-    from .runtime import has_transformer_engine, init_model_parallel, require_megatron
-    from .stages import chunks_of
-    from .vision import attach_vision_tower, freeze_language_model
+    from .lora import adapted_parts, megatron_targets
     from .weights import family_map, language_config
 
-    require_megatron()
-    shape = make_model(torch.device("cpu"), True)  # on the meta device: what the checks and the turns read
     hf_config = base_model(shape).config
     family_map(hf_config)
     vision_language = language_config(hf_config) is not hf_config
@@ -181,47 +182,51 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     facts = ModelFacts.of(language_config(hf_config), getattr(hf_config, "vision_config", None))
     if facts.num_experts and cfg.finetune.finetuning_type == "lora":
         _check_moe_lora(shape)
-    lora_linears = megatron_targets(adapted_parts(shape)) if hasattr(shape, "peft_config") else None
-    has_te = has_transformer_engine()
     check_degrees(cfg.megatron, dist.world(), facts)
     check_available(cfg.megatron, facts)
     precision = "pure_bf16" if cfg.model.pure_bf16 else "bf16" if cfg.model.bf16 else "fp32"  # fp16: refused
     _check_device(cfg.megatron, device, precision, experts=facts.num_experts)
-    log_kernel_fallback(cfg.megatron, has_te)
-    init_model_parallel(cfg.megatron, cfg.train.seed, device)
-    register_data_parallel()
-    _log_optimizer_keys(cfg.megatron)
-    dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
-    config = transformer_config(hf_config, cfg.megatron, params_dtype=dtype)
+    return _ModelPlan(hf_config, facts, precision,
+                      lora_linears=megatron_targets(adapted_parts(shape)) if hasattr(shape, "peft_config") else None,
+                      vision_language=vision_language, reward_head=getattr(shape, "score", None) is not None,
+                      padding_idx=base_model(shape).get_input_embeddings().padding_idx)
 
-    reward_head = getattr(shape, "score", None) is not None  # stage rm (with LoRA: refused by config/megatron.py)
-    padding_idx = base_model(shape).get_input_embeddings().padding_idx
+
+def _host_turn(cfg, make_model, plan: _ModelPlan, config, device: torch.device):
+    """One process's turn (host_template.in_turns): the Hugging Face template, its shards into megatron-core's
+    modules on the device, then the template's memory given back except on the main process."""
+    from .build import autocast_in_recompute, build_stages, checkpoint_layers
+    from .engine import hf_base_state, load_hf_state, start_lora_from_hf
+    from .host_template import release
+    from .lora import add_lora
+    from .stages import chunks_of
+    from .vision import attach_vision_tower, freeze_language_model
+
+    recompute = cfg.megatron.recompute_granularity
 
     def built(hf_model):
-        model = build_stages(hf_config, config, reward_head=reward_head)
-        if cfg.megatron.recompute_granularity == "full" and facts.num_experts:
+        model = build_stages(plan.hf_config, config, reward_head=plan.reward_head)
+        if recompute == "full" and plan.facts.num_experts:
             checkpoint_layers(model, cfg.megatron.recompute_num_layers)
-        elif precision == "bf16" and cfg.megatron.recompute_granularity == "full":
+        elif plan.precision == "bf16" and recompute == "full":
             autocast_in_recompute(model)
         for part in {model, *chunks_of(model)}:  # forward.py, schedule.py
-            part.padding_idx = padding_idx
+            part.padding_idx = plan.padding_idx
         attach_vision_tower(model, hf_model)
-        load_hf_state(model, hf_base_state(hf_model), hf_config)
+        load_hf_state(model, hf_base_state(hf_model), plan.hf_config)
         return model
 
     def with_adapters(model, hf_model):
         """The LoRA run's adapters on the megatron linears, from the PeftModel's when it holds a trained one."""
-        if lora_linears is not None:
-            add_lora(model, lora_linears, hf_model.peft_config["default"], cfg.train.seed)
-            start_lora_from_hf(model, hf_model, lora_linears)
+        if plan.lora_linears is not None:
+            add_lora(model, plan.lora_linears, hf_model.peft_config["default"], cfg.train.seed)
+            start_lora_from_hf(model, hf_model, plan.lora_linears)
         return model
 
     def on_host():
-        """This process's turn: the Hugging Face template, its shards into megatron-core's modules on the device,
-        then the template's memory given back except on the main process (host_template.py)."""
         hf_model = make_model(torch.device("cpu"), False)  # a PeftModel with finetuning_type: lora
         model = built(hf_model)
-        if vision_language and cfg.finetune.freeze_language_model:
+        if plan.vision_language and cfg.finetune.freeze_language_model:
             freeze_language_model(model)
         model = with_adapters(model, hf_model).to(device)
         # pref_reference: copy: the starting policy, adapters included, frozen
@@ -231,17 +236,40 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
             release(hf_model, model, reference)
         return hf_model, model, reference
 
+    return on_host
+
+
+def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_steps: int):
+    """The engine in the order of engine.py's docstring."""
+    from ..optim import build_scheduler
+    from .build import log_kernel_fallback, transformer_config
+    from .engine import MegatronEngine
+    from .host_template import in_turns, ranks_at_once, template_bytes
+    from .parallel import overlapped_grad_sum, register_data_parallel
+    from .rotary import RotaryAngles
+    from .runtime import has_transformer_engine, init_model_parallel, require_megatron
+
+    require_megatron()
+    shape = make_model(torch.device("cpu"), True)  # on the meta device: what the checks and the turns read
+    plan = _checked_plan(cfg, shape, device)
+    log_kernel_fallback(cfg.megatron, has_transformer_engine())
+    init_model_parallel(cfg.megatron, cfg.train.seed, device)
+    register_data_parallel()
+    _log_optimizer_keys(cfg.megatron)
+    dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
+    config = transformer_config(plan.hf_config, cfg.megatron, params_dtype=dtype)
     at_once = ranks_at_once(template_bytes(shape))
     del shape
-    hf_model, model, reference = in_turns(on_host, at_once)
+    hf_model, model, reference = in_turns(_host_turn(cfg, make_model, plan, config, device), at_once)
     optimizer = _optimizer(model, cfg, device)
     scheduler = build_scheduler(optimizer, cfg.train, num_optimizer_steps)
-    log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", hf_config.model_type, _degrees(cfg.megatron),
-             precision, _attention_kernel(device, precision),
-             f", LoRA on {', '.join(lora_linears) or 'the vision tower'}" if lora_linears is not None else "")
+    lora = plan.lora_linears
+    log.info("Megatron-Core engine: %s, %s, %s, attention: %s%s", plan.hf_config.model_type, _degrees(cfg.megatron),
+             plan.precision, _attention_kernel(device, plan.precision),
+             f", LoRA on {', '.join(lora) or 'the vision tower'}" if lora is not None else "")
     engine = MegatronEngine(model, hf_model, optimizer, scheduler, device, angles=RotaryAngles.of(hf_model),
-                            precision=precision, max_grad_norm=cfg.train.max_grad_norm,
-                            skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora_linears)
+                            precision=plan.precision, max_grad_norm=cfg.train.max_grad_norm,
+                            skip_nonfinite=cfg.train.skip_nonfinite, reference=reference, lora_linears=lora)
     engine.host_at_once = at_once  # a resume reads the checkpoint into the template in the same turns
     if cfg.megatron.overlap_grad_reduce:
         engine.overlapped = overlapped_grad_sum([p for p in model.parameters() if p.requires_grad])
