@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from .autocast_linear import autocast_linear, mm_out_dtype
 
-GROUPED_LINEARS = False  # set by benchmarks/ab_gpu.sh's trees until an A/B shows it pays
+GROUPED_LINEARS = False  # until an A/B of issue 15's workload (benchmarks/ab_gpu.sh) shows it pays
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
