@@ -15,7 +15,6 @@ from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .autocast_linear import use_autocast_linears
 from .families import family_of, load_refusal, packing_leak, text_family_of
-from .grouped_linear import use_grouped_linears
 from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
 from .norms import use_fused_rms_norms
@@ -259,7 +258,6 @@ def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     if cfg.enable_liger_kernel:
         use_fused_rms_norms(model)
     use_autocast_linears(model)
-    use_grouped_linears(model)
     use_vision_varlen(model)
     if checkpoint_layers > 0:
         enable_checkpointing(model, checkpoint_layers)

@@ -1,5 +1,5 @@
-"""RMSNorm on a training step: our Triton kernels on CUDA (`models/rms_norm_triton.py`, off until measured on a GPU:
-TRITON_NORMS), PyTorch's fused kernel or Liger's elsewhere.
+"""RMSNorm on a training step: our Triton kernels on CUDA (`models/rms_norm_triton.py`; TRITON_NORMS), PyTorch's
+fused kernel or Liger's elsewhere.
 
 History: Liger's RMSNorm is a Triton kernel launched from Python; its forward and backward cost 0.6-0.7 ms of
 host time per norm on an H200 (benchmarks/results/2026-12-04-step-sync-and-norms.md), so norms over the hidden
@@ -34,10 +34,9 @@ def fused_rms_norm(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tenso
     return torch.nn.functional.rms_norm(hidden, module.weight.shape, weight, module.variance_epsilon)
 
 
-# The Triton kernels pass their tests in Triton's interpreter (tests/unit/models/test_rms_norm_triton.py) but have
-# not run on a GPU yet: they stay off until tests/gpu/test_step_sync_gpu.py passes there and
-# benchmarks/norm_kernel_probe.py and an A/B of issue 15's workload (benchmarks/ab_gpu.sh) show they pay.
-TRITON_NORMS = False
+# Measured on issue 15's workload (benchmarks/results/2026-12-05-triton-norms.md, one H100): training 6.6% faster
+# (38.5k against 36.1-36.2k tokens/s), the same losses; their GPU tests pass (tests/gpu/test_step_sync_gpu.py).
+TRITON_NORMS = True
 NARROWEST = 512  # narrower norms (the q/k heads' 64-256 features) keep Liger's rounding (module docstring)
 PRE_NORM_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
                              "Qwen2VLDecoderLayer", "Qwen2_5_VLDecoderLayer", "Qwen3VLTextDecoderLayer"})
