@@ -12,11 +12,11 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from child import run_child  # this folder is the script's: on sys.path
 from vlm_sft import TEXT, WORDS
 
 YAML = "benchmarks/configs/qwen3_1p7b_dpo.yaml"
@@ -69,7 +69,7 @@ def main() -> int:
     cmd = [sys.executable, "-m", "tunesmith", "train", YAML, f"model_name_or_path={work / 'model'}",
            f"dataset_dir={work / 'data'}", f"output_dir={out}", *extra]
     started = time.time()
-    proc = subprocess.run(cmd, env={**os.environ, "TUNESMITH_LOG_LEVEL": "INFO"})
+    proc = run_child(cmd, env={**os.environ, "TUNESMITH_LOG_LEVEL": "INFO"})
     if proc.returncode != 0:
         return proc.returncode
     summary = json.loads((out / "train_summary.json").read_text())

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from child import run_child  # this folder is the script's: on sys.path
 from dpo_bench import build_model
 
 YAMLS = {"qwen3_1p7b": "benchmarks/configs/qwen3_1p7b_grpo.yaml",
@@ -43,7 +43,7 @@ def main() -> int:
     out = work / "out"
     cmd = [sys.executable, "-m", "tunesmith", "train", YAMLS[args.shape], f"model_name_or_path={work / 'model'}",
            f"output_dir={out}", *extra]
-    proc = subprocess.run(cmd, env={**os.environ, "TUNESMITH_LOG_LEVEL": "INFO"})
+    proc = run_child(cmd, env={**os.environ, "TUNESMITH_LOG_LEVEL": "INFO"})
     if proc.returncode != 0:
         return proc.returncode
     for line in (out / "metrics.jsonl").read_text().splitlines():

@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from child import run_child  # this folder is the script's: on sys.path
 from dpo_bench import build_model as build_random_model
 from vlm_sft import TEXT
 
@@ -177,7 +178,7 @@ def run_one(work: Path, name: str, tool: str, overrides: dict, lf_site: str | No
     meter.start()
     start = time.perf_counter()
     with open(log_dir / f"{name}.log", "w") as log:
-        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = run_child(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     end_to_end, exited = time.perf_counter() - start, time.time()
     peak = meter.stop()
     result = {"name": name, "tool": tool, "overrides": overrides, "returncode": code,
