@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..config.deepspeed import offloads, read_ds_config, zero_settings
+from ..dist import before_shutdown
 from ..errors import ConfigError
 from ..models.forward import run_forward
 from ..models.safetensors_write import save_weights
@@ -103,7 +104,16 @@ def initialize(model, optimizer, scheduler, config: dict):
 
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                            config=config, dist_init_required=False)
+    before_shutdown(_forget_world_group)
     return engine, optimizer, scheduler
+
+
+def _forget_world_group() -> None:
+    """DeepSpeed caches its clone of the world group for the process's lifetime; the group goes at shutdown, so a
+    later DeepSpeed run in the same process (a Python caller of train(), the tests) would use a destroyed one."""
+    from deepspeed.utils import groups
+
+    groups._WORLD_GROUP = None
 
 
 class ThroughEngine:

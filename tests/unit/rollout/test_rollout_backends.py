@@ -2,7 +2,6 @@
 config resolution and refusals, and the sampler/trainer gap of the transformers backends."""
 
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -289,19 +288,13 @@ def test_under_zero3_a_lora_run_pushes_the_merged_weights_too(tmp_path, monkeypa
     config = tmp_path / "z3.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
     single = _pushes(tmp_path, monkeypatch, "single")
-    # DeepSpeed in one process gets a one-process group with RANK, LOCAL_RANK... set: ended as the CLI ends it,
-    # or later tests' commands would take themselves for torchrun children
-    from deepspeed.utils import groups
-
-    environment = dict(os.environ)
-    groups._WORLD_GROUP = None  # a clone left by an earlier in-process DeepSpeed run, of a destroyed group
+    # DeepSpeed in one process gets a one-process group with RANK, LOCAL_RANK... set: ended as the CLI ends it
+    # (the environment put back, DeepSpeed's cached world group forgotten), or later tests' commands would take
+    # themselves for torchrun children
     try:
         zero3 = _pushes(tmp_path, monkeypatch, "zero3", deepspeed=str(config))
     finally:
         dist.shutdown()
-        groups._WORLD_GROUP = None  # DeepSpeed's clone of the group just destroyed: a later one clones its own
-        os.environ.clear()
-        os.environ.update(environment)
     assert len(single) == len(zero3) == 2 and set(single[1]) == set(zero3[1])
     moved = [n for n in single[1] if not torch.equal(single[1][n], single[0][n])]
     assert moved  # the adapter changed the merged weights

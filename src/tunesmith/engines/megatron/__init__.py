@@ -256,7 +256,7 @@ def build_megatron_engine(cfg, make_model, device: torch.device, num_optimizer_s
     init_model_parallel(cfg.megatron, cfg.train.seed, device)
     register_data_parallel()
     _log_optimizer_keys(cfg.megatron)
-    dtype = torch.bfloat16 if cfg.model.pure_bf16 else torch.float32
+    dtype = torch.bfloat16 if plan.precision == "pure_bf16" else torch.float32  # bf16: autocast over fp32
     config = transformer_config(plan.hf_config, cfg.megatron, params_dtype=dtype)
     at_once = ranks_at_once(template_bytes(shape))
     del shape
