@@ -19,14 +19,12 @@ functions: config validation reads it without importing anything heavy; config/l
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable, Literal
-
+from .lf_key_kinds import (HANDLINGS, LFKey, Refused, RefuseValues, honoured, idle, mapped, refused,
+                           refused_values, same_value, section, set_key, switch_key, unless_null)
 from .schema import SECRET_KEYS
 
-Handling = Literal["honoured", "mapped", "no_effect", "refused"]
-HANDLINGS: tuple[Handling, ...] = ("honoured", "mapped", "no_effect", "refused")
+__all__ = ["HANDLINGS", "LF_ENV", "LF_ENV_BACKENDS", "LF_KEYS", "LFKey", "Refused", "SECRETS", "SOURCES", "counts",
+           "refused_values", "same_value"]
 
 SOURCES = {
     "model": "model arguments (model, quantization, processor, export, vLLM/SGLang, KTransformers)",
@@ -43,81 +41,7 @@ SECRETS = SECRET_KEYS | {"hub_token", "om_hub_token", "push_to_hub_token", "swan
                           "swanlab_lark_webhook_url"}
 
 
-class Refused(Exception):
-    """A mapping function refuses this value (the message says why and what to use)."""
-
-
-@dataclass(frozen=True)
-class LFKey:
-    name: str
-    handling: Handling
-    note: str  # refused: the reason and the alternative, as the error shows it
-    source: str = ""
-    target: str = ""  # mapped: the tunesmith key(s) it sets, for the docs
-    to: Callable[[Any, dict], dict] | None = None  # mapped: value, all given keys -> tunesmith keys ({} = unset)
-    check: Callable[[Any], str | None] | None = None  # honoured: a message for a value tunesmith refuses
-    accept: tuple | Callable[[Any, dict], bool] = ()  # refused: values that need no feature (no effect)
-    accept_doc: str = ""  # refused with a callable accept: which values it accepts, for the docs
-
-    def accepts(self, value: Any, given: dict) -> bool:
-        if callable(self.accept):
-            return self.accept(value, given)
-        return any(same_value(value, ok) for ok in self.accept)
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equal and of the same kind, so `1` never passes for `true` nor `0` for `false`."""
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    return type(a) is type(b) and a == b
-
-
-# ---- constructors -----------------------------------------------------------------------------------------
-
-def _honoured(name: str, note: str = "", check=None) -> LFKey:
-    return LFKey(name, "honoured", note or "same key, same meaning", check=check)
-
-
-def _mapped(name: str, target: str, to, note: str) -> LFKey:
-    return LFKey(name, "mapped", note, target=target, to=to)
-
-
-def _idle(name: str, note: str) -> LFKey:
-    return LFKey(name, "no_effect", note)
-
-
-def _refused(name: str, note: str, accept=(False, None), accept_doc: str = "") -> LFKey:
-    return LFKey(name, "refused", note, accept=accept, accept_doc=accept_doc)
-
-
-def _unless_null(name: str, note: str) -> LFKey:
-    """A setting whose default is null: any value asks for the feature."""
-    return _refused(name, note, accept=(None,))
-
-
-def _section(source: str, entries: list[LFKey]) -> dict[str, LFKey]:
-    return {e.name: dataclasses.replace(e, source=source) for e in entries}
-
-
 # ---- mapping and checking functions ------------------------------------------------------------------------
-
-def _to(target: str):
-    """value -> {target: value}; null (LLaMA-Factory's default) sets nothing."""
-    def to(value, given):
-        return {} if value is None else {target: value}
-    return to
-
-
-def _bool_to(target: str, when_true):
-    """A switch: true sets target to `when_true`; false (LLaMA-Factory's default) sets nothing."""
-    def to(value, given):
-        if not isinstance(value, bool):
-            raise Refused(f"expects true or false, not {value!r}")
-        return {target: when_true} if value else {}
-    return to
-
 
 def _warmup_steps(value, given):
     """transformers 5 reads a warmup_steps below 1 as a share of all steps."""
@@ -132,13 +56,6 @@ def _step_count(value):
     if isinstance(value, float) and 0 < value < 1:
         return "a share of the total steps is not read; give a number of steps"
     return None
-
-
-class _Refuse(dict):
-    """A check refusing the listed values, each with its message (the docs list them)."""
-
-    def __call__(self, value):
-        return self.get(value) if isinstance(value, str) else None
 
 
 def _optim(value):
@@ -173,78 +90,78 @@ _PREDICT = "batch prediction is not available yet; use `tunesmith chat --prompt`
 
 # ---- LLaMA-Factory model arguments --------------------------------------------------------------------------
 
-_MODEL = _section("model", [
-    _honoured("model_name_or_path"),
-    _honoured("adapter_name_or_path", "one adapter directory (LLaMA-Factory: a comma list)", check=_one_adapter),
-    _unless_null("adapter_folder", "give the adapter directory itself as adapter_name_or_path"),
-    _honoured("cache_dir"),
-    _refused("use_fast_tokenizer", "tunesmith always loads the fast tokenizer; remove it", accept=(True, None)),
-    _refused("resize_vocab", _TOKENS),
-    _refused("split_special_tokens", "special tokens are never split; remove it"),
-    _unless_null("add_tokens", _TOKENS),
-    _unless_null("add_special_tokens", _TOKENS),
-    _unless_null("new_special_tokens_config", _TOKENS),
-    _idle("init_special_tokens", "only applies to added tokens (refused)"),
-    _honoured("model_revision"),
-    _idle("low_cpu_mem_usage", "loading strategy only"),
-    _unless_null("rope_scaling", "RoPE scaling is not applied; use a model whose config.json sets rope_scaling"),
-    _honoured("flash_attn", "LLaMA-Factory's auto, disabled, sdpa, fa2; tunesmith adds varlen, eager, flex",
-              check=_Refuse({"fa3": "FlashAttention-3 is not available; use flash_attn: fa2 or auto"})),
-    _refused("shift_attn", "S^2-Attn (LongLoRA) is not available; remove it"),
-    _unless_null("mixture_of_depths", "mixture-of-depths is not available; remove it"),
-    _refused("use_unsloth", "unsloth is not supported; tunesmith uses Liger kernels (enable_liger_kernel: true)"),
-    _refused("use_unsloth_gc", "unsloth's checkpointing is not available; use gradient_checkpointing: true"),
-    _honoured("enable_liger_kernel"),
-    _unless_null("moe_aux_loss_coef", "setting the router auxiliary loss coefficient is not available; remove it"),
-    _mapped("disable_gradient_checkpointing", "gradient_checkpointing", _bool_to("gradient_checkpointing", False),
+_MODEL = section("model", [
+    honoured("model_name_or_path"),
+    honoured("adapter_name_or_path", "one adapter directory (LLaMA-Factory: a comma list)", check=_one_adapter),
+    unless_null("adapter_folder", "give the adapter directory itself as adapter_name_or_path"),
+    honoured("cache_dir"),
+    refused("use_fast_tokenizer", "tunesmith always loads the fast tokenizer; remove it", accept=(True, None)),
+    refused("resize_vocab", _TOKENS),
+    refused("split_special_tokens", "special tokens are never split; remove it"),
+    unless_null("add_tokens", _TOKENS),
+    unless_null("add_special_tokens", _TOKENS),
+    unless_null("new_special_tokens_config", _TOKENS),
+    idle("init_special_tokens", "only applies to added tokens (refused)"),
+    honoured("model_revision"),
+    idle("low_cpu_mem_usage", "loading strategy only"),
+    unless_null("rope_scaling", "RoPE scaling is not applied; use a model whose config.json sets rope_scaling"),
+    honoured("flash_attn", "LLaMA-Factory's auto, disabled, sdpa, fa2; tunesmith adds varlen, eager, flex",
+              check=RefuseValues({"fa3": "FlashAttention-3 is not available; use flash_attn: fa2 or auto"})),
+    refused("shift_attn", "S^2-Attn (LongLoRA) is not available; remove it"),
+    unless_null("mixture_of_depths", "mixture-of-depths is not available; remove it"),
+    refused("use_unsloth", "unsloth is not supported; tunesmith uses Liger kernels (enable_liger_kernel: true)"),
+    refused("use_unsloth_gc", "unsloth's checkpointing is not available; use gradient_checkpointing: true"),
+    honoured("enable_liger_kernel"),
+    unless_null("moe_aux_loss_coef", "setting the router auxiliary loss coefficient is not available; remove it"),
+    mapped("disable_gradient_checkpointing", "gradient_checkpointing", switch_key("gradient_checkpointing", False),
             "true -> gradient_checkpointing: false; false (LLaMA-Factory's default) changes nothing: "
             "tunesmith's default gradient_checkpointing: auto decides from the memory estimate"),
-    _idle("use_reentrant_gc", "tunesmith always checkpoints non-reentrantly; the gradients are the same"),
-    _refused("upcast_layernorm", "upcasting layer norms to fp32 is not available; remove it"),
-    _refused("upcast_lmhead_output", "upcasting the lm_head output is not available; remove it"),
-    _mapped("train_from_scratch", "random_init", _bool_to("random_init", True),
+    idle("use_reentrant_gc", "tunesmith always checkpoints non-reentrantly; the gradients are the same"),
+    refused("upcast_layernorm", "upcasting layer norms to fp32 is not available; remove it"),
+    refused("upcast_lmhead_output", "upcasting the lm_head output is not available; remove it"),
+    mapped("train_from_scratch", "random_init", switch_key("random_init", True),
             "true -> random_init: true (the architecture of config.json with random weights)"),
-    _refused("infer_backend", "inference backends are not used in training; remove it", accept=("huggingface",)),
-    _idle("offload_folder", "inference only"),
-    _idle("use_kv_cache", "generation only"),
-    _refused("use_v1_kernels", "LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel: true"),
-    _idle("infer_dtype", "inference only"),
-    _refused("hf_hub_token", "tokens are not read from the config; set the HF_TOKEN environment variable",
+    refused("infer_backend", "inference backends are not used in training; remove it", accept=("huggingface",)),
+    idle("offload_folder", "inference only"),
+    idle("use_kv_cache", "generation only"),
+    refused("use_v1_kernels", "LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel: true"),
+    idle("infer_dtype", "inference only"),
+    refused("hf_hub_token", "tokens are not read from the config; set the HF_TOKEN environment variable",
              accept=(None,)),
-    _refused("ms_hub_token", "ModelScope downloads are not available; download the model and give its path",
+    refused("ms_hub_token", "ModelScope downloads are not available; download the model and give its path",
              accept=(None,)),
-    _refused("om_hub_token", "Modelers downloads are not available; download the model and give its path",
+    refused("om_hub_token", "Modelers downloads are not available; download the model and give its path",
              accept=(None,)),
-    _idle("print_param_status", "debug printing only"),
-    _honoured("trust_remote_code"),
+    idle("print_param_status", "debug printing only"),
+    honoured("trust_remote_code"),
     # quantization
-    _refused("quantization_method", _QLORA, accept=("bnb", None)),
-    _refused("quantization_bit", _QLORA, accept=(None,)),
-    _idle("quantization_type", "only applies with quantization_bit (refused)"),
-    _idle("double_quantization", "only applies with quantization_bit (refused)"),
-    _idle("quantization_device_map", "only applies with quantization_bit (refused)"),
+    refused("quantization_method", _QLORA, accept=("bnb", None)),
+    refused("quantization_bit", _QLORA, accept=(None,)),
+    idle("quantization_type", "only applies with quantization_bit (refused)"),
+    idle("double_quantization", "only applies with quantization_bit (refused)"),
+    idle("quantization_device_map", "only applies with quantization_bit (refused)"),
     # processor
-    _honoured("image_max_pixels"),
-    _honoured("image_min_pixels"),
-    _refused("image_do_pan_and_scan", "Gemma 3 pan-and-scan is not available; remove it"),
-    _refused("crop_to_patches", "InternVL patch cropping is not available; remove it"),
-    _honoured("video_max_pixels"),
-    _honoured("video_min_pixels"),
-    _honoured("video_fps"),
-    _honoured("video_maxlen"),
-    _honoured("use_audio_in_video"),
-    _honoured("audio_sampling_rate"),
+    honoured("image_max_pixels"),
+    honoured("image_min_pixels"),
+    refused("image_do_pan_and_scan", "Gemma 3 pan-and-scan is not available; remove it"),
+    refused("crop_to_patches", "InternVL patch cropping is not available; remove it"),
+    honoured("video_max_pixels"),
+    honoured("video_min_pixels"),
+    honoured("video_fps"),
+    honoured("video_maxlen"),
+    honoured("use_audio_in_video"),
+    honoured("audio_sampling_rate"),
     # export, vLLM, SGLang: read by LLaMA-Factory's export / chat / API commands, not by training
-    *[_idle(k, "export settings (`tunesmith export` takes its own options); not used in training")
+    *[idle(k, "export settings (`tunesmith export` takes its own options); not used in training")
       for k in ("export_dir", "export_size", "export_device", "export_quantization_bit",
                 "export_quantization_dataset", "export_quantization_nsamples", "export_quantization_maxlen",
                 "export_legacy_format", "export_hub_model_id")],
-    *[_idle(k, "inference engine settings; not used in training")
+    *[idle(k, "inference engine settings; not used in training")
       for k in ("vllm_maxlen", "vllm_gpu_util", "vllm_enforce_eager", "vllm_max_lora_rank", "vllm_config",
                 "sglang_maxlen", "sglang_mem_fraction", "sglang_tp_size", "sglang_config", "sglang_lora_backend")],
     # KTransformers
-    _refused("use_kt", _KT),
-    *[_unless_null(k, _KT) for k in ("kt_cpu_activation", "kt_weight_path", "kt_non_expert_weight_path",
+    refused("use_kt", _KT),
+    *[unless_null(k, _KT) for k in ("kt_cpu_activation", "kt_weight_path", "kt_non_expert_weight_path",
                                      "kt_expert_checkpoint_path", "kt_use_lora_experts", "kt_lora_expert_num",
                                      "kt_lora_expert_intermediate_size", "kt_config")],
 ])
@@ -252,183 +169,183 @@ _MODEL = _section("model", [
 
 # ---- LLaMA-Factory data arguments ---------------------------------------------------------------------------
 
-_DATA = _section("data", [
-    _honoured("template", "LLaMA-Factory's default is none; tunesmith's is auto (the tokenizer's own template)"),
-    _honoured("dataset"),
-    _honoured("eval_dataset"),
-    _honoured("dataset_dir"),
-    _honoured("media_dir"),
-    _honoured("cutoff_len"),
-    _honoured("train_on_prompt"),
-    _honoured("mask_history"),
-    _refused("streaming", "streaming datasets are not available yet; use a local file or a hub dataset without "
+_DATA = section("data", [
+    honoured("template", "LLaMA-Factory's default is none; tunesmith's is auto (the tokenizer's own template)"),
+    honoured("dataset"),
+    honoured("eval_dataset"),
+    honoured("dataset_dir"),
+    honoured("media_dir"),
+    honoured("cutoff_len"),
+    honoured("train_on_prompt"),
+    honoured("mask_history"),
+    refused("streaming", "streaming datasets are not available yet; use a local file or a hub dataset without "
              "streaming"),
-    _idle("buffer_size", "only applies with streaming (refused)"),
-    _honoured("mix_strategy", check=_Refuse({"interleave_once": "sampling without replacement is not available; use "
-                                                            "interleave_under or interleave_over"})),
-    _honoured("interleave_probs"),
-    _honoured("overwrite_cache"),
-    _honoured("preprocessing_batch_size"),
-    _honoured("preprocessing_num_workers"),
-    _honoured("max_samples"),
-    _idle("eval_num_beams", "only applies with predict_with_generate (refused)"),
-    _refused("ignore_pad_token_for_loss", "padding never counts in the loss; remove it", accept=(True, None)),
-    _honoured("val_size"),
-    _refused("eval_on_each_dataset", "evaluation pools all of eval_dataset; remove it"),
-    _honoured("packing"),
-    _honoured("neat_packing", "packing without attention across samples (tunesmith's packing always is)"),
-    _refused("tool_format", "tools are rendered by the chat template; use template: auto", accept=(None,)),
-    _refused("default_system", "overriding the template's system message is not available; give a system "
+    idle("buffer_size", "only applies with streaming (refused)"),
+    honoured("mix_strategy", check=RefuseValues({
+        "interleave_once": "sampling without replacement is not available; use interleave_under or interleave_over"})),
+    honoured("interleave_probs"),
+    honoured("overwrite_cache"),
+    honoured("preprocessing_batch_size"),
+    honoured("preprocessing_num_workers"),
+    honoured("max_samples"),
+    idle("eval_num_beams", "only applies with predict_with_generate (refused)"),
+    refused("ignore_pad_token_for_loss", "padding never counts in the loss; remove it", accept=(True, None)),
+    honoured("val_size"),
+    refused("eval_on_each_dataset", "evaluation pools all of eval_dataset; remove it"),
+    honoured("packing"),
+    honoured("neat_packing", "packing without attention across samples (tunesmith's packing always is)"),
+    refused("tool_format", "tools are rendered by the chat template; use template: auto", accept=(None,)),
+    refused("default_system", "overriding the template's system message is not available; give a system "
              "column in the dataset", accept=(None,)),
-    _honoured("enable_thinking"),
-    _refused("preserve_thinking", "keeping thinking blocks of earlier turns is not available; remove it"),
-    _honoured("tokenized_path"),
-    _honoured("data_shared_file_system"),
+    honoured("enable_thinking"),
+    refused("preserve_thinking", "keeping thinking blocks of earlier turns is not available; remove it"),
+    honoured("tokenized_path"),
+    honoured("data_shared_file_system"),
 ])
 
 
 # ---- LLaMA-Factory fine-tuning arguments --------------------------------------------------------------------
 
-_FINETUNING = _section("finetuning", [
-    _honoured("freeze_trainable_layers"),
-    _honoured("freeze_trainable_modules"),
-    _honoured("freeze_extra_modules"),
-    _honoured("additional_target"),
-    _honoured("lora_alpha"),
-    _honoured("lora_dropout"),
-    _honoured("lora_rank"),
-    _honoured("lora_target"),
-    _unless_null("loraplus_lr_ratio", "LoRA+ is not available; remove it"),
-    _idle("loraplus_lr_embedding", "only applies with loraplus_lr_ratio (refused)"),
-    _honoured("use_rslora"),
-    _honoured("use_dora"),
-    _refused("pissa_init", "PiSSA initialisation is not available; remove it"),
-    _idle("pissa_iter", "only applies with pissa_init (refused)"),
-    _idle("pissa_convert", "only applies with pissa_init (refused)"),
-    _refused("create_new_adapter", "a new adapter on top of a loaded one is not available; merge it first "
+_FINETUNING = section("finetuning", [
+    honoured("freeze_trainable_layers"),
+    honoured("freeze_trainable_modules"),
+    honoured("freeze_extra_modules"),
+    honoured("additional_target"),
+    honoured("lora_alpha"),
+    honoured("lora_dropout"),
+    honoured("lora_rank"),
+    honoured("lora_target"),
+    unless_null("loraplus_lr_ratio", "LoRA+ is not available; remove it"),
+    idle("loraplus_lr_embedding", "only applies with loraplus_lr_ratio (refused)"),
+    honoured("use_rslora"),
+    honoured("use_dora"),
+    refused("pissa_init", "PiSSA initialisation is not available; remove it"),
+    idle("pissa_iter", "only applies with pissa_init (refused)"),
+    idle("pissa_convert", "only applies with pissa_init (refused)"),
+    refused("create_new_adapter", "a new adapter on top of a loaded one is not available; merge it first "
              "(tunesmith export) and train a new LoRA on the merged model"),
-    _idle("module_dropout", "OFT only (finetuning_type: oft is refused)"),
-    _idle("oft_rank", "OFT only (finetuning_type: oft is refused)"),
-    _idle("oft_block_size", "OFT only (finetuning_type: oft is refused)"),
-    _idle("oft_target", "OFT only (finetuning_type: oft is refused)"),
+    idle("module_dropout", "OFT only (finetuning_type: oft is refused)"),
+    idle("oft_rank", "OFT only (finetuning_type: oft is refused)"),
+    idle("oft_block_size", "OFT only (finetuning_type: oft is refused)"),
+    idle("oft_target", "OFT only (finetuning_type: oft is refused)"),
     # RLHF
-    _honoured("pref_beta"),
-    _honoured("pref_ftx"),
-    _refused("pref_bco_weight", "the BCO term is not available; remove it", accept=(0, None)),
-    _honoured("pref_loss", "tunesmith adds robust; kto_pair is refused",
-              check=_Refuse({"kto_pair": "kto_pair is not available; use stage: kto"})),
-    _mapped("dpo_label_smoothing", "pref_label_smoothing", _to("pref_label_smoothing"),
+    honoured("pref_beta"),
+    honoured("pref_ftx"),
+    refused("pref_bco_weight", "the BCO term is not available; remove it", accept=(0, None)),
+    honoured("pref_loss", "tunesmith adds robust; kto_pair is refused",
+              check=RefuseValues({"kto_pair": "kto_pair is not available; use stage: kto"})),
+    mapped("dpo_label_smoothing", "pref_label_smoothing", set_key("pref_label_smoothing"),
             "-> pref_label_smoothing (sigmoid and robust losses)"),
-    _honoured("kto_chosen_weight"),
-    _honoured("kto_rejected_weight"),
-    _honoured("simpo_gamma"),
-    _idle("ppo_buffer_size", "PPO only (stage: ppo is refused)"),
-    _honoured("ppo_epochs", "online RL: passes over each rollout batch (tunesmith's default 1, LLaMA-Factory's 4 "
+    honoured("kto_chosen_weight"),
+    honoured("kto_rejected_weight"),
+    honoured("simpo_gamma"),
+    idle("ppo_buffer_size", "PPO only (stage: ppo is refused)"),
+    honoured("ppo_epochs", "online RL: passes over each rollout batch (tunesmith's default 1, LLaMA-Factory's 4 "
               "for PPO)"),
-    _idle("ppo_score_norm", "PPO only (stage: ppo is refused)"),
-    _idle("ppo_target", "PPO only (stage: ppo is refused)"),
-    _idle("ppo_whiten_rewards", "PPO only (stage: ppo is refused)"),
-    _unless_null("ref_model", "a separate reference model is not available; the reference is the starting model "
+    idle("ppo_score_norm", "PPO only (stage: ppo is refused)"),
+    idle("ppo_target", "PPO only (stage: ppo is refused)"),
+    idle("ppo_whiten_rewards", "PPO only (stage: ppo is refused)"),
+    unless_null("ref_model", "a separate reference model is not available; the reference is the starting model "
              "(pref_reference: copy, adapters_off or precomputed)"),
-    _unless_null("ref_model_adapters", "a separate reference model is not available; remove it"),
-    _unless_null("ref_model_quantization_bit", "a quantized reference model is not available; remove it"),
-    _unless_null("reward_model", "set reward_funcs: [reward_model] and reward_model_path instead"),
-    _unless_null("reward_model_adapters", "set reward_funcs: [reward_model] and reward_model_path instead"),
-    _unless_null("reward_model_quantization_bit", "a quantized reward model is not available; remove it"),
-    _idle("reward_model_type", "PPO only (stage: ppo is refused)"),
-    _unless_null("ld_alpha", "LD-DPO is not available; remove it"),
+    unless_null("ref_model_adapters", "a separate reference model is not available; remove it"),
+    unless_null("ref_model_quantization_bit", "a quantized reference model is not available; remove it"),
+    unless_null("reward_model", "set reward_funcs: [reward_model] and reward_model_path instead"),
+    unless_null("reward_model_adapters", "set reward_funcs: [reward_model] and reward_model_path instead"),
+    unless_null("reward_model_quantization_bit", "a quantized reward model is not available; remove it"),
+    idle("reward_model_type", "PPO only (stage: ppo is refused)"),
+    unless_null("ld_alpha", "LD-DPO is not available; remove it"),
     # GaLore, APOLLO, BAdam: the switch is refused, their settings do nothing without it
-    _refused("use_galore", "GaLore is not supported; train with AdamW (finetuning_type: full or lora)"),
-    *[_idle(k, "only applies with use_galore (refused)")
+    refused("use_galore", "GaLore is not supported; train with AdamW (finetuning_type: full or lora)"),
+    *[idle(k, "only applies with use_galore (refused)")
       for k in ("galore_target", "galore_rank", "galore_update_interval", "galore_scale", "galore_proj_type",
                 "galore_layerwise")],
-    _refused("use_apollo", "APOLLO is not supported; train with AdamW (finetuning_type: full or lora)"),
-    *[_idle(k, "only applies with use_apollo (refused)")
+    refused("use_apollo", "APOLLO is not supported; train with AdamW (finetuning_type: full or lora)"),
+    *[idle(k, "only applies with use_apollo (refused)")
       for k in ("apollo_target", "apollo_rank", "apollo_update_interval", "apollo_scale", "apollo_proj",
                 "apollo_proj_type", "apollo_scale_type", "apollo_layerwise", "apollo_scale_front")],
-    _refused("use_badam", "BAdam is not supported; train with AdamW (finetuning_type: full, freeze or lora)"),
-    *[_idle(k, "only applies with use_badam (refused)")
+    refused("use_badam", "BAdam is not supported; train with AdamW (finetuning_type: full, freeze or lora)"),
+    *[idle(k, "only applies with use_badam (refused)")
       for k in ("badam_mode", "badam_start_block", "badam_switch_mode", "badam_switch_interval",
                 "badam_update_ratio", "badam_mask_mode", "badam_verbose")],
     # SwanLab
-    _honoured("use_swanlab"),
-    _honoured("swanlab_project", "tunesmith's default project is tunesmith"),
-    _unless_null("swanlab_workspace", "is not passed to SwanLab; remove it (runs go to your default workspace)"),
-    _mapped("swanlab_run_name", "run_name", _to("run_name"), "-> run_name (one name for every metric sink)"),
-    _honoured("swanlab_mode", "tunesmith adds offline and disabled"),
-    _honoured("swanlab_api_key", "prefer the SWANLAB_API_KEY environment variable"),
-    _unless_null("swanlab_logdir", "is not passed to SwanLab; remove it"),
-    _unless_null("swanlab_lark_webhook_url", "Lark notifications are not sent; remove it"),
-    _unless_null("swanlab_lark_secret", "Lark notifications are not sent; remove it"),
+    honoured("use_swanlab"),
+    honoured("swanlab_project", "tunesmith's default project is tunesmith"),
+    unless_null("swanlab_workspace", "is not passed to SwanLab; remove it (runs go to your default workspace)"),
+    mapped("swanlab_run_name", "run_name", set_key("run_name"), "-> run_name (one name for every metric sink)"),
+    honoured("swanlab_mode", "tunesmith adds offline and disabled"),
+    honoured("swanlab_api_key", "prefer the SWANLAB_API_KEY environment variable"),
+    unless_null("swanlab_logdir", "is not passed to SwanLab; remove it"),
+    unless_null("swanlab_lark_webhook_url", "Lark notifications are not sent; remove it"),
+    unless_null("swanlab_lark_secret", "Lark notifications are not sent; remove it"),
     # the rest
-    _honoured("pure_bf16"),
-    _honoured("stage", "LLaMA-Factory's pt, sft, rm, dpo, kto, and tunesmith's online-RL stages; ppo is refused",
-              check=_Refuse({"ppo": "PPO with a value model is not available yet; use stage: grpo (online RL "
+    honoured("pure_bf16"),
+    honoured("stage", "LLaMA-Factory's pt, sft, rm, dpo, kto, and tunesmith's online-RL stages; ppo is refused",
+              check=RefuseValues({"ppo": "PPO with a value model is not available yet; use stage: grpo (online RL "
                                  "without a value model) or dpo"})),
-    _honoured("finetuning_type", "full, freeze, lora; oft is refused",
-              check=_Refuse({"oft": "OFT is not available; use finetuning_type: lora"})),
-    _refused("use_llama_pro", "LLaMA Pro block expansion is not available; use finetuning_type: freeze"),
-    _refused("use_adam_mini", "Adam-mini is not available; tunesmith trains with AdamW"),
-    _mapped("use_mca", "backend", _bool_to("backend", "megatron"),
+    honoured("finetuning_type", "full, freeze, lora; oft is refused",
+              check=RefuseValues({"oft": "OFT is not available; use finetuning_type: lora"})),
+    refused("use_llama_pro", "LLaMA Pro block expansion is not available; use finetuning_type: freeze"),
+    refused("use_adam_mini", "Adam-mini is not available; tunesmith trains with AdamW"),
+    mapped("use_mca", "backend", switch_key("backend", "megatron"),
             "true -> backend: megatron (the Megatron-Core engine, as USE_MCA=1)"),
-    _refused("use_megatron_bridge", _BRIDGE),
-    _refused("use_hyper_parallel", "HyperParallel is not available; use backend: fsdp2"),
-    _unless_null("hyper_parallel_args", "HyperParallel is not available; use backend: fsdp2"),
-    _refused("hyper_parallel_cp_size", "HyperParallel is not available; for context parallelism use "
+    refused("use_megatron_bridge", _BRIDGE),
+    refused("use_hyper_parallel", "HyperParallel is not available; use backend: fsdp2"),
+    unless_null("hyper_parallel_args", "HyperParallel is not available; use backend: fsdp2"),
+    refused("hyper_parallel_cp_size", "HyperParallel is not available; for context parallelism use "
              "context_parallel_size with backend: megatron", accept=(1, None)),
-    _refused("use_muon", "the Muon optimizer is not available; tunesmith trains with AdamW"),
-    _refused("use_dft_loss", _SFT_LOSS),
-    _refused("use_asft_loss", _SFT_LOSS),
-    _idle("asft_alpha", "only applies with use_asft_loss (refused)"),
-    _refused("use_eaft_loss", _SFT_LOSS),
-    _idle("eaft_alpha", "only applies with use_eaft_loss (refused)"),
-    _honoured("freeze_vision_tower"),
-    _honoured("freeze_multi_modal_projector"),
-    _honoured("freeze_language_model"),
-    _refused("compute_accuracy", "token accuracy at evaluation is not computed; remove it"),
-    _refused("disable_shuffling", "tunesmith shuffles every epoch with seed; remove it"),
-    _unless_null("early_stopping_steps", "early stopping is not available; set max_steps or num_train_epochs"),
-    _honoured("plot_loss"),
-    _idle("include_effective_tokens_per_second", "tunesmith always logs tokens_per_s and train_tokens_per_second"),
+    refused("use_muon", "the Muon optimizer is not available; tunesmith trains with AdamW"),
+    refused("use_dft_loss", _SFT_LOSS),
+    refused("use_asft_loss", _SFT_LOSS),
+    idle("asft_alpha", "only applies with use_asft_loss (refused)"),
+    refused("use_eaft_loss", _SFT_LOSS),
+    idle("eaft_alpha", "only applies with use_eaft_loss (refused)"),
+    honoured("freeze_vision_tower"),
+    honoured("freeze_multi_modal_projector"),
+    honoured("freeze_language_model"),
+    refused("compute_accuracy", "token accuracy at evaluation is not computed; remove it"),
+    refused("disable_shuffling", "tunesmith shuffles every epoch with seed; remove it"),
+    unless_null("early_stopping_steps", "early stopping is not available; set max_steps or num_train_epochs"),
+    honoured("plot_loss"),
+    idle("include_effective_tokens_per_second", "tunesmith always logs tokens_per_s and train_tokens_per_second"),
 ])
 
 
 # ---- LLaMA-Factory generating arguments ---------------------------------------------------------------------
 
-_GENERATING = _section("generating", [
-    _refused("do_sample", "online-RL rollouts always sample; for greedy decoding set temperature: 0",
+_GENERATING = section("generating", [
+    refused("do_sample", "online-RL rollouts always sample; for greedy decoding set temperature: 0",
              accept=(True, None)),
-    _honoured("temperature", "online-RL sampling (tunesmith's default 1.0; LLaMA-Factory's 0.95 is for chat)"),
-    _honoured("top_p", "online-RL sampling (tunesmith's default 1.0; LLaMA-Factory's 0.7 is for chat)"),
-    _honoured("top_k", "online-RL sampling (tunesmith's default 0 = off; LLaMA-Factory's 50 is for chat)"),
-    _refused("num_beams", "beam search is not available; remove it", accept=(1, None)),
-    _idle("max_length", "generation length is max_new_tokens"),
-    _honoured("max_new_tokens", "online-RL responses (tunesmith's default 512)"),
-    _refused("repetition_penalty", "a repetition penalty is not applied in rollouts; remove it",
+    honoured("temperature", "online-RL sampling (tunesmith's default 1.0; LLaMA-Factory's 0.95 is for chat)"),
+    honoured("top_p", "online-RL sampling (tunesmith's default 1.0; LLaMA-Factory's 0.7 is for chat)"),
+    honoured("top_k", "online-RL sampling (tunesmith's default 0 = off; LLaMA-Factory's 50 is for chat)"),
+    refused("num_beams", "beam search is not available; remove it", accept=(1, None)),
+    idle("max_length", "generation length is max_new_tokens"),
+    honoured("max_new_tokens", "online-RL responses (tunesmith's default 512)"),
+    refused("repetition_penalty", "a repetition penalty is not applied in rollouts; remove it",
              accept=(1, None)),
-    _idle("length_penalty", "beam search only (num_beams > 1 is refused)"),
-    _idle("skip_special_tokens", "decoding for display only"),
+    idle("length_penalty", "beam search only (num_beams > 1 is refused)"),
+    idle("skip_special_tokens", "decoding for display only"),
 ])
 
 
 # ---- LLaMA-Factory's own training arguments -----------------------------------------------------------------
 
-_TRAINING = _section("training", [
-    _refused("ray_num_workers", "Ray is not used; tunesmith launches torchrun itself on several GPUs (NNODES, "
+_TRAINING = section("training", [
+    refused("ray_num_workers", "Ray is not used; tunesmith launches torchrun itself on several GPUs (NNODES, "
              "NPROC_PER_NODE for more)", accept=(1, None)),
-    _refused("ray_init_kwargs", "Ray is not used; remove it", accept=(None,)),
-    _refused("master_addr", "set the MASTER_ADDR environment variable", accept=(None,)),
-    _refused("master_port", "set the MASTER_PORT environment variable", accept=(None,)),
-    _refused("enable_torch_profiler", "the torch profiler hook is not available; use `tunesmith bench` for "
+    refused("ray_init_kwargs", "Ray is not used; remove it", accept=(None,)),
+    refused("master_addr", "set the MASTER_ADDR environment variable", accept=(None,)),
+    refused("master_port", "set the MASTER_PORT environment variable", accept=(None,)),
+    refused("enable_torch_profiler", "the torch profiler hook is not available; use `tunesmith bench` for "
              "throughput"),
-    *[_idle(k, "only applies with enable_torch_profiler (refused)")
+    *[idle(k, "only applies with enable_torch_profiler (refused)")
       for k in ("profiler_output_dir", "profiler_wait_steps", "profiler_warmup_steps", "profiler_active_steps",
                 "profiler_repeat", "profiler_record_shapes", "profiler_profile_memory", "profiler_with_stack",
                 "profile_modules")],
-    _refused("fp8", "FP8 training is not available; use bf16: true"),
-    _idle("fp8_backend", "only applies with fp8 (refused)"),
-    _refused("fp8_enable_fsdp_float8_all_gather", "FP8 training is not available; use bf16: true"),
-    _honoured("overwrite_output_dir"),
+    refused("fp8", "FP8 training is not available; use bf16: true"),
+    idle("fp8_backend", "only applies with fp8 (refused)"),
+    refused("fp8_enable_fsdp_float8_all_gather", "FP8 training is not available; use bf16: true"),
+    honoured("overwrite_output_dir"),
 ])
 
 
@@ -439,165 +356,165 @@ _HUB = "only applies with push_to_hub (refused)"
 _DDP = "tunesmith does not use DDP (engines: single, fsdp2, deepspeed)"
 _LOADER = "data-loader performance only"
 
-_HF = _section("hf", [
-    _honoured("output_dir"),
-    _honoured("per_device_train_batch_size", "tunesmith's default is 1 (Hugging Face's 8)"),
-    _mapped("per_gpu_train_batch_size", "per_device_train_batch_size", _to("per_device_train_batch_size"),
+_HF = section("hf", [
+    honoured("output_dir"),
+    honoured("per_device_train_batch_size", "tunesmith's default is 1 (Hugging Face's 8)"),
+    mapped("per_gpu_train_batch_size", "per_device_train_batch_size", set_key("per_device_train_batch_size"),
             "old name of per_device_train_batch_size"),
-    _honoured("per_device_eval_batch_size", "tunesmith's default is 1 (Hugging Face's 8)"),
-    _mapped("per_gpu_eval_batch_size", "per_device_eval_batch_size", _to("per_device_eval_batch_size"),
+    honoured("per_device_eval_batch_size", "tunesmith's default is 1 (Hugging Face's 8)"),
+    mapped("per_gpu_eval_batch_size", "per_device_eval_batch_size", set_key("per_device_eval_batch_size"),
             "old name of per_device_eval_batch_size"),
-    _honoured("num_train_epochs"),
-    _honoured("max_steps"),
-    _honoured("learning_rate"),
-    _honoured("lr_scheduler_type", "linear, cosine, constant, constant_with_warmup"),
-    _refused("lr_scheduler_kwargs", "scheduler arguments are not read; the schedules take warmup_ratio / "
+    honoured("num_train_epochs"),
+    honoured("max_steps"),
+    honoured("learning_rate"),
+    honoured("lr_scheduler_type", "linear, cosine, constant, constant_with_warmup"),
+    refused("lr_scheduler_kwargs", "scheduler arguments are not read; the schedules take warmup_ratio / "
              "warmup_steps only", accept=(None, {}, "")),
-    _mapped("warmup_steps", "warmup_steps / warmup_ratio", _warmup_steps,
+    mapped("warmup_steps", "warmup_steps / warmup_ratio", _warmup_steps,
             "warmup_steps; a value below 1 (transformers 5: a share of the steps) -> warmup_ratio"),
-    _honoured("warmup_ratio"),
-    _honoured("optim", "AdamW only: adamw_torch, adamw_torch_fused", check=_optim),
-    _refused("optim_args", "optimizer arguments are not read; use adam_beta1, adam_beta2, adam_epsilon, "
+    honoured("warmup_ratio"),
+    honoured("optim", "AdamW only: adamw_torch, adamw_torch_fused", check=_optim),
+    refused("optim_args", "optimizer arguments are not read; use adam_beta1, adam_beta2, adam_epsilon, "
              "weight_decay", accept=(None, "")),
-    _honoured("weight_decay"),
-    _honoured("adam_beta1"),
-    _honoured("adam_beta2"),
-    _honoured("adam_epsilon"),
-    _refused("optim_target_modules", "GaLore-style optimizers are not available; remove it", accept=(None,)),
-    _honoured("gradient_accumulation_steps"),
-    _refused("average_tokens_across_devices", "tunesmith always divides by the label tokens of the whole step on "
+    honoured("weight_decay"),
+    honoured("adam_beta1"),
+    honoured("adam_beta2"),
+    honoured("adam_epsilon"),
+    refused("optim_target_modules", "GaLore-style optimizers are not available; remove it", accept=(None,)),
+    honoured("gradient_accumulation_steps"),
+    refused("average_tokens_across_devices", "tunesmith always divides by the label tokens of the whole step on "
              "all ranks; remove it", accept=(True, None)),
-    _honoured("max_grad_norm"),
-    _refused("label_smoothing_factor", "label smoothing of the SFT loss is not available; remove it",
+    honoured("max_grad_norm"),
+    refused("label_smoothing_factor", "label smoothing of the SFT loss is not available; remove it",
              accept=(0, None)),
-    _honoured("bf16"),
-    _honoured("fp16"),
-    _refused("bf16_full_eval", "evaluation runs in the training precision; remove it"),
-    _refused("fp16_full_eval", "evaluation runs in the training precision; remove it"),
-    _refused("tf32", "TF32 matmuls are not switched on; remove it"),
-    _mapped("activation_checkpointing", "gradient_checkpointing", _to("gradient_checkpointing"),
+    honoured("bf16"),
+    honoured("fp16"),
+    refused("bf16_full_eval", "evaluation runs in the training precision; remove it"),
+    refused("fp16_full_eval", "evaluation runs in the training precision; remove it"),
+    refused("tf32", "TF32 matmuls are not switched on; remove it"),
+    mapped("activation_checkpointing", "gradient_checkpointing", set_key("gradient_checkpointing"),
             "transformers 5 name of gradient_checkpointing"),
-    _refused("activation_checkpointing_kwargs", "checkpointing options are not read; layers are checkpointed "
+    refused("activation_checkpointing_kwargs", "checkpointing options are not read; layers are checkpointed "
              "non-reentrantly", accept=(None, {})),
-    _honoured("gradient_checkpointing", "true/false as given; tunesmith's default is auto (from the memory "
+    honoured("gradient_checkpointing", "true/false as given; tunesmith's default is auto (from the memory "
               "estimate; LLaMA-Factory turns it on unless disable_gradient_checkpointing)"),
-    _refused("gradient_checkpointing_kwargs", "checkpointing options are not read; tunesmith checkpoints "
+    refused("gradient_checkpointing_kwargs", "checkpointing options are not read; tunesmith checkpoints "
              "non-reentrantly", accept=(None, {}, {"use_reentrant": False})),
-    _honoured("torch_compile"),
-    _refused("torch_compile_backend", "tunesmith compiles with the default backend; remove it", accept=(None,)),
-    _refused("torch_compile_mode", "tunesmith compiles with the default mode; remove it", accept=(None,)),
-    _mapped("use_liger_kernel", "enable_liger_kernel", _bool_to("enable_liger_kernel", True),
+    honoured("torch_compile"),
+    refused("torch_compile_backend", "tunesmith compiles with the default backend; remove it", accept=(None,)),
+    refused("torch_compile_mode", "tunesmith compiles with the default mode; remove it", accept=(None,)),
+    mapped("use_liger_kernel", "enable_liger_kernel", switch_key("enable_liger_kernel", True),
             "true -> enable_liger_kernel: true"),
-    _refused("liger_kernel_config", "Liger options are not read; enable_liger_kernel applies tunesmith's set",
+    refused("liger_kernel_config", "Liger options are not read; enable_liger_kernel applies tunesmith's set",
              accept=(None, {})),
-    _idle("use_cache", "the KV cache is off in training"),
-    _refused("neftune_noise_alpha", "NEFTune is not available; remove it", accept=(None,)),
-    _idle("torch_empty_cache_steps", "memory housekeeping only"),
-    _refused("auto_find_batch_size", "set per_device_train_batch_size; `tunesmith estimate` predicts the memory"),
-    _refused("logging_strategy", "tunesmith logs every logging_steps steps; remove it", accept=("steps", None)),
-    _honoured("logging_steps", "tunesmith's default is 10 (Hugging Face's 500)", check=_step_count),
-    _idle("logging_first_step", _LOG),
-    _idle("log_on_each_node", "one rank logs"),
-    _idle("logging_nan_inf_filter", _LOG),
-    _idle("include_num_input_tokens_seen", "tunesmith always logs train_tokens and tokens_per_s"),
-    _idle("log_level", "use the TUNESMITH_LOG_LEVEL environment variable"),
-    _idle("log_level_replica", "ranks other than 0 log warnings only"),
-    _idle("disable_tqdm", "progress display only"),
-    _honoured("report_to", "none, tensorboard, wandb, swanlab, all"),
-    _honoured("run_name"),
-    _idle("project", "Trackio only (report_to: trackio is refused)"),
-    _idle("trackio_space_id", "Trackio only (report_to: trackio is refused)"),
-    _idle("trackio_bucket_id", "Trackio only (report_to: trackio is refused)"),
-    _idle("trackio_static_space_id", "Trackio only (report_to: trackio is refused)"),
-    _honoured("eval_strategy"),
-    _honoured("eval_steps", check=_step_count),
-    _refused("eval_delay", "evaluation starts with eval_strategy; remove it", accept=(0, None)),
-    _idle("prediction_loss_only", "evaluation reports the loss and the stage's own metrics"),
-    _refused("eval_on_start", "evaluation before the first step is not available; remove it"),
-    _idle("eval_do_concat_batches", "metric plumbing of the HF Trainer"),
-    _idle("eval_use_gather_object", "metric plumbing of the HF Trainer"),
-    _idle("eval_accumulation_steps", "memory only"),
-    _idle("include_for_metrics", "metric plumbing of the HF Trainer"),
-    _idle("include_inputs_for_metrics", "metric plumbing of the HF Trainer"),
-    _idle("batch_eval_metrics", "metric plumbing of the HF Trainer"),
-    _honoured("save_only_model"),
-    _honoured("save_strategy"),
-    _honoured("save_steps", check=_step_count),
-    _refused("save_on_each_node", "saving on every node is not available; give all nodes a shared output_dir"),
-    _honoured("save_total_limit"),
-    _refused("save_safetensors", "weights are always saved as safetensors; remove it", accept=(True, None)),
-    _refused("enable_jit_checkpoint", "checkpoints are saved at save_steps / save_strategy; remove it"),
-    _refused("push_to_hub", "uploading is not available; upload output_dir yourself (huggingface_hub's "
+    idle("use_cache", "the KV cache is off in training"),
+    refused("neftune_noise_alpha", "NEFTune is not available; remove it", accept=(None,)),
+    idle("torch_empty_cache_steps", "memory housekeeping only"),
+    refused("auto_find_batch_size", "set per_device_train_batch_size; `tunesmith estimate` predicts the memory"),
+    refused("logging_strategy", "tunesmith logs every logging_steps steps; remove it", accept=("steps", None)),
+    honoured("logging_steps", "tunesmith's default is 10 (Hugging Face's 500)", check=_step_count),
+    idle("logging_first_step", _LOG),
+    idle("log_on_each_node", "one rank logs"),
+    idle("logging_nan_inf_filter", _LOG),
+    idle("include_num_input_tokens_seen", "tunesmith always logs train_tokens and tokens_per_s"),
+    idle("log_level", "use the TUNESMITH_LOG_LEVEL environment variable"),
+    idle("log_level_replica", "ranks other than 0 log warnings only"),
+    idle("disable_tqdm", "progress display only"),
+    honoured("report_to", "none, tensorboard, wandb, swanlab, all"),
+    honoured("run_name"),
+    idle("project", "Trackio only (report_to: trackio is refused)"),
+    idle("trackio_space_id", "Trackio only (report_to: trackio is refused)"),
+    idle("trackio_bucket_id", "Trackio only (report_to: trackio is refused)"),
+    idle("trackio_static_space_id", "Trackio only (report_to: trackio is refused)"),
+    honoured("eval_strategy"),
+    honoured("eval_steps", check=_step_count),
+    refused("eval_delay", "evaluation starts with eval_strategy; remove it", accept=(0, None)),
+    idle("prediction_loss_only", "evaluation reports the loss and the stage's own metrics"),
+    refused("eval_on_start", "evaluation before the first step is not available; remove it"),
+    idle("eval_do_concat_batches", "metric plumbing of the HF Trainer"),
+    idle("eval_use_gather_object", "metric plumbing of the HF Trainer"),
+    idle("eval_accumulation_steps", "memory only"),
+    idle("include_for_metrics", "metric plumbing of the HF Trainer"),
+    idle("include_inputs_for_metrics", "metric plumbing of the HF Trainer"),
+    idle("batch_eval_metrics", "metric plumbing of the HF Trainer"),
+    honoured("save_only_model"),
+    honoured("save_strategy"),
+    honoured("save_steps", check=_step_count),
+    refused("save_on_each_node", "saving on every node is not available; give all nodes a shared output_dir"),
+    honoured("save_total_limit"),
+    refused("save_safetensors", "weights are always saved as safetensors; remove it", accept=(True, None)),
+    refused("enable_jit_checkpoint", "checkpoints are saved at save_steps / save_strategy; remove it"),
+    refused("push_to_hub", "uploading is not available; upload output_dir yourself (huggingface_hub's "
              "`hf upload`)"),
-    *[_idle(k, _HUB) for k in ("hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
+    *[idle(k, _HUB) for k in ("hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
                                "hub_revision", "push_to_hub_model_id", "push_to_hub_organization",
                                "push_to_hub_token")],
-    _refused("load_best_model_at_end", "the final model is the last step's; pick a checkpoint from output_dir"),
-    _idle("metric_for_best_model", "only applies with load_best_model_at_end / early stopping (refused)"),
-    _idle("greater_is_better", "only applies with load_best_model_at_end / early stopping (refused)"),
-    _refused("ignore_data_skip", "resume is exact: it continues at its position in the data; remove it"),
-    _idle("restore_callback_states_from_checkpoint", "tunesmith has no Trainer callbacks"),
-    _refused("full_determinism", "deterministic kernels are not switched on; remove it"),
-    _honoured("seed"),
-    _refused("data_seed", "tunesmith shuffles with seed; remove it", accept=(None,)),
-    _refused("use_cpu", "tunesmith uses the GPU when there is one; hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
+    refused("load_best_model_at_end", "the final model is the last step's; pick a checkpoint from output_dir"),
+    idle("metric_for_best_model", "only applies with load_best_model_at_end / early stopping (refused)"),
+    idle("greater_is_better", "only applies with load_best_model_at_end / early stopping (refused)"),
+    refused("ignore_data_skip", "resume is exact: it continues at its position in the data; remove it"),
+    idle("restore_callback_states_from_checkpoint", "tunesmith has no Trainer callbacks"),
+    refused("full_determinism", "deterministic kernels are not switched on; remove it"),
+    honoured("seed"),
+    refused("data_seed", "tunesmith shuffles with seed; remove it", accept=(None,)),
+    refused("use_cpu", "tunesmith uses the GPU when there is one; hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
              "train on the CPU"),
-    _refused("no_cuda", "tunesmith uses the GPU when there is one; hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
+    refused("no_cuda", "tunesmith uses the GPU when there is one; hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
              "train on the CPU"),
-    _refused("use_mps_device", "Apple MPS is not supported; remove it"),
-    _refused("accelerator_config", "Accelerate is not used; remove it", accept=(None, {})),
-    _refused("parallelism_config", "Accelerate parallelism is not used; use backend: fsdp2 or deepspeed",
+    refused("use_mps_device", "Apple MPS is not supported; remove it"),
+    refused("accelerator_config", "Accelerate is not used; remove it", accept=(None, {})),
+    refused("parallelism_config", "Accelerate parallelism is not used; use backend: fsdp2 or deepspeed",
              accept=(None,)),
-    _refused("dataloader_drop_last", "every row is trained; dropping a last short batch is not available"),
-    _honoured("dataloader_num_workers"),
-    _idle("dataloader_pin_memory", _LOADER),
-    _idle("dataloader_persistent_workers", _LOADER),
-    _idle("dataloader_prefetch_factor", _LOADER),
-    _idle("dataloader_multiprocessing_context", _LOADER),
-    _idle("dataloader_in_order", _LOADER),
-    _idle("remove_unused_columns", "column plumbing of the HF Trainer"),
-    _idle("label_names", "column plumbing of the HF Trainer"),
-    _refused("train_sampling_strategy", "rows are shuffled every epoch; remove it", accept=("random", None)),
-    _refused("group_by_length", "grouping rows by length is not available; use packing: true"),
-    _idle("length_column_name", "only applies with group_by_length (refused)"),
-    *[_idle(k, _DDP) for k in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
+    refused("dataloader_drop_last", "every row is trained; dropping a last short batch is not available"),
+    honoured("dataloader_num_workers"),
+    idle("dataloader_pin_memory", _LOADER),
+    idle("dataloader_persistent_workers", _LOADER),
+    idle("dataloader_prefetch_factor", _LOADER),
+    idle("dataloader_multiprocessing_context", _LOADER),
+    idle("dataloader_in_order", _LOADER),
+    idle("remove_unused_columns", "column plumbing of the HF Trainer"),
+    idle("label_names", "column plumbing of the HF Trainer"),
+    refused("train_sampling_strategy", "rows are shuffled every epoch; remove it", accept=("random", None)),
+    refused("group_by_length", "grouping rows by length is not available; use packing: true"),
+    idle("length_column_name", "only applies with group_by_length (refused)"),
+    *[idle(k, _DDP) for k in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
                                "ddp_static_graph", "ddp_backend")],
-    _honoured("ddp_timeout", "seconds before a collective times out"),
-    _refused("fsdp", _FSDP, accept=(None, False, "", [])),
-    _refused("fsdp_config", _FSDP, accept=(None, {})),
-    _refused("fsdp_min_num_params", _FSDP, accept=(0, None)),
-    _refused("fsdp_transformer_layer_cls_to_wrap", _FSDP + "; fsdp2 shards each transformer block", accept=(None,)),
-    _honoured("deepspeed", "a DeepSpeed JSON, LLaMA-Factory's format with \"auto\" values"),
-    _idle("debug", "HF Trainer debug switches"),
-    _idle("skip_memory_metrics", "tunesmith writes the peak GPU memory to train_summary.json"),
-    _honoured("do_train"),
-    _refused("do_eval", "evaluation runs during training; set eval_strategy: steps or epoch (with val_size or "
+    honoured("ddp_timeout", "seconds before a collective times out"),
+    refused("fsdp", _FSDP, accept=(None, False, "", [])),
+    refused("fsdp_config", _FSDP, accept=(None, {})),
+    refused("fsdp_min_num_params", _FSDP, accept=(0, None)),
+    refused("fsdp_transformer_layer_cls_to_wrap", _FSDP + "; fsdp2 shards each transformer block", accept=(None,)),
+    honoured("deepspeed", "a DeepSpeed JSON, LLaMA-Factory's format with \"auto\" values"),
+    idle("debug", "HF Trainer debug switches"),
+    idle("skip_memory_metrics", "tunesmith writes the peak GPU memory to train_summary.json"),
+    honoured("do_train"),
+    refused("do_eval", "evaluation runs during training; set eval_strategy: steps or epoch (with val_size or "
              "eval_dataset)", accept=_eval_requested,
              accept_doc="`false`, and `true` when eval_strategy is steps or epoch"),
-    _refused("do_predict", _PREDICT),
-    _honoured("resume_from_checkpoint"),
-    _idle("local_rank", "set by the launcher"),
-    _refused("sortish_sampler", "rows are shuffled every epoch; remove it"),
-    _refused("predict_with_generate", _PREDICT),
-    _idle("generation_max_length", "only applies with predict_with_generate (refused)"),
-    _idle("generation_num_beams", "only applies with predict_with_generate (refused)"),
-    _idle("generation_config", "only applies with predict_with_generate (refused)"),
+    refused("do_predict", _PREDICT),
+    honoured("resume_from_checkpoint"),
+    idle("local_rank", "set by the launcher"),
+    refused("sortish_sampler", "rows are shuffled every epoch; remove it"),
+    refused("predict_with_generate", _PREDICT),
+    idle("generation_max_length", "only applies with predict_with_generate (refused)"),
+    idle("generation_num_beams", "only applies with predict_with_generate (refused)"),
+    idle("generation_config", "only applies with predict_with_generate (refused)"),
     # transformers 4.x only
-    _refused("logging_dir", "TensorBoard logs go to <output_dir>/runs; remove it", accept=(None,)),
-    _refused("jit_mode_eval", "TorchScript evaluation is not available; remove it"),
-    _refused("use_ipex", "Intel extension for PyTorch is not used; remove it"),
-    _idle("fp16_opt_level", "apex only"),
-    _idle("half_precision_backend", "mixed precision is PyTorch's own"),
-    _idle("fp16_backend", "mixed precision is PyTorch's own"),
-    _idle("tpu_num_cores", "TPU only"),
-    _idle("tpu_metrics_debug", "TPU only"),
-    _idle("past_index", "Transformer-XL style memories only"),
-    _refused("adafactor", "Adafactor is not available; tunesmith trains with AdamW"),
-    _idle("use_legacy_prediction_loop", "HF Trainer evaluation loop"),
-    _idle("mp_parameters", "SageMaker model parallel only"),
-    _refused("torchdynamo", "use torch_compile: true", accept=(None,)),
-    _idle("ray_scope", "hyperparameter search only"),
-    _idle("include_tokens_per_second", "tunesmith always logs tokens_per_s"),
+    refused("logging_dir", "TensorBoard logs go to <output_dir>/runs; remove it", accept=(None,)),
+    refused("jit_mode_eval", "TorchScript evaluation is not available; remove it"),
+    refused("use_ipex", "Intel extension for PyTorch is not used; remove it"),
+    idle("fp16_opt_level", "apex only"),
+    idle("half_precision_backend", "mixed precision is PyTorch's own"),
+    idle("fp16_backend", "mixed precision is PyTorch's own"),
+    idle("tpu_num_cores", "TPU only"),
+    idle("tpu_metrics_debug", "TPU only"),
+    idle("past_index", "Transformer-XL style memories only"),
+    refused("adafactor", "Adafactor is not available; tunesmith trains with AdamW"),
+    idle("use_legacy_prediction_loop", "HF Trainer evaluation loop"),
+    idle("mp_parameters", "SageMaker model parallel only"),
+    refused("torchdynamo", "use torch_compile: true", accept=(None,)),
+    idle("ray_scope", "hyperparameter search only"),
+    idle("include_tokens_per_second", "tunesmith always logs tokens_per_s"),
 ])
 
 
@@ -632,20 +549,20 @@ _SETTINGS: dict[str, tuple] = {
                        "ddp_bucket_size megatron_pretrained_checkpoint extra_config").split()},
 }
 
-_MEGATRON = _section("megatron", [
-    *[_honoured(k, "backend: megatron (or USE_MCA=1); same meaning and default as mcore_adapter; which values run "
+_MEGATRON = section("megatron", [
+    *[honoured(k, "backend: megatron (or USE_MCA=1); same meaning and default as mcore_adapter; which values run "
                    "where (and the few refused by name): megatron.md")
       for k in MEGATRON_HONOURED],
-    *[_refused(k, _MEGATRON_WHY, accept=(1, None)) for k in _SIZES],
-    *[_refused(k, _MEGATRON_WHY) for k in _SWITCHES],
-    *[_refused(k, _MEGATRON_WHY, accept=(None, *ok)) for k, ok in _SETTINGS.items()],
-    _refused("calculate_per_token_loss", "tunesmith always divides by the label tokens of the whole step (per-token "
+    *[refused(k, _MEGATRON_WHY, accept=(1, None)) for k in _SIZES],
+    *[refused(k, _MEGATRON_WHY) for k in _SWITCHES],
+    *[refused(k, _MEGATRON_WHY, accept=(None, *ok)) for k, ok in _SETTINGS.items()],
+    refused("calculate_per_token_loss", "tunesmith always divides by the label tokens of the whole step (per-token "
              "loss); false is not available", accept=(None, True)),
-    _mapped("micro_batch_size", "per_device_train_batch_size", _to("per_device_train_batch_size"),
+    mapped("micro_batch_size", "per_device_train_batch_size", set_key("per_device_train_batch_size"),
             "mcore_adapter's name of per_device_train_batch_size"),
-    _mapped("sequence_packing", "neat_packing", _bool_to("neat_packing", True),
+    mapped("sequence_packing", "neat_packing", switch_key("neat_packing", True),
             "true -> neat_packing: true (packing without attention across samples)"),
-    _mapped("use_packed_sequences", "neat_packing", _bool_to("neat_packing", True),
+    mapped("use_packed_sequences", "neat_packing", switch_key("neat_packing", True),
             "true -> neat_packing: true (packing without attention across samples)"),
 ])
 
@@ -663,11 +580,6 @@ LF_ENV: dict[str, str] = {
 }
 # Environment switches that select one of tunesmith's engines: name -> backend.
 LF_ENV_BACKENDS: dict[str, str] = {"USE_MCA": "megatron"}
-
-
-def refused_values(entry: LFKey) -> dict[str, str]:
-    """The values of an honoured key that are refused, with their messages (for the docs)."""
-    return dict(entry.check) if isinstance(entry.check, _Refuse) else {}
 
 
 def counts() -> dict[str, int]:
