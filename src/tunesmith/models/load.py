@@ -14,10 +14,11 @@ from ..errors import ModelError
 from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .autocast_linear import use_autocast_linears
-from .families import family_of, load_refusal, packing_leak, text_family_of
+from .families import family_of, packing_leak, text_family_of
 from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
 from .norms import use_fused_rms_norms
+from .refused_families import load_refusal
 from .tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")

@@ -10,8 +10,8 @@ from transformers import AutoModelForImageTextToText
 
 from conftest import run_config
 from tunesmith.errors import ModelError
-from tunesmith.models import families
-from tunesmith.models.families import TRANSFORMERS_BUGS, load_refusal, transformers_bug
+from tunesmith.models import families, refused_families
+from tunesmith.models.refused_families import TRANSFORMERS_BUGS, load_refusal, transformers_bug
 from tunesmith.models.load import load_preprocessing
 from tunesmith.models.tiny import build_tiny
 
@@ -25,7 +25,7 @@ def llama4(tiny_cache):
 
 def test_llama4_is_refused_before_the_fixed_release_naming_the_family_the_reason_and_the_upgrade(llama4, tmp_path,
                                                                                                 monkeypatch):
-    monkeypatch.setattr(families, "installed_transformers", lambda: "5.24.0")
+    monkeypatch.setattr(refused_families, "installed_transformers", lambda: "5.24.0")
     cfg = run_config(tmp_path / "out", model_name_or_path="tiny:llama4", dataset="mllm_demo", template="auto")
     with pytest.raises(ModelError) as err:
         load_preprocessing(cfg)

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_config
 from tunesmith.errors import ModelError
-from tunesmith.models.families import REMOTE_CODE_FAMILIES, remote_code_refusal
+from tunesmith.models.refused_families import REMOTE_CODE_FAMILIES, remote_code_refusal
 from tunesmith.models.load import load_preprocessing
 
 MODEL_TYPES = sorted(t for family in REMOTE_CODE_FAMILIES.values() for t in family.model_types)
