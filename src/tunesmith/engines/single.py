@@ -29,24 +29,12 @@ class SingleEngine:
         self.ref = ReferenceView(model, reference_mode)
         self._on_reference = False
         self._nonfinite_loss = False
-        self.first_step_warm_up = device.type == "cuda"  # Runner._warm_up
 
     def forward_backward(self, micro_batches: list, loss_fn: LossFn) -> StepOutput:
         return backward_each(self, micro_batches, loss_fn)
 
     def forward(self, micro_batches: list, fn: LossFn) -> list:
         return forward_each(self, micro_batches, fn)
-
-    def warm_up(self, micro_batches: list, loss_fn: LossFn) -> None:
-        """A forward and backward that changes nothing: the gradients are dropped and the random states restored.
-        On CUDA the first pass loads the kernels' modules and grows the allocator's pool (0.5-1 s on an H200), which
-        would otherwise fall in the first training step."""
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            backward_each(self, micro_batches, loss_fn)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._nonfinite_loss = False
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def reference(self):
         return switched_to_reference(self)

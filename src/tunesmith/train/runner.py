@@ -60,7 +60,6 @@ class Runner:
         if self.resume is not None:
             self._restore(self.resume)
         sinks = build_sinks(self.cfg, self.output_dir, self._resume_step()) if dist.is_main() else []
-        self._warm_up()
         started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
         self.marks["train_start"] = time.time()
         try:
@@ -78,19 +77,6 @@ class Runner:
         if not self.result.interrupted:
             self._finish()
         return self.result
-
-    def _warm_up(self) -> None:
-        """Before the clock starts, an engine that asks for it (the single engine on CUDA) runs the first micro-batch
-        forward and backward without an update (engine.warm_up), so the first step is as fast as the others. Token
-        losses (pt, sft) only: other methods' prepasses and reference values stay with their step."""
-        if (not getattr(self.engine, "first_step_warm_up", False) or self.method.outputs != "nll"
-                or not hasattr(self.source, "peek_step") or self.state["global_step"] >= self.total_steps):
-            return
-        started = time.perf_counter()
-        update = self.source.peek_step(self.engine).updates[0][:1]
-        self.engine.warm_up(update, loss_fn(self.method, step_stats(self.method, update)))
-        log.info("warm-up: the first micro-batch's forward and backward, no update (%.1f s; kernels loaded before "
-                 "the first step)", time.perf_counter() - started)
 
     def _resume_step(self) -> int | None:
         return self.state["global_step"] if self.resume is not None else None

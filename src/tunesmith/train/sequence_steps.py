@@ -24,7 +24,6 @@ class SequenceSteps:
         self.position = Position()
         self._loader = None
         self._step_sizes = None  # forward passes of each coming step of the epoch
-        self._peeked: tuple[Position, Step] | None = None  # (the position before it, the step) from peek_step
 
     def prepare(self, engine) -> None:
         if self.cfg.finetune.pref_reference == "precomputed" and self.method.reference_columns:
@@ -35,16 +34,7 @@ class SequenceSteps:
         size = batch_size or self.cfg.train.per_device_eval_batch_size
         return eval_batches(dataset, size, self.pad_id, self.media, self.method.collate)
 
-    def peek_step(self, engine) -> Step:
-        """The step next_step will return (it is kept for it); the data state stays before it."""
-        before = self.position
-        self._peeked = (before, self.next_step(engine))
-        return self._peeked[1]
-
     def next_step(self, engine) -> Step:
-        if self._peeked is not None:
-            step, self._peeked = self._peeked[1], None
-            return step
         position = self.position
         if self._loader is None or position.micro_batch == 0:
             mine = rank_share(self.plan.epoch_order(position.epoch), dist.data_rank(), dist.data_world())
@@ -94,9 +84,8 @@ class SequenceSteps:
         return [first, second]
 
     def state_dict(self) -> dict:
-        position = self.position if self._peeked is None else self._peeked[0]
-        return {"epoch": position.epoch, "micro_batch": position.micro_batch}
+        return {"epoch": self.position.epoch, "micro_batch": self.position.micro_batch}
 
     def load_state_dict(self, state: dict) -> None:
         self.position = Position(state["epoch"], state["micro_batch"])
-        self._loader, self._peeked = None, None
+        self._loader = None

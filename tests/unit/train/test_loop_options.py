@@ -147,34 +147,3 @@ def test_a_logging_windows_time_runs_from_its_first_steps_queueing_to_where_its_
     assert metrics["tokens_per_s"] == 1000.0 and metrics["loss"] == 2.0 and metrics["lr"] == 0.2
     window.add({"loss": 1.0, "lr": 0.3}, {}, 4, 500, started=12.0)
     assert window.flush(epoch=1.0, ended=12.5)["tokens_per_s"] == 1000.0
-
-
-def test_the_first_step_warm_up_changes_nothing_of_the_run(tmp_path, monkeypatch, caplog):
-    """The single engine's warm-up (on CUDA; forced here on the CPU) runs the first micro-batch without an update:
-    the run's losses and weights are those of a run without it, with dropout drawing the same masks, and a
-    checkpoint's data position is unchanged."""
-    import json
-
-    from safetensors.torch import load_file
-
-    options = dict(max_steps=3, save_strategy="steps", save_steps=1, lora_dropout=0.1, finetuning_type="lora")
-    plain = train(run_config(tmp_path / "plain", **options))
-    monkeypatch.setattr(SingleEngine, "first_step_warm_up", True, raising=False)
-    original_init = SingleEngine.__init__
-
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        self.first_step_warm_up = True
-
-    monkeypatch.setattr(SingleEngine, "__init__", init)
-    with caplog.at_level("INFO", logger="tunesmith"):
-        warmed = train(run_config(tmp_path / "warmed", **options))
-    assert "warm-up: the first micro-batch's forward and backward, no update" in caplog.text
-    assert warmed.step_losses == plain.step_losses
-    for name in ("checkpoint-1", "checkpoint-3"):
-        ours, theirs = (load_file(str(run / name / "adapter_model.safetensors")) for run in (tmp_path / "warmed",
-                                                                                              tmp_path / "plain"))
-        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-        states = [json.loads((run / name / "trainer_state.json").read_text()) for run in (tmp_path / "warmed",
-                                                                                          tmp_path / "plain")]
-        assert states[0].get("data") == states[1].get("data")
