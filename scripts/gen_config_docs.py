@@ -14,7 +14,8 @@ import types
 import typing
 from pathlib import Path
 
-from tunesmith.config.lf_keys import HANDLINGS, LF_ENV, LF_ENV_BACKENDS, LF_KEYS, SOURCES, counts, refused_values
+from tunesmith.config.lf_key_kinds import HANDLINGS, refused_values
+from tunesmith.config.lf_keys import LF_ENV, LF_ENV_BACKENDS, LF_KEYS, SOURCES, counts
 from tunesmith.config.schema import GROUPS, SECRET_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,12 +19,9 @@ functions: config validation reads it without importing anything heavy; config/l
 
 from __future__ import annotations
 
-from .lf_key_kinds import (HANDLINGS, LFKey, Refused, RefuseValues, honoured, idle, mapped, refused,
-                           refused_values, same_value, section, set_key, switch_key, unless_null)
+from .lf_key_kinds import (HANDLINGS, LFKey, RefuseValues, honoured, idle, mapped, refused, section, set_key,
+                           switch_key, unless_null)
 from .schema import SECRET_KEYS
-
-__all__ = ["HANDLINGS", "LF_ENV", "LF_ENV_BACKENDS", "LF_KEYS", "LFKey", "Refused", "SECRETS", "SOURCES", "counts",
-           "refused_values", "same_value"]
 
 SOURCES = {
     "model": "model arguments (model, quantization, processor, export, vLLM/SGLang, KTransformers)",

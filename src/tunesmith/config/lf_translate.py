@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .lf_keys import LF_ENV, LF_ENV_BACKENDS, LF_KEYS, SECRETS, LFKey, Refused, same_value
+from .lf_key_kinds import LFKey, Refused, same_value
+from .lf_keys import LF_ENV, LF_ENV_BACKENDS, LF_KEYS, SECRETS
 
 
 @dataclass

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from tunesmith.config import load
-from tunesmith.config.lf_keys import HANDLINGS, LF_KEYS, SOURCES, counts, refused_values
+from tunesmith.config.lf_key_kinds import HANDLINGS, refused_values
+from tunesmith.config.lf_keys import LF_KEYS, SOURCES, counts
 from tunesmith.config.lf_translate import translate
 from tunesmith.config.load import KEY_TO_GROUP, build_config
 from tunesmith.errors import ConfigError
