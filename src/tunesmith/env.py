@@ -20,7 +20,7 @@ OPTIONAL: dict[str, Extra] = {
                            "pip install 'tunesmith[deepspeed]'"),
     "liger-kernel": Extra("liger_kernel", "enable_liger_kernel: true (fused RMSNorm, SwiGLU, RoPE, linear + CE)",
                               "pip install 'tunesmith[liger]'"),
-    "flash-attn": Extra("flash_attn", "flash_attn: fa2 (auto picks it on a GPU)",
+    "flash-attn": Extra("flash_attn_2_cuda", "flash_attn: fa2 (auto picks it on a GPU)",
                             "pip install flash-attn --no-build-isolation"),
     "vllm": Extra("vllm", "infer_backend: vllm for `tunesmith serve` and `chat`; rollout_backend: vllm for "
                       "online RL on a CUDA GPU", "pip install 'tunesmith[vllm]'"),

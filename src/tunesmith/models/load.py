@@ -66,7 +66,8 @@ def _language_model_has_sdpa(config) -> bool:
 
 def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
     choice = cfg.flash_attn
-    has_fa2 = importlib.util.find_spec("flash_attn") is not None
+    # flash-attn 2's compiled extension: flash-attn-4 installs a `flash_attn` namespace package without it
+    has_fa2 = importlib.util.find_spec("flash_attn_2_cuda") is not None
     if choice == "auto":
         if has_fa2 and device.type == "cuda":
             return "flash_attention_2"

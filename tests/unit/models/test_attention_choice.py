@@ -16,6 +16,21 @@ def test_sdpa_on_a_gpu_in_bf16_uses_the_variable_length_kernel_for_packed_rows(m
     assert load.attn_implementation(ModelConfig(flash_attn="eager", bf16=True), gpu) == "eager"
 
 
+def test_auto_picks_flash_attention_2_only_when_its_extension_is_installed(monkeypatch):
+    """flash-attn-4 installs a `flash_attn` namespace package without flash-attn 2's kernels: auto must not take
+    it for flash-attn 2."""
+    import importlib.util
+
+    monkeypatch.setattr(load, "varlen_available", lambda device: device.type == "cuda")
+    monkeypatch.setattr(load, "register_varlen", lambda: "tunesmith_varlen")
+    gpu, installed = torch.device("cuda"), set()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    installed.add("flash_attn")
+    assert load.attn_implementation(ModelConfig(bf16=True), gpu) == "tunesmith_varlen"
+    installed.add("flash_attn_2_cuda")
+    assert load.attn_implementation(ModelConfig(bf16=True), gpu) == "flash_attention_2"
+
+
 def test_packed_search_is_skipped_only_when_boundaries_are_given():
     """transformers' search for packed samples reads a GPU value on the host; a forward that hands the varlen
     attention its boundaries skips it, every other forward (SDPA/eager masks from position ids) keeps it."""
