@@ -46,10 +46,10 @@ class ModelConfig(_Group):
                               "(benchmarks; `tunesmith bench` sets it).")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
-    flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "flex", "disabled"] = Field(
+    flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "fa3", "flex", "disabled"] = Field(
         "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else varlen (PyTorch's "
         "FlashAttention given each packed sample's boundaries, no mask) on GPU in bf16/fp16, else sdpa; "
-        "disabled = eager."
+        "fa2 / fa3 = the flash-attn / flash-attn-3 package through transformers; disabled = eager."
     )
     enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's SwiGLU, RoPE and RMSNorm (PyTorch's "
                                       "fused RMSNorm over the hidden size) and tunesmith's linear + cross-entropy.")
