@@ -19,22 +19,30 @@ def main() -> None:
     parser.add_argument("yaml")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--rows_per_convert_worker", type=int, nargs="+", default=[0],
+                        help="also run with formats.ROWS_PER_CONVERT_WORKER set to each (1: a pool whenever "
+                             "preprocessing_num_workers > 1, as before the change; 0: the code's value)")
     parser.add_argument("--out")
     args = parser.parse_args()
     from tunesmith.cli import _config_from
+    from tunesmith.data import formats
     from tunesmith.data.pipeline import prepare_data
     from tunesmith.models.load import load_preprocessing
 
     base = _config_from([args.yaml])
     tokenizer, _, media = load_preprocessing(base)
-    seconds: dict[int, list[float]] = {n: [] for n in args.workers}
+    default = formats.ROWS_PER_CONVERT_WORKER
+    seconds: dict[str, list[float]] = {}
     for _ in range(args.repeat):
-        for workers in args.workers:
-            cfg = _config_from([args.yaml, f"preprocessing_num_workers={workers}"])
-            started = time.perf_counter()
-            data = prepare_data(cfg, tokenizer, media)
-            seconds[workers].append(round(time.perf_counter() - started, 3))
-            print(f"workers {workers}: {seconds[workers][-1]} s, {len(data.train)} rows", flush=True)
+        for rows in args.rows_per_convert_worker:
+            formats.ROWS_PER_CONVERT_WORKER = rows or default
+            for workers in args.workers:
+                cfg = _config_from([args.yaml, f"preprocessing_num_workers={workers}"])
+                started = time.perf_counter()
+                data = prepare_data(cfg, tokenizer, media)
+                key = f"workers={workers},rows_per_convert_worker={rows or default}"
+                seconds.setdefault(key, []).append(round(time.perf_counter() - started, 3))
+                print(f"{key}: {seconds[key][-1]} s, {len(data.train)} rows", flush=True)
     result = {"cpus": os.cpu_count(), "seconds": seconds}
     print(json.dumps(result))
     if args.out:

@@ -6,7 +6,7 @@
 #   3. carry .vllm/p02 and .vllm/p03:       bash benchmarks/run_vllm_gap_gpu.sh
 # Checkpointing on and vLLM at 40% of the GPU fit an 80 GB H100 (an H200 fits the YAML's defaults). Logs and a
 # summary line per step under $OUT (the gap: rollout_logp_diff_mean / _max, rollout_kl). HEADS="true" runs only the
-# fp32-head run (default: "true false").
+# fp32-head run (default: "true false"); EXTRA="key=value ..." adds settings to every run (e.g. pure_bf16=true).
 source .device-wheels/activate.sh
 export HF_HUB_OFFLINE=1
 bash benchmarks/vllm_bundle.sh stash > /dev/null
@@ -18,9 +18,9 @@ cat "$OUT/gpu.txt"
 for head in ${HEADS:-true false}; do  # the fp32 head first: the figure the issue's bound is about
   steps=2; [ $head = false ] && steps=1
   rm -rf /tmp/grpo/out
-  log="$OUT/grpo-vllm-fp32head-$head.log"
+  log="$OUT/grpo-vllm-fp32head-$head${EXTRA:+-${EXTRA// /-}}.log"
   timeout -k 10 250 python3 benchmarks/grpo_bench.py --work /tmp/grpo rollout_backend=vllm max_steps=$steps \
-    cast_lm_head_to_fp32=$head gradient_checkpointing=true rollout_gpu_memory_utilization=0.4 > "$log" 2>&1
+    cast_lm_head_to_fp32=$head gradient_checkpointing=true rollout_gpu_memory_utilization=0.4 ${EXTRA:-} > "$log" 2>&1
   pkill -f "tunesmith train"; sleep 2  # what a timeout left running
   grep -E "non-finite|checkpointing:" "$log" | head -3
   grep -E "^RESULT" "$log" | HEAD=$head python3 -c "
