@@ -15,6 +15,7 @@ from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .autocast_linear import use_autocast_linears
 from .families import family_of, packing_leak, text_family_of
+from .flash_impl import activate as activate_flash_impl
 from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
 from .norms import use_fused_rms_norms
@@ -49,6 +50,8 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
         log.info("flash_attn: this model's language model (%s) has no SDPA attention in transformers; using eager "
                  "attention", config.get_text_config().model_type)
         return "eager"
+    if name in (VARLEN, "sdpa") or cfg.flash_impl == "fa4":
+        activate_flash_impl(cfg.flash_impl, device)
     return name
 
 
