@@ -46,10 +46,10 @@ class ModelConfig(_Group):
                               "(benchmarks; `tunesmith bench` sets it).")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
-    flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "flex", "disabled"] = Field(
+    flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "fa3", "flex", "disabled"] = Field(
         "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else varlen (PyTorch's "
         "FlashAttention given each packed sample's boundaries, no mask) on GPU in bf16/fp16, else sdpa; "
-        "disabled = eager."
+        "fa2 / fa3 = the flash-attn / flash-attn-3 package through transformers; disabled = eager."
     )
     flash_impl: Literal["auto", "fa2", "fa4"] = Field(
         "auto", description="The kernels behind PyTorch's FlashAttention ops (the varlen attention, SDPA's flash "

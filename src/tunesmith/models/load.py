@@ -79,6 +79,11 @@ def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
         if not has_fa2:
             raise ModelError("flash_attn: fa2 needs the flash-attn package; pip install flash-attn, or use varlen/sdpa")
         return "flash_attention_2"
+    if choice == "fa3":
+        if not _flash_attention_3_installed():
+            raise ModelError("flash_attn: fa3 needs FlashAttention-3 (the flash-attn-3 package, built from "
+                             "flash-attention's hopper/ folder, on a Hopper GPU); use flash_attn: auto, varlen or fa2")
+        return "flash_attention_3"
     if choice == "varlen":
         if not _varlen_fits(cfg, device, config):
             raise ModelError("flash_attn: varlen (PyTorch's FlashAttention with sample boundaries) needs a CUDA GPU, "
@@ -96,6 +101,15 @@ def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
                  "other attention calls use SDPA")
         return register_varlen()
     return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
+
+
+def _flash_attention_3_installed() -> bool:
+    """transformers' own check for flash-attn-3 (its `flash_attn_interface` module, from the flash-attn-3
+    distribution) on a CUDA machine."""
+    from transformers.utils import import_utils
+
+    check = getattr(import_utils, "is_flash_attn_3_available", None)
+    return bool(check and check())
 
 
 def _varlen_fits(cfg: ModelConfig, device: torch.device, config) -> bool:

@@ -31,6 +31,19 @@ def test_auto_picks_flash_attention_2_only_when_its_extension_is_installed(monke
     assert load.attn_implementation(ModelConfig(bf16=True), gpu) == "flash_attention_2"
 
 
+def test_fa3_takes_flash_attention_3_when_installed_and_says_what_is_missing_otherwise(monkeypatch):
+    import pytest
+
+    from tunesmith.errors import ModelError
+
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(load, "_flash_attention_3_installed", lambda: False)
+    with pytest.raises(ModelError, match="flash_attn: fa3 needs FlashAttention-3.*use flash_attn: auto, varlen or fa2"):
+        load.attn_implementation(ModelConfig(flash_attn="fa3", bf16=True), gpu)
+    monkeypatch.setattr(load, "_flash_attention_3_installed", lambda: True)
+    assert load.attn_implementation(ModelConfig(flash_attn="fa3", bf16=True), gpu) == "flash_attention_3"
+
+
 def test_packed_search_is_skipped_only_when_boundaries_are_given():
     """transformers' search for packed samples reads a GPU value on the host; a forward that hands the varlen
     attention its boundaries skips it, every other forward (SDPA/eager masks from position ids) keeps it."""
