@@ -3,8 +3,8 @@
 Causal variable-length attention over one micro-batch of the LLaMA-Factory YAML (4 packed rows of 2,048 tokens,
 samples of 200-2,000 tokens), Qwen3-1.7B heads (16 query heads, 8 key/value heads, head size 128), bf16:
 forward + backward time, the first call's compile time, and the outputs' and gradients' distance from an fp32
-reference. Three paths: `aten::_flash_attention_forward` as tunesmith calls it (FA2), flash-attn-4's
-`flash_attn_varlen_func`, and the aten op again after `torch.nn.attention.activate_flash_attention_impl("FA4")`.
+reference. Two paths: `aten::_flash_attention_forward` as tunesmith calls it by default (FA2), and flash-attn-4's
+`flash_attn_varlen_func` as it calls it with `flash_impl: auto | fa4`.
 
     source .device-wheels/activate.sh && source benchmarks/fa4_bundle.sh install
     python benchmarks/fa4_probe.py --out $OUT/fa4-probe.json
@@ -125,20 +125,6 @@ def main() -> None:
     except Exception as error:  # the probe reports what failed and goes on
         result["fa4_error"] = f"{type(error).__name__}: {error}"[:2000]
         print("fa4 failed:", result["fa4_error"], flush=True)
-    attention = torch.nn.attention
-    result["torch_impls"] = (attention.list_flash_attention_impls()
-                             if hasattr(attention, "list_flash_attention_impls") else None)
-    try:
-        attention.activate_flash_attention_impl("FA4")
-        t0 = time.perf_counter()
-        first = run(fa2, *inputs)
-        torch.cuda.synchronize()
-        result["aten_fa4"] = {"first_call_s": time.perf_counter() - t0, "errors": errors(first),
-                              "fwd_bwd_ms": timed(fa2, inputs), "fwd_ms": forward_only(fa2, q, k, v, cu, longest)}
-        print("aten via FA4", result["aten_fa4"], flush=True)
-    except Exception as error:
-        result["aten_fa4_error"] = f"{type(error).__name__}: {error}"[:2000]
-        print("aten via FA4 failed:", result["aten_fa4_error"], flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/gpu.
 python3 -c "import torch, transformers, flash_attn.cute, cutlass; print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -2
 timeout 240 python3 benchmarks/fa4_probe.py --out $OUT/fa4-probe.json 2>&1 | grep -v Warning | tail -6
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_impl_gpu.py 2>&1 | tail -2
-if python3 -c "import json,sys; r=json.load(open('$OUT/fa4-probe.json')); sys.exit(0 if 'aten_fa4' in r else 1)"; then
+if python3 -c "import json,sys; r=json.load(open('$OUT/fa4-probe.json')); sys.exit(0 if 'fa4' in r else 1)"; then
   unset FLASH_ATTENTION_CUTE_DSL_CACHE_DIR   # tunesmith's own default: a cold cache for the first FA4 run
   site="/tmp/fa4-site:/tmp/fa4-site/nvidia_cutlass_dsl/dsl_packages:/tmp/site"
   base=$OUT

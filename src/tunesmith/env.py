@@ -22,8 +22,8 @@ OPTIONAL: dict[str, Extra] = {
                               "pip install 'tunesmith[liger]'"),
     "flash-attn": Extra("flash_attn_2_cuda", "flash_attn: fa2 (auto picks it on a GPU)",
                             "pip install flash-attn --no-build-isolation"),
-    "flash-attn-4": Extra("flash_attn.cute", "flash_impl: auto | fa4 (PyTorch's FlashAttention ops run FlashAttention "
-                          "4 on Hopper and Blackwell GPUs, torch 2.10+)", "pip install flash-attn-4"),
+    "flash-attn-4": Extra("flash_attn.cute", "flash_impl: auto | fa4 (the varlen attention runs FlashAttention 4 "
+                          "on Hopper and Blackwell GPUs)", "pip install flash-attn-4"),
     "vllm": Extra("vllm", "infer_backend: vllm for `tunesmith serve` and `chat`; rollout_backend: vllm for "
                       "online RL on a CUDA GPU", "pip install 'tunesmith[vllm]'"),
     "tensorboard": Extra("tensorboard", "report_to: tensorboard", "pip install tensorboard"),

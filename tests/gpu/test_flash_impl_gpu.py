@@ -1,6 +1,7 @@
-"""GPU: FlashAttention 4 behind PyTorch's FlashAttention ops (models/flash_impl.py) gives the variable-length
-attention (models/attention.flash_varlen) the outputs and gradients of PyTorch's built-in FlashAttention-2, within
-bf16 noise. Needs a Hopper or Blackwell GPU, torch >= 2.10 and flash-attn-4 (benchmarks/fa4_bundle.sh carries it).
+"""GPU: with FlashAttention 4 switched on (models/flash_impl.py) the variable-length attention
+(models/attention.flash_varlen) gives the outputs and gradients of PyTorch's built-in FlashAttention-2 within bf16
+noise, causal (packed rows) and not (a vision tower's images). Needs a Hopper or Blackwell GPU and flash-attn-4
+(benchmarks/fa4_bundle.sh carries it).
 
     python -m pytest -q -s tests/gpu/test_flash_impl_gpu.py      # on the device machine
 """
@@ -16,23 +17,25 @@ pytestmark = pytest.mark.skipif(
     reason="needs a GPU where FlashAttention 4 runs (flash_impl.fa4_unavailable)")
 
 
-def _attention_and_grads(q, k, v, cu, longest, grad):
+def _attention_and_grads(attention, q, k, v, grad):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = flash_varlen(q, k, v, cu, longest)
+    out = attention(q, k, v)
     out.backward(grad)
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-def test_fa4_matches_pytorchs_flash_attention_2():
+@pytest.mark.parametrize("causal, kv_heads", [(True, 8), (False, 16)])
+def test_fa4_matches_pytorchs_flash_attention_2(causal, kv_heads):
     torch.manual_seed(0)
     cu = torch.tensor([0, 300, 1100, 2048, 2600, 4096], dtype=torch.int32, device="cuda")
     longest = int((cu[1:] - cu[:-1]).max())
     q = torch.randn(4096, 16, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(4096, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(4096, kv_heads, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     grad = torch.randn_like(q)
-    fa2 = _attention_and_grads(q, k, v, cu, longest, grad)  # before activation: PyTorch's own kernels
+    fa2 = _attention_and_grads(lambda *qkv: torch.ops.aten._flash_attention_forward(
+        *qkv, cu, cu, longest, longest, 0.0, causal, False)[0], q, k, v, grad)
     assert flash_impl.activate("fa4", q.device) == "FA4"
-    fa4 = _attention_and_grads(q, k, v, cu, longest, grad)
+    fa4 = _attention_and_grads(lambda *qkv: flash_varlen(*qkv, cu, longest, causal=causal), q, k, v, grad)
     for name, ours, theirs in zip(("out", "dq", "dk", "dv"), fa4, fa2):
         scale = float(theirs.float().abs().max())
         error = float((ours.float() - theirs.float()).abs().max())

@@ -52,10 +52,10 @@ class ModelConfig(_Group):
         "fa2 / fa3 = the flash-attn / flash-attn-3 package through transformers; disabled = eager."
     )
     flash_impl: Literal["auto", "fa2", "fa4"] = Field(
-        "auto", description="The kernels behind PyTorch's FlashAttention ops (the varlen attention, SDPA's flash "
-        "backend): auto = FlashAttention 4 when flash-attn-4 is installed, the GPU is Hopper or Blackwell and "
-        "PyTorch can route to it (2.10+), else PyTorch's built-in FlashAttention-2; fa2 = always the built-in one; "
-        "fa4 = FlashAttention 4 or an error saying why not."
+        "auto", description="The FlashAttention kernels of the varlen attention (packed rows, Qwen-VL vision "
+        "towers): auto = FlashAttention 4 when flash-attn-4 is installed and the GPU is Hopper or Blackwell, else "
+        "PyTorch's built-in FlashAttention-2; fa2 = always the built-in one; fa4 = FlashAttention 4 or an error "
+        "saying why not."
     )
     enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's SwiGLU, RoPE and RMSNorm (PyTorch's "
                                       "fused RMSNorm over the hidden size) and tunesmith's linear + cross-entropy.")
