@@ -14,7 +14,7 @@ PACKAGES=(flash-attn-4==4.0.0b40 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-li
           nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 "cuda-bindings>=13,<14"
           cuda-pathfinder "apache-tvm-ffi>=0.1.11,<0.2" torch-c-dlpack-ext quack-kernels)
 
-pack() {
+fa4_pack() {
   local work=.fa4/build
   rm -rf "$work" && mkdir -p "$work/dl" "$work/site"
   for p in "${PACKAGES[@]}"; do
@@ -26,16 +26,21 @@ pack() {
   rm -rf "$work"
 }
 
-install() {
-  parts_unpack fa4 || true
+fa4_install() {
+  local unpacked=0
+  parts_unpack fa4 || unpacked=$?
+  case $unpacked in
+    2) return 2 ;;
+    0) parts_done fa4 ;;
+  esac
   # the DSL's own packages are found through a .pth file, which PYTHONPATH does not read
   export PYTHONPATH="/tmp/fa4-site:/tmp/fa4-site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
-  export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-cache
+  export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
 }
 
 case "${1:-}" in
-  pack) pack ;;
+  pack) fa4_pack ;;
   stash) parts_stash fa4 ;;
-  install) install ;;
+  install) fa4_install ;;
   *) echo "usage: bash benchmarks/fa4_bundle.sh pack | stash ; source benchmarks/fa4_bundle.sh install" >&2 ;;
 esac

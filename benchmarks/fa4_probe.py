@@ -3,8 +3,8 @@
 Causal variable-length attention over one micro-batch of the LLaMA-Factory YAML (4 packed rows of 2,048 tokens,
 samples of 200-2,000 tokens), Qwen3-1.7B heads (16 query heads, 8 key/value heads, head size 128), bf16:
 forward + backward time, the first call's compile time, and the outputs' and gradients' distance from an fp32
-reference. Two paths: `aten::_flash_attention_forward` as tunesmith calls it by default (FA2), and flash-attn-4's
-`flash_attn_varlen_func` as it calls it with `flash_impl: auto | fa4`.
+reference. Two paths: `aten::_flash_attention_forward` as tunesmith calls it by default (FA2), and tunesmith's
+varlen attention with FlashAttention 4 switched on (`flash_impl: fa4`, models/flash_impl.py).
 
     source .device-wheels/activate.sh && source benchmarks/fa4_bundle.sh install
     python benchmarks/fa4_probe.py --out $OUT/fa4-probe.json
@@ -13,6 +13,7 @@ reference. Two paths: `aten::_flash_attention_forward` as tunesmith calls it by 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import random
 import time
@@ -37,11 +38,9 @@ def fa2(q, k, v, cu, longest):
 
 
 def fa4(q, k, v, cu, longest):
-    from flash_attn.cute.interface import flash_attn_varlen_func
+    from tunesmith.models.attention import flash_varlen
 
-    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
-                                 max_seqlen_k=longest, causal=True)
-    return out[0] if isinstance(out, tuple) else out
+    return flash_varlen(q, k, v, cu, longest)
 
 
 def reference(q, k, v, cu):
@@ -60,29 +59,30 @@ def run(fn, q, k, v, cu, longest, grad):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def timed(fn, args, iters: int = 30) -> float:
+def _gpu_ms(work, iters: int = 30) -> float:
     for _ in range(3):
-        run(fn, *args)
+        work()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
-        run(fn, *args)
+        work()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
 
 
-def forward_only(fn, q, k, v, cu, longest, iters: int = 30) -> float:
+def measure(fn, q, k, v, cu, longest, grad, errors) -> dict:
+    """The first call's seconds (its kernels' compile), the errors against the fp32 reference, forward + backward
+    and forward-only milliseconds."""
+    t0 = time.perf_counter()
+    first = run(fn, q, k, v, cu, longest, grad)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
     with torch.no_grad():
-        for _ in range(3):
-            fn(q, k, v, cu, longest)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn(q, k, v, cu, longest)
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e3
+        fwd_ms = _gpu_ms(lambda: fn(q, k, v, cu, longest))
+    return {"first_call_s": first_s, "errors": errors(first),
+            "fwd_bwd_ms": _gpu_ms(lambda: run(fn, q, k, v, cu, longest, grad)), "fwd_ms": fwd_ms}
 
 
 def main() -> None:
@@ -109,20 +109,17 @@ def main() -> None:
 
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "segments": len(cu) - 1,
               "tokens": n, "longest": longest}
-    result["fa2"] = {"errors": errors(run(fa2, *inputs)), "fwd_bwd_ms": timed(fa2, inputs),
-                     "fwd_ms": forward_only(fa2, q, k, v, cu, longest)}
+    result["fa2"] = measure(fa2, *inputs, errors)
     print("fa2", result["fa2"], flush=True)
     try:
-        import flash_attn
+        from tunesmith.models import flash_impl
+        from tunesmith.models.attention import VARLEN
 
-        result["fa4_version"] = getattr(flash_attn, "__version__", "?")
-        t0 = time.perf_counter()
-        first = run(fa4, *inputs)
-        torch.cuda.synchronize()
-        result["fa4"] = {"first_call_s": time.perf_counter() - t0, "errors": errors(first),
-                         "fwd_bwd_ms": timed(fa4, inputs), "fwd_ms": forward_only(fa4, q, k, v, cu, longest)}
+        flash_impl.activate("fa4", q.device, VARLEN, varlen=True)
+        result["fa4_version"] = importlib.metadata.version(flash_impl.FA4_PACKAGE)
+        result["fa4"] = measure(fa4, *inputs, errors)
         print("fa4", result["fa4"], flush=True)
-    except Exception as error:  # the probe reports what failed and goes on
+    except Exception as error:  # the probe reports what failed
         result["fa4_error"] = f"{type(error).__name__}: {error}"[:2000]
         print("fa4 failed:", result["fa4_error"], flush=True)
     with open(args.out, "w") as f:

@@ -28,7 +28,7 @@ platforms() {
   echo "--platform manylinux2014_x86_64 --platform any"
 }
 
-pack() {
+vllm_pack() {
   local work=.vllm/build
   rm -rf "$work" && mkdir -p "$work/dl" "$work/site"
   local pip=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
@@ -48,10 +48,18 @@ PY
   rm -rf "$work"
 }
 
-install() {
-  if parts_unpack vllm; then
-    # the machine's own packages stay: drop each bundled top-level package the base environment already has
-    python3 - <<'PY'
+vllm_install() {
+  local unpacked=0
+  parts_unpack vllm || unpacked=$?
+  case $unpacked in
+    2) return 2 ;;
+    0) vllm_prune && parts_done vllm ;;
+  esac
+  export PYTHONPATH="/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0
+}
+
+vllm_prune() {  # the machine's own packages stay: drop each bundled top-level package it already has
+  python3 - <<'PY'
 import importlib.util, pathlib, shutil
 site = pathlib.Path("/tmp/vllm-site")
 for info in site.glob("*.dist-info"):
@@ -65,13 +73,11 @@ for info in site.glob("*.dist-info"):
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     print("vllm_bundle: the machine has", info.name.split("-")[0], "- its own copy stays in use")
 PY
-  fi
-  export PYTHONPATH="/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
 case "${1:-}" in
-  pack) pack ;;
+  pack) vllm_pack ;;
   stash) parts_stash vllm ;;
-  install) install ;;
+  install) vllm_install ;;
   *) echo "usage: bash benchmarks/vllm_bundle.sh pack | stash ; source benchmarks/vllm_bundle.sh install" >&2 ;;
 esac

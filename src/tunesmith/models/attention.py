@@ -20,7 +20,7 @@ import contextvars
 
 import torch
 
-from .flash_impl import fa4_varlen
+from .flash_impl import fa4_on, fa4_varlen
 
 VARLEN = "tunesmith_varlen"
 # A Qwen-VL vision tower hands its images' boundaries (cu_seqlens) only to an implementation whose name says
@@ -113,7 +113,7 @@ def flash_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor, 
     q, k, v = (t.to(dtype) for t in (q_NHD, k_NHD, v_NHD))
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     longest_k = max_seqlen if max_seqlen_k is None else max_seqlen_k
-    if dropout == 0.0:
+    if fa4_on(dropout):
         out = fa4_varlen(q, k, v, cu_seqlens, cu_k, max_seqlen, longest_k, scale, causal)
         if out is not None:
             return out

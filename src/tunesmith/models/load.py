@@ -50,9 +50,15 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
         log.info("flash_attn: this model's language model (%s) has no SDPA attention in transformers; using eager "
                  "attention", config.get_text_config().model_type)
         return "eager"
-    if name in (VARLEN, "sdpa") or cfg.flash_impl == "fa4":
-        activate_flash_impl(cfg.flash_impl, device)
     return name
+
+
+def select_flash_kernels(cfg: ModelConfig, device: torch.device) -> None:
+    """flash_impl, once per run with the compute device: FlashAttention 4 in the varlen attention when it can run
+    there (models/flash_impl.py)."""
+    if cfg.flash_impl == "fa4" or (cfg.flash_impl == "auto" and device.type == "cuda"):
+        attention = attn_implementation(cfg, device, load_config(cfg))
+        activate_flash_impl(cfg.flash_impl, device, attention, varlen=attention == VARLEN)
 
 
 def _language_model_has_sdpa(config) -> bool:
