@@ -27,12 +27,7 @@ fa4_pack() {
 }
 
 fa4_install() {
-  local unpacked=0
-  parts_unpack fa4 || unpacked=$?
-  case $unpacked in
-    2) return 2 ;;
-    0) parts_done fa4 ;;
-  esac
+  parts_install fa4 || return 2
   # the DSL's own packages are found through a .pth file, which PYTHONPATH does not read
   export PYTHONPATH="/tmp/fa4-site:/tmp/fa4-site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
   export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1

@@ -19,6 +19,7 @@ import random
 import time
 
 import torch
+from gpu_time import gpu_ms  # this folder is the script's: on sys.path
 
 HEADS, KV_HEADS, DIM, ROWS, ROW_LEN = 16, 8, 128, 4, 2048
 
@@ -59,19 +60,6 @@ def run(fn, q, k, v, cu, longest, grad):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def _gpu_ms(work, iters: int = 30) -> float:
-    for _ in range(3):
-        work()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        work()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def measure(fn, q, k, v, cu, longest, grad, errors) -> dict:
     """The first call's seconds (its kernels' compile), the errors against the fp32 reference, forward + backward
     and forward-only milliseconds."""
@@ -80,9 +68,9 @@ def measure(fn, q, k, v, cu, longest, grad, errors) -> dict:
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
     with torch.no_grad():
-        fwd_ms = _gpu_ms(lambda: fn(q, k, v, cu, longest))
+        fwd_ms = gpu_ms(lambda: fn(q, k, v, cu, longest))
     return {"first_call_s": first_s, "errors": errors(first),
-            "fwd_bwd_ms": _gpu_ms(lambda: run(fn, q, k, v, cu, longest, grad)), "fwd_ms": fwd_ms}
+            "fwd_bwd_ms": gpu_ms(lambda: run(fn, q, k, v, cu, longest, grad)), "fwd_ms": fwd_ms}
 
 
 def main() -> None:

@@ -49,12 +49,7 @@ PY
 }
 
 vllm_install() {
-  local unpacked=0
-  parts_unpack vllm || unpacked=$?
-  case $unpacked in
-    2) return 2 ;;
-    0) vllm_prune && parts_done vllm ;;
-  esac
+  parts_install vllm vllm_prune || return 2
   export PYTHONPATH="/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
