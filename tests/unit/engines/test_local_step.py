@@ -69,6 +69,7 @@ def _skip_worker(rank: int, store_path: str):
                                nonfinite_loss=torch.tensor(rank == 1))  # only rank 1 saw a non-finite loss
         assert bool(result.skipped), f"rank {rank} applied an update that rank 1 skipped"
         assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        tdist.barrier()  # no rank tears the group down while the other's collective is in flight (gloo aborts)
     finally:
         tdist.destroy_process_group()
 

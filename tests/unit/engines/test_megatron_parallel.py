@@ -217,6 +217,7 @@ def _worker(rank: int, port: int, vl_folder: str):
         _pipeline_stages(rank)
         _groups(1)  # two data-parallel ranks
         _data_parallel_gradients(rank)
+        tdist.barrier()  # no rank tears gloo down while the other's collective is in flight
     finally:
         from megatron.core import parallel_state
 
