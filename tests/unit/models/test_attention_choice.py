@@ -1,8 +1,12 @@
 """Which attention kernel a config gets (the choice itself; the kernels are checked on GPU)."""
 
+import importlib.util
+
+import pytest
 import torch
 
 from tunesmith.config.schema import ModelConfig
+from tunesmith.errors import ModelError
 from tunesmith.models import load
 
 
@@ -19,8 +23,6 @@ def test_sdpa_on_a_gpu_in_bf16_uses_the_variable_length_kernel_for_packed_rows(m
 def test_auto_picks_flash_attention_2_only_when_its_extension_is_installed(monkeypatch):
     """flash-attn-4 installs a `flash_attn` namespace package without flash-attn 2's kernels: auto must not take
     it for flash-attn 2."""
-    import importlib.util
-
     monkeypatch.setattr(load, "varlen_available", lambda device: device.type == "cuda")
     monkeypatch.setattr(load, "register_varlen", lambda: "tunesmith_varlen")
     gpu, installed = torch.device("cuda"), set()
@@ -32,10 +34,6 @@ def test_auto_picks_flash_attention_2_only_when_its_extension_is_installed(monke
 
 
 def test_fa3_takes_flash_attention_3_when_installed_and_says_what_is_missing_otherwise(monkeypatch):
-    import pytest
-
-    from tunesmith.errors import ModelError
-
     gpu = torch.device("cuda")
     monkeypatch.setattr(load, "_flash_attention_3_installed", lambda: False)
     with pytest.raises(ModelError, match="flash_attn: fa3 needs FlashAttention-3.*use flash_attn: auto, varlen or fa2"):
