@@ -5,7 +5,8 @@
 #   2. carry .vllm/p01:                     bash benchmarks/vllm_bundle.sh stash
 #   3. carry .vllm/p02 and .vllm/p03:       bash benchmarks/run_vllm_gap_gpu.sh
 # Checkpointing on and vLLM at 40% of the GPU fit an 80 GB H100 (an H200 fits the YAML's defaults). Logs and a
-# summary line per step under $OUT (the gap: rollout_logp_diff_mean / _max, rollout_kl).
+# summary line per step under $OUT (the gap: rollout_logp_diff_mean / _max, rollout_kl). HEADS="true" runs only the
+# fp32-head run (default: "true false").
 source .device-wheels/activate.sh
 export HF_HUB_OFFLINE=1
 bash benchmarks/vllm_bundle.sh stash > /dev/null
@@ -14,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 python3 -c "import torch, transformers, vllm; print('torch', torch.__version__, 'transformers', transformers.__version__,
 'vllm', vllm.__version__)" >> "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-for head in true false; do  # the fp32 head first: the figure the issue's bound is about
+for head in ${HEADS:-true false}; do  # the fp32 head first: the figure the issue's bound is about
   steps=2; [ $head = false ] && steps=1
   rm -rf /tmp/grpo/out
   log="$OUT/grpo-vllm-fp32head-$head.log"

@@ -89,7 +89,9 @@ class DataConfig(_Group):
         "concat", description="How several datasets are mixed."
     )
     interleave_probs: list[float] | None = Field(None, description="Sampling probabilities for interleave_* mixing.")
-    preprocessing_num_workers: int | None = Field(None, ge=1, description="Processes that tokenize the data.")
+    preprocessing_num_workers: int | None = Field(None, ge=1, description=(
+        "Processes that tokenize the data (and convert its records to samples: one per 10,000 records, up to this "
+        "many; fewer records are converted in the main process, where a pool costs more than it saves)."))
     preprocessing_batch_size: int = Field(1000, ge=1, description="Rows per tokenization batch.")
     dataloader_num_workers: int = Field(0, ge=0, description="Worker processes that collate batches.")
     data_shared_file_system: bool = Field(False, description="Ranks share one file system for the data cache.")

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from tunesmith.data.formats import convert_rows
+from tunesmith.data import formats
+from tunesmith.data.formats import convert_rows, convert_workers
 from tunesmith.data.registry import DatasetSpec
 from tunesmith.data.sources import rows_from_records
 from tunesmith.errors import DataError
@@ -135,7 +136,8 @@ def test_pt_text_column_needs_no_response():
 
 
 @pytest.mark.parametrize("num_proc", [None, 2])
-def test_skip_bad_samples_counts_and_logs(num_proc, caplog):
+def test_skip_bad_samples_counts_and_logs(num_proc, caplog, monkeypatch):
+    monkeypatch.setattr(formats, "ROWS_PER_CONVERT_WORKER", 1)  # num_proc=2: two workers convert the six records
     good = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
     bad = {"conversations": [{"from": "human", "value": "q"}]}
     records = [good, bad, good, bad, bad, good]
@@ -147,6 +149,14 @@ def test_skip_bad_samples_counts_and_logs(num_proc, caplog):
     assert "record 1" in caplog.text
     with pytest.raises(DataError, match=r"record 1: .*\(2 more bad record"):
         _convert(records, formatting="sharegpt", skip=False, num_proc=num_proc)
+
+
+def test_conversion_workers_start_only_for_thousands_of_rows():
+    """A pool costs more than converting a few thousand rows in this process; preprocessing_num_workers caps it."""
+    assert convert_workers(1_000, 8) is None
+    assert convert_workers(25_000, 8) == 2
+    assert convert_workers(1_000_000, 8) == 8
+    assert convert_workers(1_000_000, None) is None
 
 
 def test_unmapped_columns_travel_in_extra(tmp_path):
