@@ -6,12 +6,14 @@
 #       bash benchmarks/ab_gpu.sh
 # TREES names the trees (NAME=PATH ...; default old=$OLD new=$NEW); ORDER the runs, in order (default old new new
 # old: the first training process on a fresh machine is the slow one); STEPS=0 runs the whole epoch.
-# Results to $OUT: one NAME<k>.json per run, ab.txt (every run), micro.json, startup.txt.
+# SITE: the packages' path after each tree (default /tmp/site, .device-wheels' folder; FlashAttention 4's bundle
+# adds its own). Results to $OUT: one NAME<k>.json per run, ab.txt (every run), micro.json, startup.txt.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 TUNESMITH_CACHE=/tmp/tunesmith-cache
 unset PYTHONDONTWRITEBYTECODE  # a bytecode cache, as in run_lf_workload_gpu.sh (the device has no .pyc files)
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 out=${OUT:-/tmp/out}
+site=${SITE:-/tmp/site}
 steps=${STEPS:-40}
 extra=${EXTRA:-}  # more key=value settings for every tree, comma-separated
 declare -A tree
@@ -21,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu
 settings="${extra}"
 [ "$steps" != 0 ] && settings="max_steps=$steps${extra:+,$extra}"
 for name in "${!tree[@]}"; do  # bytecode of every tree before anything is timed
-  PYTHONPATH="${tree[$name]}:/tmp/site" python3 -c "import tunesmith.train.setup, transformers.modeling_utils, liger_kernel.transformers, datasets" 2>/dev/null
+  PYTHONPATH="${tree[$name]}:$site" python3 -c "import tunesmith.train.setup, transformers.modeling_utils, liger_kernel.transformers, datasets" 2>/dev/null
 done
 declare -A seen
 runs=()
@@ -29,7 +31,7 @@ for name in "${order[@]}"; do
   seen[$name]=$(( ${seen[$name]:-0} + 1 ))
   run="$name${seen[$name]}"
   runs+=("$run")
-  PYTHONPATH="${tree[$name]}:/tmp/site" python3 benchmarks/lf_workload.py --work ${WORK:-/tmp/lfw} --no_as_is ${TINY:+--tiny} \
+  PYTHONPATH="${tree[$name]}:$site" python3 benchmarks/lf_workload.py --work ${WORK:-/tmp/lfw} --no_as_is ${TINY:+--tiny} \
     --run "$run=$settings" --out "$out/$run.json" 2>&1 | grep -v "^workload ready" | tail -4
 done
 python3 - "$out" "${runs[@]}" <<'PY' > "$out/ab.txt"
@@ -45,11 +47,11 @@ PY
 cat "$out/ab.txt"
 last=${tree[${order[-1]}]}
 if [ "${MICRO:-1}" = 1 ]; then
-  PYTHONPATH="$last:/tmp/site" timeout 120 python3 benchmarks/kernel_micro.py --out "$out/micro.json" > /dev/null 2>&1
+  PYTHONPATH="$last:$site" timeout 120 python3 benchmarks/kernel_micro.py --out "$out/micro.json" > /dev/null 2>&1
   cat "$out/micro.json"
 fi
 if [ "${STARTUP:-1}" = 1 ]; then
-  PYTHONPATH="$last:/tmp/site" timeout 150 python3 -m cProfile -o /tmp/startup.prof -m tunesmith train \
+  PYTHONPATH="$last:$site" timeout 150 python3 -m cProfile -o /tmp/startup.prof -m tunesmith train \
     "/tmp/lfw/${runs[-1]}.yaml" max_steps=2 output_dir=/tmp/lfw/startup > "$out/startup-run.txt" 2>&1
   python3 -c "import pstats; pstats.Stats('/tmp/startup.prof').sort_stats('cumulative').print_stats(70)" \
     > "$out/startup.txt" 2>&1

@@ -11,23 +11,10 @@ import argparse
 import json
 
 import torch
+from gpu_time import gpu_ms  # this folder is the script's: on sys.path
 
 from tunesmith.models import rms_norm_triton
 from tunesmith.models.rms_norm_triton import rms_norm
-
-
-def gpu_ms(fn, iters=50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(5e8))  # the host queues every call before the GPU reaches them
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return round(start.elapsed_time(end) / iters, 4)
 
 
 def case(name, forward, x, dy):

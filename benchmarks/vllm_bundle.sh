@@ -2,7 +2,7 @@
 # Carry vLLM to the GPU machine (no internet there; 64 MiB per device call), as ENVIRONMENT.md describes:
 #
 #   bash benchmarks/vllm_bundle.sh pack       # here: .vllm/p00, p01, ... (40 MiB each, git-ignored)
-#   bash benchmarks/vllm_bundle.sh stash      # there, in each call that carries a part: keep it in /tmp/vparts
+#   bash benchmarks/vllm_bundle.sh stash      # there, in each call that carries a part: keep it in /tmp/vllm-parts
 #   source benchmarks/vllm_bundle.sh install  # there, last call: unpack to /tmp/vllm-site, put it on PYTHONPATH
 #
 # The bundle is vLLM 0.25.1 (torch 2.11 pin, as on the GPU machine) without what a Hopper GPU does not load
@@ -11,6 +11,7 @@
 # model): flashinfer (so VLLM_USE_FLASHINFER_SAMPLER=0), numba, cutlass-dsl, tilelang, torchcodec.
 # `install` drops each bundled package the machine already has, so its own versions stay in use.
 [[ "${BASH_SOURCE[0]}" == "$0" ]] && set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/bundle_parts.sh"
 VLLM_VERSION=0.25.1
 DEPS=(cachetools sentencepiece blake3 py-cpuinfo "fastapi>=0.133,<0.137" "starlette>=1.0.1" annotated-doc anyio
       sniffio aiohttp multidict yarl propcache aiohappyeyeballs aiosignal frozenlist attrs "openai>=2,<3" jiter distro
@@ -27,10 +28,9 @@ platforms() {
   echo "--platform manylinux2014_x86_64 --platform any"
 }
 
-pack() {
+vllm_pack() {
   local work=.vllm/build
-  rm -rf "$work" .vllm/p[0-9]* && mkdir -p "$work/dl" "$work/site"
-  grep -qx '/.vllm/' .git/info/exclude 2>/dev/null || echo '/.vllm/' >> .git/info/exclude
+  rm -rf "$work" && mkdir -p "$work/dl" "$work/site"
   local pip=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
              $(platforms) -d "$work/dl")
   "${pip[@]}" "vllm==$VLLM_VERSION"
@@ -44,21 +44,17 @@ for wheel in sorted((work / "dl").glob("*.whl")):
     with zipfile.ZipFile(wheel) as z:
         z.extractall(work / "site", [n for n in z.namelist() if not n.startswith(skip)])
 PY
-  tar cf - -C "$work/site" . | xz -6 -T0 | split -b 40M -d -a 2 - .vllm/p
+  parts_split "$work/site" vllm 6
   rm -rf "$work"
-  ls -la .vllm
 }
 
-stash() {
-  mkdir -p /tmp/vparts && cp .vllm/p[0-9]* /tmp/vparts/ && ls -la /tmp/vparts
+vllm_install() {
+  parts_install vllm vllm_prune || return 2
+  export PYTHONPATH="/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
-install() {
-  if [ ! -f /tmp/vllm-site/.done ]; then
-    rm -rf /tmp/vllm-site && mkdir -p /tmp/vllm-site
-    cat /tmp/vparts/p[0-9]* | xz -d | tar xf - -C /tmp/vllm-site
-    # the machine's own packages stay: drop each bundled top-level package the base environment already has
-    python3 - <<'PY'
+vllm_prune() {  # the machine's own packages stay: drop each bundled top-level package it already has
+  python3 - <<'PY'
 import importlib.util, pathlib, shutil
 site = pathlib.Path("/tmp/vllm-site")
 for info in site.glob("*.dist-info"):
@@ -72,14 +68,11 @@ for info in site.glob("*.dist-info"):
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     print("vllm_bundle: the machine has", info.name.split("-")[0], "- its own copy stays in use")
 PY
-    touch /tmp/vllm-site/.done
-  fi
-  export PYTHONPATH="/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
 case "${1:-}" in
-  pack) pack ;;
-  stash) stash ;;
-  install) install ;;
+  pack) vllm_pack ;;
+  stash) parts_stash vllm ;;
+  install) vllm_install ;;
   *) echo "usage: bash benchmarks/vllm_bundle.sh pack | stash ; source benchmarks/vllm_bundle.sh install" >&2 ;;
 esac

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 
 class Extra(NamedTuple):
-    module: str  # what is imported
+    module: str | None  # what is imported; None: installed means the distribution is (its module path is shared)
     feature: str  # what it enables in tunesmith
     install: str  # how to get it
 
@@ -22,6 +22,8 @@ OPTIONAL: dict[str, Extra] = {
                               "pip install 'tunesmith[liger]'"),
     "flash-attn": Extra("flash_attn_2_cuda", "flash_attn: fa2 (auto picks it on a GPU)",
                             "pip install flash-attn --no-build-isolation"),
+    "flash-attn-4": Extra(None, "flash_impl: auto | fa4 (the varlen attention runs FlashAttention 4 on Hopper and "
+                          "Blackwell GPUs)", "pip install flash-attn-4"),
     "vllm": Extra("vllm", "infer_backend: vllm for `tunesmith serve` and `chat`; rollout_backend: vllm for "
                       "online RL on a CUDA GPU", "pip install 'tunesmith[vllm]'"),
     "tensorboard": Extra("tensorboard", "report_to: tensorboard", "pip install tensorboard"),
@@ -48,8 +50,12 @@ def _version(dist: str) -> str | None:
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except (ModuleNotFoundError, ValueError):
+    except (ImportError, ValueError):  # a missing parent package, or a broken one
         return False
+
+
+def _installed(dist: str, spec: Extra) -> bool:
+    return _version(dist) is not None if spec.module is None else _importable(spec.module)
 
 
 def optional_line(spec: Extra, installed: bool, version: str | None) -> str:
@@ -71,7 +77,7 @@ def collect() -> dict:
     info["gpus"] = ", ".join(gpus) if gpus else "none (training runs on the CPU)"
     info["bf16 on GPU"] = str(bool(gpus) and torch.cuda.is_bf16_supported())
     for dist, spec in OPTIONAL.items():
-        info[dist] = optional_line(spec, _importable(spec.module), _version(dist))
+        info[dist] = optional_line(spec, _installed(dist, spec), _version(dist))
     info["rollout_backend"] = auto_rollout_line(_importable("vllm"), "cuda" if gpus else "cpu")
     return info
 

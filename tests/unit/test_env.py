@@ -8,14 +8,15 @@ from tunesmith import env
 def _collect(monkeypatch, installed: set[str]) -> dict:
     monkeypatch.setattr(env, "_importable", lambda module: module in installed)
     monkeypatch.setattr(env, "_version", lambda dist: "1.2.3" if dist in env.CORE else
-                        ("9.9" if env.OPTIONAL.get(dist) and env.OPTIONAL[dist].module in installed else None))
+                        ("9.9" if env.OPTIONAL.get(dist) and (env.OPTIONAL[dist].module or dist) in installed
+                         else None))
     return env.collect()
 
 
-@pytest.mark.parametrize("dist", ["deepspeed", "liger-kernel", "flash-attn", "vllm", "wandb", "swanlab",
-                                  "math-verify", "av"])
+@pytest.mark.parametrize("dist", ["deepspeed", "liger-kernel", "flash-attn", "flash-attn-4", "vllm", "wandb",
+                                  "swanlab", "math-verify", "av"])
 def test_every_optional_feature_is_reported(monkeypatch, dist):
-    module = env.OPTIONAL[dist].module
+    module = env.OPTIONAL[dist].module or dist
     assert _collect(monkeypatch, {module})[dist].startswith("9.9 -> ")
     missing = _collect(monkeypatch, set())[dist]
     assert missing.startswith(f"not installed ({env.OPTIONAL[dist].install})")
@@ -28,7 +29,7 @@ def test_deepspeed_is_an_engine_that_exists(monkeypatch):
 
 
 def test_nothing_claims_a_missing_feature_of_tunesmith_is_available(monkeypatch):
-    info = _collect(monkeypatch, {spec.module for spec in env.OPTIONAL.values()})
+    info = _collect(monkeypatch, {spec.module or dist for dist, spec in env.OPTIONAL.items()})
     assert "not available yet" not in " ".join(info.values())
     assert "infer_backend: vllm" in info["vllm"] and "serve" in info["vllm"]
     assert "backend: megatron" in info["megatron-core"] and "0.19.2" in info["megatron-core"]
@@ -51,3 +52,8 @@ def test_env_says_which_rollout_backend_auto_picks(has_vllm, device, picked):
     assert line.startswith(picked)
     if picked.endswith("hf"):
         assert ("vllm not installed" in line) == (not has_vllm) and ("no CUDA GPU" in line) == (device == "cpu")
+
+
+def test_flash_attn_2s_cute_folder_is_not_taken_for_flash_attn_4(monkeypatch):
+    """flash-attn 2 ships a flash_attn/cute folder too: flash-attn-4 counts as installed by its distribution."""
+    assert _collect(monkeypatch, {"flash_attn_2_cuda", "flash_attn.cute"})["flash-attn-4"].startswith("not installed")

@@ -51,6 +51,12 @@ class ModelConfig(_Group):
         "FlashAttention given each packed sample's boundaries, no mask) on GPU in bf16/fp16, else sdpa; "
         "fa2 / fa3 = the flash-attn / flash-attn-3 package through transformers; disabled = eager."
     )
+    flash_impl: Literal["auto", "fa2", "fa4"] = Field(
+        "auto", description="The FlashAttention kernels of the varlen attention (packed rows, Qwen-VL vision "
+        "towers): auto = FlashAttention 4 when flash-attn-4 is installed and the GPU is Hopper or Blackwell, else "
+        "PyTorch's built-in FlashAttention-2; fa2 = always the built-in one; fa4 = FlashAttention 4 or an error "
+        "saying why not."
+    )
     enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's SwiGLU, RoPE and RMSNorm (PyTorch's "
                                       "fused RMSNorm over the hidden size) and tunesmith's linear + cross-entropy.")
     gradient_checkpointing: bool | Literal["auto"] = Field(

@@ -20,6 +20,8 @@ import contextvars
 
 import torch
 
+from .flash_impl import fa4_on, fa4_varlen
+
 VARLEN = "tunesmith_varlen"
 # A Qwen-VL vision tower hands its images' boundaries (cu_seqlens) only to an implementation whose name says
 # "flash"; any other gets one SDPA call per image in every layer, after a host synchronisation.
@@ -99,18 +101,24 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
 
 def flash_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor, cu_seqlens: torch.Tensor,
                  max_seqlen: int, *, dropout: float = 0.0, scale: float | None = None,
-                 cu_seqlens_k: torch.Tensor | None = None, max_seqlen_k: int | None = None) -> torch.Tensor:
-    """Causal FlashAttention within each segment of the flattened batch (N = B x T tokens, row after row):
-    q [N, H, D], k/v [N, Hkv, D] (grouped-query heads are not repeated), cu_seqlens [segments + 1] int32 ->
-    [N, H, D] in FlashAttention's half dtype. CUDA only (varlen_available). With `cu_seqlens_k` the keys' segments
-    differ from the queries' (k/v [Nk, Hkv, D]); the causal mask is aligned to each segment's last key, as
-    FlashAttention 2 does."""
+                 cu_seqlens_k: torch.Tensor | None = None, max_seqlen_k: int | None = None,
+                 causal: bool = True) -> torch.Tensor:
+    """FlashAttention within each segment of the flattened batch (N = B x T tokens, row after row), causal unless
+    told otherwise: q [N, H, D], k/v [N, Hkv, D] (grouped-query heads are not repeated), cu_seqlens [segments + 1]
+    int32 -> [N, H, D] in FlashAttention's half dtype. CUDA only (varlen_available). With `cu_seqlens_k` the keys'
+    segments differ from the queries' (k/v [Nk, Hkv, D]); the causal mask is aligned to each segment's last key, as
+    FlashAttention 2 does. PyTorch's FlashAttention-2 kernel, or FlashAttention 4 when flash_impl switched it on
+    (models/flash_impl.py; without dropout, which it does not have)."""
     dtype = _half_dtype(v_NHD)
     q, k, v = (t.to(dtype) for t in (q_NHD, k_NHD, v_NHD))
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     longest_k = max_seqlen if max_seqlen_k is None else max_seqlen_k
+    if fa4_on(dropout):
+        out = fa4_varlen(q, k, v, cu_seqlens, cu_k, max_seqlen, longest_k, scale, causal)
+        if out is not None:
+            return out
     return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_k, max_seqlen, longest_k, dropout,
-                                                   True, False, scale=scale)[0]
+                                                   causal, False, scale=scale)[0]
 
 
 def use_varlen_in_vision_tower(tower: torch.nn.Module) -> None:
@@ -131,11 +139,8 @@ def vision_varlen_attention(module, query, key, value, attention_mask=None, drop
     full_precision = query.dtype == torch.float32 and not torch.is_autocast_enabled("cuda")
     if query.device.type != "cuda" or full_precision:
         return _attention_per_segment(q, k, v, cu_seq_lens_q, scaling), None
-    dtype = _half_dtype(v)
     cu = cu_seq_lens_q.to(torch.int32)
-    longest = _longest(cu, max_length_q)
-    out = torch.ops.aten._flash_attention_forward(q.to(dtype), k.to(dtype), v.to(dtype), cu, cu, longest, longest,
-                                                  dropout, False, False, scale=scaling)[0]
+    out = flash_varlen(q, k, v, cu, _longest(cu, max_length_q), dropout=dropout, scale=scaling, causal=False)
     return out.unsqueeze(0), None
 
 

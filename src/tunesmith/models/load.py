@@ -15,6 +15,7 @@ from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .autocast_linear import use_autocast_linears
 from .families import family_of, packing_leak, text_family_of
+from .flash_impl import activate as activate_flash_impl
 from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
 from .norms import use_fused_rms_norms
@@ -50,6 +51,14 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
                  "attention", config.get_text_config().model_type)
         return "eager"
     return name
+
+
+def select_flash_kernels(cfg: ModelConfig, device: torch.device) -> None:
+    """flash_impl, once per run with the compute device: FlashAttention 4 in the varlen attention when it can run
+    there (models/flash_impl.py)."""
+    if cfg.flash_impl == "fa4" or (cfg.flash_impl == "auto" and device.type == "cuda"):
+        attention = attn_implementation(cfg, device, load_config(cfg))
+        activate_flash_impl(cfg.flash_impl, device, attention, varlen=attention == VARLEN)
 
 
 def _language_model_has_sdpa(config) -> bool:

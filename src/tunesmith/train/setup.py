@@ -29,7 +29,8 @@ from ..models.adapters import apply_finetuning, trainable_report
 from ..models.families import collation_pad_id, family_of
 from ..models.kernels import share_input_casts
 from ..models.attention import VARLEN
-from ..models.load import attn_implementation, load_config, load_model, load_preprocessing, pick_device
+from ..models.load import (attn_implementation, load_config, load_model, load_preprocessing, pick_device,
+                           select_flash_kernels)
 from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import EpochPlan
@@ -88,6 +89,7 @@ def set_up(cfg) -> Runner:
     dist.barrier()
     seed_everything(cfg.train.seed)
     device = pick_device()
+    select_flash_kernels(cfg.model, device)
     tokenizer, saver, media = load_preprocessing(cfg)
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))

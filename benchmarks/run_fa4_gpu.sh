@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 15: FlashAttention 4 on the device machine, in three calls on one warm machine:
+#   1. carry .device-wheels and .fa4/p00:  bash benchmarks/fa4_bundle.sh stash
+#   2. carry .fa4/p01:                     bash benchmarks/run_fa4_gpu.sh first    (probe, GPU test, fa2 + fa4 epochs)
+#   3. (nothing more to carry):            bash benchmarks/run_fa4_gpu.sh second   (fa4 + fa2 epochs again)
+# An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
+# compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
+set -u
+source .device-wheels/activate.sh
+[ -f /tmp/fa4-site/.done ] || bash benchmarks/fa4_bundle.sh stash > /dev/null
+source benchmarks/fa4_bundle.sh install || exit 2
+site=$PYTHONPATH  # the bundle's folders, then .device-wheels' (ab_gpu.sh puts the tree in front)
+out=$OUT
+
+epoch() {  # NAME FLASH_IMPL SECONDS
+  mkdir -p "$out/$1"
+  OUT="$out/$1" TREES="head=src" ORDER="head" STEPS=0 MICRO=0 STARTUP=0 EXTRA="flash_impl=$2" SITE="$site" \
+    timeout "$3" bash benchmarks/ab_gpu.sh > "$out/$1/log.txt" 2>&1
+  local rc=$?
+  pkill -f lf_workload.py; pkill -f "tunesmith train"  # what a timeout left running (it stops only the shell)
+  echo "$1 (rc $rc): $(cat "$out/$1/ab.txt" 2>/dev/null || echo 'no result')"
+}
+
+case "${1:-}" in
+  first)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"; cat "$out/gpu.txt"
+    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-probe-cache timeout 120 python3 benchmarks/fa4_probe.py \
+      --out "$out/fa4-probe.json" 2>&1 | grep -v Warning | tail -4
+    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-probe-cache timeout 90 python3 -m pytest -q -p no:cacheprovider \
+      tests/gpu/test_flash_impl_gpu.py 2>&1 | tail -2
+    epoch fa2a fa2 200  # builds the workload (data, model) first
+    epoch fa4a auto 150 ;;
+  second)
+    epoch fa4b auto 150
+    epoch fa2b fa2 150 ;;
+  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second" >&2; exit 2 ;;
+esac
