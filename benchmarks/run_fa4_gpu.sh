@@ -3,6 +3,7 @@
 #   1. carry .device-wheels and .fa4/p00:  bash benchmarks/fa4_bundle.sh stash
 #   2. carry .fa4/p01:                     bash benchmarks/run_fa4_gpu.sh first    (probe, GPU test, fa2 + fa4 epochs)
 #   3. (nothing more to carry):            bash benchmarks/run_fa4_gpu.sh second   (fa4 + fa2 epochs again)
+# or, for the pure-bf16 stretch, call 2 as:  bash benchmarks/run_fa4_gpu.sh pure   (fa4 twice, fa2, pure_bf16)
 # An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
 # compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
 set -u
@@ -33,5 +34,9 @@ case "${1:-}" in
   second)
     epoch fa4b auto 150
     epoch fa2b fa2 150 ;;
-  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second" >&2; exit 2 ;;
+  pure)  # the first builds the workload and compiles FA4's kernels; the second runs them from the cache
+    epoch fa4p-cold auto,pure_bf16=true 220
+    epoch fa4p auto,pure_bf16=true 100
+    epoch fa2p fa2,pure_bf16=true 100 ;;
+  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure" >&2; exit 2 ;;
 esac
