@@ -23,6 +23,7 @@ from .refused_families import load_refusal
 from .tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")
+_said: set[str] = set()  # attention choices already logged: a run decides its attention several times
 
 
 def pick_device() -> torch.device:
@@ -43,14 +44,20 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
     family = text_family_of(config) if config is not None else None
     if name == "sdpa" and family is not None and not family.sdpa:
         # GPT-OSS's attention sinks have no SDPA path in transformers: its own eager attention runs them
-        log.info("flash_attn: %s has no SDPA attention in transformers; using its eager attention", family.name)
+        _say_once(f"flash_attn: {family.name} has no SDPA attention in transformers; using its eager attention")
         return "eager"
     if name == "sdpa" and config is not None and not _language_model_has_sdpa(config):
         # Gemma 2 (PaliGemma 2's language model) caps its attention logits, which SDPA cannot
-        log.info("flash_attn: this model's language model (%s) has no SDPA attention in transformers; using eager "
-                 "attention", config.get_text_config().model_type)
+        _say_once(f"flash_attn: this model's language model ({config.get_text_config().model_type}) has no SDPA "
+                  "attention in transformers; using eager attention")
         return "eager"
     return name
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.info(message)
 
 
 def select_flash_kernels(cfg: ModelConfig, device: torch.device) -> None:
@@ -103,8 +110,8 @@ def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
         # LLaMA-Factory's `sdpa` means PyTorch's own attention. For packed rows PyTorch's variable-length
         # FlashAttention kernel is that too, and needs no dense block-diagonal mask; everything else (unpacked
         # rows, generation, the vision tower) goes through SDPA unchanged.
-        log.info("flash_attn: sdpa — packed rows use PyTorch's variable-length FlashAttention kernel (no mask); "
-                 "other attention calls use SDPA")
+        _say_once("flash_attn: sdpa — packed rows use PyTorch's variable-length FlashAttention kernel (no mask); "
+                  "other attention calls use SDPA")
         return register_varlen()
     return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
 

@@ -56,3 +56,14 @@ def test_packed_search_is_skipped_only_when_boundaries_are_given():
     with boundaries_given():
         assert masking_utils.find_packed_sequence_indices(positions) is None
     assert masking_utils.find_packed_sequence_indices(positions) is not None
+
+
+def test_the_attention_choice_is_logged_once_however_often_a_run_makes_it(monkeypatch, caplog):
+    """set_up (flash_impl), the merge estimate and the model load each ask for the attention."""
+    monkeypatch.setattr(load, "varlen_available", lambda device: device.type == "cuda")
+    monkeypatch.setattr(load, "register_varlen", lambda: "tunesmith_varlen")
+    monkeypatch.setattr(load, "_said", set())
+    with caplog.at_level("INFO", logger="tunesmith"):
+        for _ in range(3):
+            load.attn_implementation(ModelConfig(flash_attn="sdpa", bf16=True), torch.device("cuda"))
+    assert caplog.text.count("flash_attn: sdpa — packed rows use") == 1
