@@ -4,6 +4,8 @@
 #   2. carry .fa4/p01:                     bash benchmarks/run_fa4_gpu.sh first    (probe, GPU test, fa2 + fa4 epochs)
 #   3. (nothing more to carry):            bash benchmarks/run_fa4_gpu.sh second   (fa4 + fa2 epochs again)
 # or, for the pure-bf16 stretch, call 2 as:  bash benchmarks/run_fa4_gpu.sh pure   (fa4 twice, fa2, pure_bf16)
+# or, on an H200, calls 2 and 3 as:  bash benchmarks/run_fa4_gpu.sh h200a   (fa2, fa4 cold, fa4 warm)
+#                                    bash benchmarks/run_fa4_gpu.sh h200b   (fa4, fa4 pure_bf16, step profile, data)
 # An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
 # compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
 set -u
@@ -38,5 +40,18 @@ case "${1:-}" in
     epoch fa4p-cold auto,pure_bf16=true 220
     epoch fa4p auto,pure_bf16=true 100
     epoch fa2p fa2,pure_bf16=true 100 ;;
-  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure" >&2; exit 2 ;;
+  h200a)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"; cat "$out/gpu.txt"
+    epoch fa2a fa2 200
+    epoch fa4-cold auto 150
+    epoch fa4a auto 100 ;;
+  h200b)
+    epoch fa4b auto 100
+    epoch fa4p auto,pure_bf16=true 100
+    PYTHONPATH="src:$site" PROFILE_LOOP=1 PROFILE_TOTAL=24 HF_HUB_OFFLINE=1 timeout 120 python3 \
+      benchmarks/profile_steps.py /tmp/lfw/head1.yaml max_steps=-1 save_final_model=false flash_impl=auto pure_bf16=false \
+      output_dir=/tmp/lfw/profile > "$out/profile.txt" 2>&1; tail -3 "$out/profile.txt"
+    PYTHONPATH="src:$site" timeout 120 python3 benchmarks/data_phase_probe.py /tmp/lfw/head1.yaml --workers 8 \
+      --rows_per_convert_worker 0 1 --repeat 3 --out "$out/data-phase.json" 2>&1 | tail -4 ;;
+  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b" >&2; exit 2 ;;
 esac
