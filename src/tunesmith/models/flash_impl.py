@@ -25,6 +25,7 @@ import importlib.metadata
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -144,17 +145,23 @@ class WarmUp(threading.Thread):
         super().__init__(name="tunesmith-fa4-warm-up", daemon=True)
         self.shape = (q_heads, kv_heads, head_dim, dtype, device)
         self.error: BaseException | None = None
+        self.seconds = 0.0
 
     def run(self) -> None:
+        start = time.perf_counter()
         try:
             _first_calls(*self.shape)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread by finish()
             self.error = error
+        self.seconds = time.perf_counter() - start
 
     def finish(self) -> None:
+        start = time.perf_counter()
         self.join()
         if self.error is not None:
             raise self.error
+        log.info("flash_impl: FlashAttention 4's first forward and backward took %.2f s on a side thread beside the "
+                 "model load; the run waited %.2f s for them after it", self.seconds, time.perf_counter() - start)
 
 
 def _first_calls(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
