@@ -62,6 +62,9 @@ case "${1:-}" in
       tests/gpu/test_liger_rope_gpu.py 2>&1 | tail -3
     OUT="$out" TREES="old=.baseline/old/src new=src" ORDER="new old new old" STEPS=0 MICRO=0 STARTUP=0 \
       EXTRA="flash_impl=auto" SITE="$site" timeout 450 bash benchmarks/ab_gpu.sh > "$out/ab-log.txt" 2>&1
-    cat "$out/ab.txt" ;;
+    cat "$out/ab.txt"
+    for f in /tmp/lfw/logs/*.log; do  # the warm-up's own line, and the rates of the first logged steps
+      echo "== $f"; grep -A2 "first forward and backward" "$f"; grep "tokens_per_s=" "$f" | head -3 | tr '\n' ' '; echo
+    done ;;
   *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab" >&2; exit 2 ;;
 esac
