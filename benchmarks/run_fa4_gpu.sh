@@ -60,7 +60,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"; cat "$out/gpu.txt"
     PYTHONPATH="src:$site" timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_impl_gpu.py \
       tests/gpu/test_liger_rope_gpu.py 2>&1 | tail -3
-    OUT="$out" TREES="old=.baseline/old/src new=src" ORDER="new old new old" STEPS=0 MICRO=0 STARTUP=0 \
+    OUT="$out" TREES="old=.baseline/old/src new=src" ORDER="${AB_ORDER:-new old new old}" STEPS=0 MICRO=0 STARTUP=0 \
       EXTRA="flash_impl=auto" SITE="$site" timeout 450 bash benchmarks/ab_gpu.sh > "$out/ab-log.txt" 2>&1
     cat "$out/ab.txt"
     for f in /tmp/lfw/logs/*.log; do  # the warm-up's own line, and the rates of the first logged steps
