@@ -73,9 +73,3 @@ def test_fa4_with_key_segments_longer_than_the_queries(fa4):
     fa4()
     _assert_close(_attention_and_grads(lambda *qkv: flash_varlen(*qkv, cu_q, 500, cu_seqlens_k=cu_k,
                                                                  max_seqlen_k=1000), q, k, v, grad), fa2)
-
-
-def test_the_warm_up_loads_and_checks_the_kernels_of_a_longer_batch(fa4):
-    fa4()
-    flash_impl.start_warm_up(16, 8, 128, torch.bfloat16, torch.device("cuda")).finish()
-    assert (128, 2, True, torch.bfloat16) in flash_impl._fa4.checked

@@ -35,7 +35,7 @@ def hopper(monkeypatch):
         calls.append(kwargs)
         if interface.fail:
             raise RuntimeError("cute DSL: no kernel for sm_90a")
-        return q * 0, None  # differentiable, as the real function's output is
+        return torch.zeros_like(q), None
 
     interface.flash_attn_varlen_func, interface.fail = flash_attn_varlen_func, False
     for name, module in (("flash_attn", types.ModuleType("flash_attn")),
@@ -135,42 +135,3 @@ def test_the_run_selects_with_its_compute_device(hopper, monkeypatch):
     load.select_flash_kernels(ModelConfig(flash_impl="fa2"), CUDA)
     load.select_flash_kernels(ModelConfig(), CUDA)
     assert seen == [(("auto", CUDA, VARLEN), {"varlen": True})]
-
-
-def test_the_warm_up_makes_the_first_forward_and_backward_on_a_side_thread(hopper):
-    interface, calls = hopper
-    assert flash_impl.start_warm_up(4, 2, 8, torch.bfloat16, torch.device("cpu")) is None  # FA4 off: no warm-up
-    flash_impl.activate("auto", CUDA, VARLEN, varlen=True)
-    warm_up = flash_impl.start_warm_up(4, 2, 8, torch.bfloat16, torch.device("cpu"))
-    warm_up.finish()
-    tokens = flash_impl.WARM_UP_TOKENS
-    assert warm_up.name == "tunesmith-fa4-warm-up" and len(calls) == 1
-    assert calls[0]["causal"] and calls[0]["max_seqlen_q"] == tokens and calls[0]["cu_seqlens_q"].tolist() == [0, tokens]
-    assert (8, 2, True, torch.bfloat16) in flash_impl._fa4.checked  # the first call's check is done
-
-
-@pytest.mark.parametrize("choice", ["auto", "fa4"])
-def test_a_kernel_failing_in_the_warm_up_stops_fa4_or_the_run_before_training(hopper, choice):
-    interface, _ = hopper
-    interface.fail = True
-    flash_impl.activate(choice, CUDA, VARLEN, varlen=True)
-    warm_up = flash_impl.start_warm_up(4, 2, 8, torch.bfloat16, torch.device("cpu"))
-    if choice == "fa4":
-        with pytest.raises(ModelError, match="first call of a kernel"):
-            warm_up.finish()
-    else:
-        warm_up.finish()
-        assert not flash_impl.fa4_on(0.0)
-
-
-def test_the_run_warms_the_language_models_attention_shape(hopper, monkeypatch):
-    from transformers import Qwen3Config
-
-    started = []
-    monkeypatch.setattr(load, "load_config", lambda cfg: Qwen3Config(hidden_size=64, num_attention_heads=4,
-                                                                     num_key_value_heads=2, head_dim=32))
-    monkeypatch.setattr(load, "start_warm_up", lambda *args: started.append(args))
-    assert load.warm_flash_kernels(ModelConfig(), CUDA) is None and not started  # FA4 off
-    flash_impl.activate("auto", CUDA, VARLEN, varlen=True)
-    load.warm_flash_kernels(ModelConfig(fp16=True), CUDA)
-    assert started == [(4, 2, 32, torch.float16, CUDA)]

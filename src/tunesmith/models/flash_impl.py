@@ -12,11 +12,6 @@ FlashAttention 4 compiles a kernel for each head size, grouped-query ratio and c
 (seconds); its persistent cache, switched on here unless the environment says otherwise, keeps them for the next
 run. The first forward of each such kernel is checked: under `auto` a failure there switches FlashAttention 4 off
 for the rest of the process (PyTorch's kernel runs), under `fa4` it stops the run.
-
-Loading a cached kernel still takes a while at its first call (the forward, backward and their pre- and
-post-processing kernels). `start_warm_up` makes that first call, forward and backward, for the language model's
-attention on a side thread while the model loads, so that neither it nor its check falls into the first training
-step; on Hopper one sequence longer than a 128-row tile selects the kernels of every longer batch.
 """
 
 from __future__ import annotations
@@ -24,8 +19,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -132,55 +125,3 @@ def _call(q_NHD, k_NHD, v_NHD, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     out = _fa4.varlen_func(q_NHD, k_NHD, v_NHD, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=causal)
     return out[0] if isinstance(out, tuple) else out
-
-
-WARM_UP_TOKENS = 256  # one causal sequence of two 128-row tiles (shorter batches take other kernels)
-
-
-class WarmUp(threading.Thread):
-    """FlashAttention 4's first forward and backward for one attention shape, on a side thread; `finish` waits for
-    it and raises what it raised (under fa4, a kernel that fails its check)."""
-
-    def __init__(self, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        super().__init__(name="tunesmith-fa4-warm-up", daemon=True)
-        self.shape = (q_heads, kv_heads, head_dim, dtype, device)
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-
-    def run(self) -> None:
-        start = time.perf_counter()
-        try:
-            _first_calls(*self.shape)
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread by finish()
-            self.error = error
-        self.seconds = time.perf_counter() - start
-
-    def finish(self) -> None:
-        start = time.perf_counter()
-        self.join()
-        if self.error is not None:
-            raise self.error
-        log.info("flash_impl: FlashAttention 4's first forward and backward took %.2f s on a side thread beside the "
-                 "model load; the run waited %.2f s for them after it", self.seconds, time.perf_counter() - start)
-
-
-def _first_calls(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-    tokens = WARM_UP_TOKENS
-    # constant inputs: the warm-up draws nothing from the generators the run is seeded with
-    q, k, v = (torch.full((tokens, heads, head_dim), 0.01, dtype=dtype, device=device, requires_grad=True)
-               for heads in (q_heads, kv_heads, kv_heads))
-    cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=device)
-    with torch.enable_grad():
-        out = fa4_varlen(q, k, v, cu_seqlens, cu_seqlens, tokens, tokens, head_dim ** -0.5, True)
-        if out is not None:  # None: the check failed under auto, and PyTorch's kernel runs from here on
-            out.sum().backward()
-
-
-def start_warm_up(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                  device: torch.device) -> WarmUp | None:
-    """When FlashAttention 4 is on: start its first calls for causal attention of this shape (module docstring)."""
-    if not _fa4.choice:
-        return None
-    warm_up = WarmUp(q_heads, kv_heads, head_dim, dtype, device)
-    warm_up.start()
-    return warm_up

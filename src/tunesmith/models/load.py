@@ -15,7 +15,6 @@ from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .autocast_linear import use_autocast_linears
 from .families import family_of, packing_leak, text_family_of
-from .flash_impl import WarmUp, fa4_on, start_warm_up
 from .flash_impl import activate as activate_flash_impl
 from .half_load import checkpoint_half_dtype, upcast_loaded
 from .kernels import linearize_patch_embeds
@@ -68,18 +67,6 @@ def select_flash_kernels(cfg: ModelConfig, device: torch.device) -> None:
     if cfg.flash_impl == "fa4" or (cfg.flash_impl == "auto" and device.type == "cuda"):
         attention = attn_implementation(cfg, device, load_config(cfg))
         activate_flash_impl(cfg.flash_impl, device, attention, varlen=attention == VARLEN)
-
-
-def warm_flash_kernels(cfg: ModelConfig, device: torch.device) -> WarmUp | None:
-    """When FlashAttention 4 runs the varlen attention: its first calls for the language model's attention, started
-    on a side thread (finish() it before training; models/flash_impl.py)."""
-    if not fa4_on(0.0):
-        return None
-    text = load_config(cfg).get_text_config()
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    return start_warm_up(heads, kv_heads, head_dim, torch.float16 if cfg.fp16 else torch.bfloat16, device)
 
 
 def _language_model_has_sdpa(config) -> bool:

@@ -30,7 +30,7 @@ from ..models.families import collation_pad_id, family_of
 from ..models.kernels import share_input_casts
 from ..models.attention import VARLEN
 from ..models.load import (attn_implementation, load_config, load_model, load_preprocessing, pick_device,
-                           select_flash_kernels, warm_flash_kernels)
+                           select_flash_kernels)
 from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import EpochPlan
@@ -113,11 +113,8 @@ def set_up(cfg) -> Runner:
     method = stage.build_method(cfg)
     layers = checkpoint_layers(cfg, device)
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
-    warm_up = warm_flash_kernels(cfg.model, device)  # beside the model load, after data preparation's forks
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, layers, device)
-    if warm_up is not None:
-        warm_up.finish()
     runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
     runner.marks.update(marks)
     return runner
