@@ -31,14 +31,27 @@ def _losses(out):
     return [m["loss"] for m in metrics(out) if "loss" in m]
 
 
+# AdamW divides each update by the gradient's running RMS, so an element whose gradient is about AdamW's eps moves by
+# up to lr a step on a rounding difference of that gradient (another summation order across ranks, or another split
+# of a CPU matmul over threads when the machine is loaded): 6 of 128,576 elements of one weight of a TP=2 run were
+# 2.1e-4 off after four steps at lr 1e-3 in one CI run and within 5e-5 in others. Such elements may differ by up to
+# 2 x lr a step (the largest lr of these full-weight runs is 1e-3, the most steps 4), as long as they are rare.
+ADAMW_FLIP_BOUND = 2 * 1e-3 * 4
+RARE_SHARE = 1e-4
+
+
 def _same_weights(out, single) -> set:
-    """The saved model.safetensors of `out` holds the single engine's tensors (fp32 tolerance); its names."""
+    """The saved model.safetensors of `out` holds the single engine's tensors (fp32 tolerance, bar a rare element
+    within ADAMW_FLIP_BOUND); its names."""
     a, b = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
     assert set(a) == set(b)
     for key in a:
-        # atol 5e-5: AdamW's update of a near-zero gradient magnifies a different summation order (one element of
-        # 128k of the MoE's expert weights, 1.9e-5 after four steps of two packed micro-batches in one pass)
-        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=5e-5)
+        close = torch.isclose(a[key], b[key], rtol=1e-3, atol=5e-5)
+        off = int((~close).sum())
+        assert off <= max(1, int(a[key].numel() * RARE_SHARE)), f"{key}: {off} of {a[key].numel()} elements differ"
+        if off:
+            largest = float((a[key] - b[key]).abs().max())
+            assert largest <= ADAMW_FLIP_BOUND, f"{key}: an element differs by {largest:.3g}"
     return set(a)
 
 
