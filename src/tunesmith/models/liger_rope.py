@@ -5,9 +5,9 @@ the device's capability again, and sends large RoPE calls with gradients to a Cu
 `cutlass` package can be imported, which flash-attn-4 installs. That kernel is compiled in memory at the first call
 of every process (Liger keeps no cache on disk), and its host time per call was 227 us forward and 241 us backward
 against 129 us and 183 us for the Triton kernel, for the same ~26-27 us of GPU time (torch.profiler on issue 15's
-workload, H200s: benchmarks/results/2026-12-06-fa4-h200.md, 2026-12-04-lf-workload-loop-profile.txt). `pin_triton_rope` gives the model's module Liger's
-Triton RoPE function itself (Triton caches its compiled kernel on disk): the same rotation in fp32, stored in the
-input's dtype.
+workload, H200s: benchmarks/results/2026-12-06-fa4-h200.md, 2026-12-04-lf-workload-loop-profile.txt).
+`pin_triton_rope` gives the model's module Liger's Triton RoPE function itself (Triton caches its compiled kernel
+on disk): the same rotation in fp32, stored in the input's dtype.
 """
 
 from __future__ import annotations
