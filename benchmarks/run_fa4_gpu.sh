@@ -7,8 +7,8 @@
 # or, on an H200, calls 2 and 3 as:  bash benchmarks/run_fa4_gpu.sh h200a   (fa2, fa4 cold, fa4 warm)
 #                                    bash benchmarks/run_fa4_gpu.sh h200b   (fa4, fa4 pure_bf16, step profile, data)
 # or call 2 as an A/B of two trees under FlashAttention 4 (carry .fa4/p01 and .baseline/old, the old tree's src):
-#                                    bash benchmarks/run_fa4_gpu.sh ab      (new old new old, then the GPU tests;
-#                                                                            the first is the machine's first)
+#                                    bash benchmarks/run_fa4_gpu.sh ab      (the GPU tests, then new old new old;
+#                                                                            AB_TREES, AB_ORDER, AB_TIMEOUT change it)
 # An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
 # compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
 set -u
@@ -56,15 +56,16 @@ case "${1:-}" in
       output_dir=/tmp/lfw/profile > "$out/profile.txt" 2>&1; tail -3 "$out/profile.txt"
     PYTHONPATH="src:$site" timeout 120 python3 benchmarks/data_phase_probe.py /tmp/lfw/head1.yaml --workers 8 \
       --rows_per_convert_worker 0 1 --repeat 3 --out "$out/data-phase.json" 2>&1 | tail -4 ;;
-  ab)
+  ab)  # the GPU tests first: they also take the fresh machine's first-process cost off the timed epochs
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"; cat "$out/gpu.txt"
-    OUT="$out" TREES="old=.baseline/old/src new=src" ORDER="${AB_ORDER:-new old new old}" STEPS=0 MICRO=0 STARTUP=0 \
-      EXTRA="flash_impl=auto" SITE="$site" timeout 450 bash benchmarks/ab_gpu.sh > "$out/ab-log.txt" 2>&1
+    PYTHONPATH="src:$site" timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_impl_gpu.py \
+      tests/gpu/test_liger_rope_gpu.py 2>&1 | tail -3
+    OUT="$out" TREES="${AB_TREES:-old=.baseline/old/src new=src}" ORDER="${AB_ORDER:-new old new old}" STEPS=0 \
+      MICRO=0 STARTUP=0 EXTRA="flash_impl=auto" SITE="$site" timeout "${AB_TIMEOUT:-450}" bash benchmarks/ab_gpu.sh \
+      > "$out/ab-log.txt" 2>&1
     cat "$out/ab.txt"
     for f in /tmp/lfw/logs/*.log; do  # the warm-up's own line, and the rates of the first logged steps
       echo "== $f"; grep -A2 "first forward and backward" "$f"; grep "tokens_per_s=" "$f" | head -3 | tr '\n' ' '; echo
-    done
-    PYTHONPATH="src:$site" timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_impl_gpu.py \
-      tests/gpu/test_liger_rope_gpu.py 2>&1 | tail -3 ;;
+    done ;;
   *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab" >&2; exit 2 ;;
 esac
