@@ -8,7 +8,8 @@
 #                                    bash benchmarks/run_fa4_gpu.sh h200b   (fa4, fa4 pure_bf16, step profile, data)
 # or call 2 as an A/B of two trees under FlashAttention 4 (carry .fa4/p01 and .baseline/old, the old tree's src):
 #                                    bash benchmarks/run_fa4_gpu.sh ab      (the GPU tests, then new old new old;
-#                                                                            AB_TREES, AB_ORDER, AB_TIMEOUT change it)
+#                                                                            AB_TREES, AB_ORDER, AB_TIMEOUT change it;
+#                                                                            AB_PROFILE=1 adds a step profile)
 # An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
 # compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
 set -u
@@ -64,8 +65,15 @@ case "${1:-}" in
       MICRO=0 STARTUP=0 EXTRA="flash_impl=auto" SITE="$site" timeout "${AB_TIMEOUT:-450}" bash benchmarks/ab_gpu.sh \
       > "$out/ab-log.txt" 2>&1
     cat "$out/ab.txt"
-    for f in /tmp/lfw/logs/*.log; do  # the warm-up's own line, and the rates of the first logged steps
-      echo "== $f"; grep -A2 "first forward and backward" "$f"; grep "tokens_per_s=" "$f" | head -3 | tr '\n' ' '; echo
-    done ;;
+    for f in /tmp/lfw/logs/*.log; do  # the rates of the first logged steps of each run
+      echo "== $f"; grep "tokens_per_s=" "$f" | head -3 | tr '\n' ' '; echo
+    done
+    if [ "${AB_PROFILE:-0}" = 1 ]; then  # then a step profile of the first run's YAML (as h200b's)
+      first=$(echo ${AB_ORDER:-new} | cut -d' ' -f1)
+      PYTHONPATH="src:$site" PROFILE_LOOP=1 PROFILE_TOTAL=24 HF_HUB_OFFLINE=1 timeout 120 python3 \
+        benchmarks/profile_steps.py "/tmp/lfw/${first}1.yaml" max_steps=-1 save_final_model=false flash_impl=auto \
+        pure_bf16=false output_dir=/tmp/lfw/profile > "$out/profile.txt" 2>&1
+      grep -E "tokens_per_s=|Runner's loop|GPU busy" "$out/profile.txt" | tr '\n' ' '; echo
+    fi ;;
   *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab" >&2; exit 2 ;;
 esac
