@@ -172,7 +172,9 @@ class TrainConfig(_Group):
         True, description="Run the samples (or packed rows) of each optimiser step as fewer packed forward passes, "
         "of as many micro-batches' tokens (per_device_train_batch_size x cutoff_len each) as the memory estimate "
         "allows: each sample attends only to itself and the loss is the same (normalised by the step's label "
-        "tokens). sft and pt on one process; off for models that cannot pack.")
+        "tokens). sft and pt on one process; off for models that cannot pack. Also runs a pass's packed rows end to "
+        "end as one row without their padding where the attention takes the samples' boundaries (varlen, "
+        "flash-attention).")
     num_train_epochs: float = Field(3.0, gt=0, description="Epochs to train (fractions allowed).")
     max_steps: int = Field(-1, description="Optimiser steps to train; overrides num_train_epochs when > 0.")
     learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")

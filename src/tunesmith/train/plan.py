@@ -9,8 +9,15 @@ The samples of one optimiser step may run as fewer forward passes
 itself, and the same loss, since the loss is normalised by the step's label
 tokens, not per micro-batch. Unpacked samples are laid end to end in rows of up
 to merge_tokens tokens; packed rows stay rows, several micro-batches' worth a
-pass (fixed shapes: a row laid end to end varies each step, and the CUDA
-allocator then reserved 11 GiB more and ran 4% slower on issue 15's workload).
+pass.
+
+With `unpadded` (train/setup.unpadded_rows: attention that takes the samples'
+boundaries) a pass's packed rows then run as one row without their padding, its
+width rounded up to UNPADDED_MULTIPLE tokens: the same samples and loss, and no
+matmul over the padding of cutoff_len rows. A first try (2026-12-04, exact widths,
+PyTorch's fixed-size segments) reserved 11 GiB more and ran 4% slower; with the
+rounding and expandable segments (cuda_memory.py) it runs 2.0-2.4% faster on issue
+15's workload, in 10.6 GiB less (benchmarks/results/2026-12-06-unpadded-rows-h100.md).
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from ..data.collate import collate_rows
 from ..data.packing import pack_indices
 
 
+# An unpadded pass's width is rounded up to this: few distinct shapes for the CUDA allocator and cuBLAS, and a row
+# count Triton specialises as a multiple of 16, as it does cutoff_len's
+UNPADDED_MULTIPLE = 64
+
+
 @dataclass
 class Position:
     epoch: int = 0
@@ -35,10 +47,12 @@ class Position:
 
 class EpochPlan:
     def __init__(self, lengths: list[int], *, packing: bool, cutoff_len: int, batch_size: int, grad_accum: int,
-                 num_epochs: float, max_steps: int, seed: int, world: int = 1, merge_tokens: int = 0):
+                 num_epochs: float, max_steps: int, seed: int, world: int = 1, merge_tokens: int = 0,
+                 unpadded: bool = False):
         self.rows = pack_indices(lengths, cutoff_len) if packing else [[i] for i in range(len(lengths))]
         self.lengths = lengths
         self.merge_tokens = merge_tokens  # 0: every micro-batch is one forward pass
+        self.unpadded = unpadded and packing  # a pass's packed rows run end to end, without their padding
         self.packing = packing
         self.cutoff_len = cutoff_len
         self.batch_size = batch_size
@@ -99,11 +113,13 @@ class EpochPlan:
 class _MicroBatches(Dataset):
     """Item i = the collated micro-batch i of one epoch (collation runs in DataLoader workers)."""
 
-    def __init__(self, dataset, micro_batches, pad_id: int, row_length: int | None, media=None, collate=collate_rows):
+    def __init__(self, dataset, micro_batches, pad_id: int, row_length: int | None, media=None, collate=collate_rows,
+                 unpadded: bool = False):
         self.dataset = dataset
         self.micro_batches = micro_batches
         self.pad_id = pad_id
         self.row_length = row_length
+        self.unpadded = unpadded
         self.media = media
         self.collate = collate
         self.columns = [c for c in dataset.column_names if c not in ("length", "source")]
@@ -115,7 +131,11 @@ class _MicroBatches(Dataset):
         rows = self.micro_batches[i]
         flat = [idx for row in rows for idx in row]
         fetched = self.dataset.select_columns(self.columns)[flat]
-        samples = iter([dict(zip(self.columns, values)) for values in zip(*(fetched[c] for c in self.columns))])
+        samples = [dict(zip(self.columns, values)) for values in zip(*(fetched[c] for c in self.columns))]
+        if self.unpadded:  # one row of the pass's samples, padded only up to a multiple of UNPADDED_MULTIPLE
+            width = -(-sum(len(s["input_ids"]) for s in samples) // UNPADDED_MULTIPLE) * UNPADDED_MULTIPLE
+            return self.collate([samples], self.pad_id, length=width, media=self.media)
+        samples = iter(samples)
         return self.collate([[next(samples) for _ in row] for row in rows], self.pad_id, length=self.row_length,
                             media=self.media)
 
@@ -135,7 +155,7 @@ def micro_batch_loader(dataset, plan: EpochPlan, micro_batches: list, pad_id: in
     """Iterator over the collated `micro_batches` (each a list of rows) of `epoch`."""
     row_length = plan.cutoff_len if plan.packing else None
     loader = DataLoader(
-        _MicroBatches(dataset, micro_batches, pad_id, row_length, media, collate),
+        _MicroBatches(dataset, micro_batches, pad_id, row_length, media, collate, unpadded=plan.unpadded),
         batch_size=None,
         shuffle=False,
         num_workers=num_workers,

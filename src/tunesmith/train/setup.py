@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import dist, prefetch
+from ..cuda_memory import use_expandable_segments
 from ..config.load import redacted, save_config
 from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.pipeline import prepare_data, render_options, write_skipped_records
@@ -33,7 +34,7 @@ from ..models.load import (attn_implementation, load_config, load_model, load_pr
                            select_flash_kernels)
 from ..stages import STAGES
 from . import checkpoint as ckpt
-from .plan import EpochPlan
+from .plan import UNPADDED_MULTIPLE, EpochPlan
 from .progress import print_data_report, status
 from .resume import check_config, clear_previous_run, find_resume, record_changes, step_of
 from .runner import Runner, TrainResult
@@ -95,6 +96,8 @@ def set_up(cfg) -> Runner:
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     stage = STAGES[cfg.finetune.stage]
     prefetch.finish()  # before data preparation forks its workers
+    if not stage.is_online_rl:  # vLLM's sleep mode cannot use them
+        use_expandable_segments(device)
     marks = {"process_start": _process_start(), "data_start": time.time()}
     with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
         data = prepare_data(cfg, tokenizer, media)
@@ -168,8 +171,27 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, ch
 
     model_config = load_config(cfg.model)
     pad_id = collation_pad_id(getattr(saver, "tokenizer", saver), family_of(model_config))
-    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device))
+    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device),
+                 unpadded=unpadded_rows(cfg, method, model_config, media, device))
+    if plan.unpadded:
+        padding = 1 - sum(plan.lengths) / (len(plan.rows) * plan.cutoff_len)
+        log.info("packed rows run unpadded: each forward pass lays its rows end to end in one row, rounded up to %d "
+                 "tokens, so the %.1f%% of padding in rows of cutoff_len is not computed (the same samples and loss); "
+                 "merge_micro_batches: false keeps rows of cutoff_len", UNPADDED_MULTIPLE, 100 * padding)
     return SequenceSteps(cfg, data, plan, method, pad_id, media)
+
+
+def unpadded_rows(cfg, method, model_config, media, device: torch.device) -> bool:
+    """Whether the packed rows of a forward pass run as one row without their padding (train/plan.py): packed text
+    rows of sft/pt under attention that takes the samples' boundaries (its cost grows with the samples, not the
+    row), on the engines that run transformers' forward, unless merge_micro_batches is false."""
+    from ..data.collate import collate_rows
+    from ..models.families import packing_leak
+
+    if not (cfg.packing and cfg.train.merge_micro_batches and method.collate is collate_rows and media is None
+            and cfg.train.backend != "megatron" and packing_leak(model_config) is None):
+        return False
+    return attn_implementation(cfg.model, device, model_config) in _LINEAR_ATTENTION
 
 
 def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device) -> int:

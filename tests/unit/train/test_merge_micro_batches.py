@@ -136,3 +136,63 @@ def test_a_failed_estimate_keeps_one_micro_batch_a_pass(monkeypatch):
         raise ValueError("no config")
 
     assert _merge_budget(monkeypatch, "tunesmith_varlen", fails) == 2 * 256
+
+
+def test_unpadded_packed_rows_run_end_to_end_in_one_row():
+    from tunesmith.train.plan import UNPADDED_MULTIPLE
+
+    lengths = [60, 30, 50, 20, 90, 10, 40, 70, 5, 45, 80, 25]
+    plan = EpochPlan(lengths, packing=True, cutoff_len=100, batch_size=3, grad_accum=1, num_epochs=1, max_steps=-1,
+                     seed=0, unpadded=True)
+    micro_batches = plan.step_batches(plan.epoch_order(0))[0]
+    padded = EpochPlan(lengths, packing=True, cutoff_len=100, batch_size=3, grad_accum=1, num_epochs=1, max_steps=-1,
+                       seed=0)
+    one = next(micro_batch_loader(_Rows(lengths), plan, micro_batches, pad_id=0, num_workers=0, epoch=0))
+    rows = next(micro_batch_loader(_Rows(lengths), padded, micro_batches, pad_id=0, num_workers=0, epoch=0))
+    real = sum(lengths[i] for row in micro_batches[0] for i in row)
+    assert one.input_ids_BT.shape == (1, -(-real // UNPADDED_MULTIPLE) * UNPADDED_MULTIPLE)
+    assert rows.input_ids_BT.shape == (3, 100)
+    assert one.num_tokens == rows.num_tokens == real and one.num_samples == rows.num_samples
+    assert one.num_label_tokens == rows.num_label_tokens
+    # the same samples in the same order, each its own segment, the padding one segment at the end
+    kept = rows.segment_ids_BT >= 0
+    assert torch.equal(one.input_ids_BT[0, :real], rows.input_ids_BT[kept])
+    assert torch.equal(one.position_ids_BT[0, :real], rows.position_ids_BT[kept])
+    longest = max(lengths[i] for row in micro_batches[0] for i in row)
+    assert one.cu_seqlens[-1] == one.input_ids_BT.shape[1] and longest <= one.max_seqlen <= rows.max_seqlen
+
+
+def test_unpadded_rows_only_under_boundary_attention_on_packed_text(monkeypatch):
+    from types import SimpleNamespace
+
+    from tunesmith.data.collate import collate_rows
+    from tunesmith.models.load import load_config
+    from tunesmith.train import setup
+
+    def unpadded(attention, media=None, **overrides):
+        cfg = run_config("/tmp/unused", per_device_train_batch_size=4, cutoff_len=256, **{"packing": True,
+                                                                                             **overrides})
+        monkeypatch.setattr(setup, "attn_implementation", lambda *a: attention)
+        return setup.unpadded_rows(cfg, SimpleNamespace(collate=collate_rows), load_config(cfg.model), media,
+                                   torch.device("cpu"))
+
+    assert unpadded("tunesmith_varlen") and unpadded("flash_attention_2")
+    assert not unpadded("sdpa") and not unpadded("eager")  # their cost grows with the row, squared
+    assert not unpadded("tunesmith_varlen", packing=False)
+    assert not unpadded("tunesmith_varlen", merge_micro_batches=False)
+    assert not unpadded("tunesmith_varlen", media=object())
+
+
+def test_unpadded_packed_rows_give_the_losses_and_weights_of_padded_rows(tmp_path, monkeypatch):
+    """Forced on the CPU (whose SDPA tells the samples of one row apart by their positions, as varlen does by
+    boundaries): the same losses and weights as rows of cutoff_len."""
+    from tunesmith.train import setup
+
+    common = {"per_device_train_batch_size": 4, "max_steps": 3, "packing": True, "cutoff_len": 256}
+    padded = train(run_config(tmp_path / "padded", **common))
+    monkeypatch.setattr(setup, "unpadded_rows", lambda *a: True)
+    unpadded = train(run_config(tmp_path / "unpadded", **common))
+    assert unpadded.step_losses == pytest.approx(padded.step_losses, rel=1e-5)
+    wa, wb = _weights(tmp_path / "unpadded"), _weights(tmp_path / "padded")
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=5e-5)
