@@ -38,6 +38,7 @@ def _losses(out):
 # 2 x lr a step (the largest lr of these full-weight runs is 1e-3, the most steps 4), as long as they are rare.
 ADAMW_FLIP_BOUND = 2 * 1e-3 * 4
 RARE_SHARE = 1e-4
+LORA_FLIP_BOUND = 2 * 1e-2 * 4  # the LoRA runs: lr 1e-2, four steps
 
 
 def _same_weights(out, single) -> set:
@@ -46,13 +47,18 @@ def _same_weights(out, single) -> set:
     a, b = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
     assert set(a) == set(b)
     for key in a:
-        close = torch.isclose(a[key], b[key], rtol=1e-3, atol=5e-5)
-        off = int((~close).sum())
-        assert off <= max(1, int(a[key].numel() * RARE_SHARE)), f"{key}: {off} of {a[key].numel()} elements differ"
-        if off:
-            largest = float((a[key] - b[key]).abs().max())
-            assert largest <= ADAMW_FLIP_BOUND, f"{key}: an element differs by {largest:.3g}"
+        _close_bar_rare_flips(key, a[key], b[key], ADAMW_FLIP_BOUND, atol=5e-5)
     return set(a)
+
+
+def _close_bar_rare_flips(key: str, a: torch.Tensor, b: torch.Tensor, bound: float, atol: float) -> None:
+    """a and b within rtol 1e-3 / atol, bar a rare element (RARE_SHARE, at least one) within `bound`: AdamW's
+    update of a near-zero gradient takes its sign, and another summation order can flip it (2 x lr a step)."""
+    off = int((~torch.isclose(a, b, rtol=1e-3, atol=atol)).sum())
+    assert off <= max(1, int(a.numel() * RARE_SHARE)), f"{key}: {off} of {a.numel()} elements differ"
+    if off:
+        largest = float((a - b).abs().max())
+        assert largest <= bound, f"{key}: an element differs by {largest:.3g}"
 
 
 @pytest.mark.slow
@@ -657,8 +663,8 @@ def test_megatron_lora_over_tensor_and_pipeline_ranks_gives_the_one_process_run(
         assert len(_losses(out)) == 4 and _losses(out) == pytest.approx(_losses(one), rel=1e-4), degrees
         saved = load_file(out / "adapter_model.safetensors")
         assert set(saved) == set(expected)
-        for key in saved:
-            torch.testing.assert_close(saved[key], expected[key], rtol=1e-3, atol=1e-5)
+        for key in saved:  # LoRA at lr 1e-2, four steps
+            _close_bar_rare_flips(key, saved[key], expected[key], LORA_FLIP_BOUND, atol=1e-5)
     tp2, resumed = tmp_path / "TP_2_PP_1_DP_1", tmp_path / "resumed"
     cli("train", *lora, "tensor_model_parallel_size=2", "save_strategy=no", f"output_dir={resumed}",
         f"resume_from_checkpoint={tp2 / 'checkpoint-2'}", env=MCA)
@@ -706,4 +712,4 @@ def test_megatron_lora_on_qwen3_vl_trains_the_towers_adapters_and_saves_one_peft
     assert _losses(pp2) == pytest.approx(losses, rel=1e-4)
     again = load_file(pp2 / "adapter_model.safetensors")
     for key in saved:
-        torch.testing.assert_close(again[key], saved[key], rtol=1e-3, atol=1e-5)
+        _close_bar_rare_flips(key, again[key], saved[key], LORA_FLIP_BOUND, atol=1e-5)

@@ -113,6 +113,12 @@ def data_parallel_size(cfg, world: int) -> int:
     return max(1, world // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size))
 
 
+def runs_transformers_forward(cfg) -> bool:
+    """Whether the engine calls the transformers model's own forward on each collated batch (single, FSDP2,
+    DeepSpeed), so a batch may take any row layout that forward takes; Megatron's forward splits rows itself."""
+    return cfg.train.backend != "megatron"
+
+
 def needs_process_group(cfg) -> bool:
     """Sharded engines need torch.distributed initialised even on one process."""
     return cfg.train.backend in ("fsdp2", "deepspeed", "megatron")

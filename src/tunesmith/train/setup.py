@@ -24,7 +24,8 @@ from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.pipeline import prepare_data, render_options, write_skipped_records
 from ..data.prompts import prompt_records
 from ..data.templates import stop_tokens
-from ..engines import build_engine, checkpoint_backend, data_parallel_size, needs_process_group
+from ..engines import (build_engine, checkpoint_backend, data_parallel_size, needs_process_group,
+                       runs_transformers_forward)
 from ..errors import TunesmithError
 from ..models.adapters import apply_finetuning, trainable_report
 from ..models.families import collation_pad_id, family_of
@@ -189,7 +190,7 @@ def unpadded_rows(cfg, method, model_config, media, device: torch.device) -> boo
     from ..models.families import packing_leak
 
     if not (cfg.packing and cfg.train.merge_micro_batches and method.collate is collate_rows and media is None
-            and cfg.train.backend != "megatron" and packing_leak(model_config) is None):
+            and runs_transformers_forward(cfg) and packing_leak(model_config) is None):
         return False
     return attn_implementation(cfg.model, device, model_config) in _LINEAR_ATTENTION
 

@@ -181,6 +181,7 @@ def test_unpadded_rows_only_under_boundary_attention_on_packed_text(monkeypatch)
     assert not unpadded("tunesmith_varlen", packing=False)
     assert not unpadded("tunesmith_varlen", merge_micro_batches=False)
     assert not unpadded("tunesmith_varlen", media=object())
+    assert not unpadded("tunesmith_varlen", backend="megatron")  # its forward splits the rows itself
 
 
 def test_unpadded_packed_rows_give_the_losses_and_weights_of_padded_rows(tmp_path, monkeypatch):
