@@ -2,9 +2,10 @@
 
 With a forward pass whose width changes step to step (packed rows run unpadded, train/plan.py), PyTorch's caching
 allocator keeps fixed-size segments cut to every width it has seen. Segments that grow in place instead
-(`expandable_segments`) held issue 15's run at 43.7 GiB against 54.3-61.6 GiB, and trained 2.0-2.4% faster than
-rows of cutoff_len (benchmarks/results/2026-12-06-unpadded-rows-h100.md; measured with the setting in
-PYTORCH_CUDA_ALLOC_CONF from the process's start).
+(`expandable_segments`) held issue 15's unpadded run at 43.7 GiB against 61.6 GiB (54.3 GiB for rows of
+cutoff_len), and it trained 2.4% faster than rows of cutoff_len, three runs each on one H100
+(benchmarks/results/2026-12-06-unpadded-rows-h100.md; measured with the setting in PYTORCH_CUDA_ALLOC_CONF from
+the process's start).
 
 Switched on at set-up, before the model's memory is allocated, for the stages without a rollout engine: vLLM's
 sleep mode keeps its weights in a memory pool that expandable segments cannot serve. A PYTORCH_CUDA_ALLOC_CONF

@@ -16,7 +16,7 @@ boundaries) a pass's packed rows then run as one row without their padding, its
 width rounded up to UNPADDED_MULTIPLE tokens: the same samples and loss, and no
 matmul over the padding of cutoff_len rows. A first try (2026-12-04, exact widths,
 PyTorch's fixed-size segments) reserved 11 GiB more and ran 4% slower; with the
-rounding and expandable segments (cuda_memory.py) it runs 2.0-2.4% faster on issue
+rounding and expandable segments (cuda_memory.py) it ran 2.4% faster on issue
 15's workload, in 10.6 GiB less (benchmarks/results/2026-12-06-unpadded-rows-h100.md).
 """
 
