@@ -27,8 +27,9 @@ def use_expandable_segments(device: torch.device) -> bool:
     allocator. Returns whether it was switched on."""
     if device.type != "cuda" or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
         return False
-    setting = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
     try:
+        setting = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+                   or torch.cuda.memory._set_allocator_settings)
         setting("expandable_segments:True")
     except (RuntimeError, AttributeError) as err:  # an allocator that does not take it keeps its own segments
         log.debug("expandable CUDA segments not available: %s", err)
