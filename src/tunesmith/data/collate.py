@@ -85,7 +85,7 @@ def collate_rows(rows: list[list[dict]], pad_id: int, pad_to_multiple: int = 8, 
     widths = [sum(len(s["input_ids"]) for s in row) for row in rows]
     # A single unpacked row needs no padding: without a padding segment the model keeps the plain
     # causal mask (flash kernels) instead of a per-sample block mask.
-    width = length or (widths[0] if len(rows) == 1 else _round_up(max(widths), pad_to_multiple))
+    width = length or (widths[0] if len(rows) == 1 else round_up(max(widths), pad_to_multiple))
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_id, dtype=torch.long)
     targets = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
@@ -128,7 +128,7 @@ def _add_media(batch: SFTBatch, samples: list[dict], media) -> None:
     batch.token_types_BT = media_token_types(batch.input_ids_BT, media.token_ids)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import dist
-from ..data.collate import collate_rows
+from ..data.collate import collate_rows, round_up
 from ..data.packing import pack_indices
 
 
@@ -133,7 +133,7 @@ class _MicroBatches(Dataset):
         fetched = self.dataset.select_columns(self.columns)[flat]
         samples = [dict(zip(self.columns, values)) for values in zip(*(fetched[c] for c in self.columns))]
         if self.unpadded:  # one row of the pass's samples, padded only up to a multiple of UNPADDED_MULTIPLE
-            width = -(-sum(len(s["input_ids"]) for s in samples) // UNPADDED_MULTIPLE) * UNPADDED_MULTIPLE
+            width = round_up(sum(len(s["input_ids"]) for s in samples), UNPADDED_MULTIPLE)
             return self.collate([samples], self.pad_id, length=width, media=self.media)
         samples = iter(samples)
         return self.collate([[next(samples) for _ in row] for row in rows], self.pad_id, length=self.row_length,
