@@ -60,7 +60,7 @@ case "${1:-}" in
   ab)  # the GPU tests first: they also take the fresh machine's first-process cost off the timed epochs
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt"; cat "$out/gpu.txt"
     PYTHONPATH="src:$site" timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flash_impl_gpu.py \
-      tests/gpu/test_liger_rope_gpu.py 2>&1 | tail -3
+      tests/gpu/test_liger_rope_gpu.py tests/gpu/test_step_sync_gpu.py 2>&1 | tail -3
     OUT="$out" TREES="${AB_TREES:-old=.baseline/old/src new=src}" ORDER="${AB_ORDER:-new old new old}" STEPS=0 \
       MICRO=0 STARTUP=0 EXTRA="flash_impl=auto" SITE="$site" timeout "${AB_TIMEOUT:-450}" bash benchmarks/ab_gpu.sh \
       > "$out/ab-log.txt" 2>&1

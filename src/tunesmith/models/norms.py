@@ -17,12 +17,19 @@ write the autocast dtype straight away under autocast, which is the value those 
 
 Those layers' training forward also adds the attention's output to the residual stream and normalises the sum in
 one kernel (`_pre_norm_layer_forward`, rms_norm_triton.add_rms_norm): the same sum in the same dtype, the same
-norm. Anything else (generation with a cache, no gradients, off CUDA) runs the layer's own forward.
+norm. The MLP's output is added the same way, together with the norm that reads the sum next (the next layer's
+input norm, or the model's final norm after the last layer): the layer hands that norm's output to the norm
+module (`_hand_off`), which returns it when it is called on that very sum. So the residual stream is read and
+written once an add, and its gradient is summed inside the backward kernels, not by separate adds and casts. A
+norm whose weight this layer does not hold whole (sharded by FSDP2 or ZeRO-3) or whose layer is checkpointed is
+left to compute its own. Anything else (generation with a cache, no gradients, off CUDA) runs the layer's own
+forward.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -41,6 +48,7 @@ NARROWEST = 512  # narrower norms (the q/k heads' 64-256 features) keep Liger's 
 PRE_NORM_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
                              "Qwen2VLDecoderLayer", "Qwen2_5_VLDecoderLayer", "Qwen3VLTextDecoderLayer"})
 PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
+HANDOFF = "_tunesmith_handed_off"  # a norm module's attribute: (the sum a layer wrote, this norm's output of it)
 
 
 def _on_triton(hidden: torch.Tensor) -> bool:
@@ -49,7 +57,11 @@ def _on_triton(hidden: torch.Tensor) -> bool:
 
 
 def _norm_forward(module: torch.nn.Module, hidden: torch.Tensor, *, fallback, half_output: bool) -> torch.Tensor:
-    """A Liger RMSNorm's forward: the Triton kernels on CUDA, `fallback` elsewhere."""
+    """A Liger RMSNorm's forward: the output a layer handed off for this very input, else the Triton kernels on
+    CUDA, `fallback` elsewhere."""
+    handed = module.__dict__.pop(HANDOFF, None)
+    if handed is not None and handed[0] is hidden:
+        return handed[1]
     if not _on_triton(hidden):
         return fallback(hidden)
     from .rms_norm_triton import rms_norm
@@ -67,10 +79,13 @@ def _half_output_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
-def _pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """A dense pre-norm decoder layer's training forward with the residual add and the second norm in one kernel;
+def _pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *args, reader=None,
+                            **kwargs) -> torch.Tensor:
+    """A dense pre-norm decoder layer's training forward with each residual add and the norm after it in one
+    kernel; `reader` the norm that reads the layer's output next, as (norm, its layer or None, half output).
     transformers passes everything but the hidden states by keyword, and the attention takes them all."""
-    if args or not _on_triton(hidden_states) or not torch.is_grad_enabled() or kwargs.get("use_cache"):
+    if (args or not _on_triton(hidden_states) or not torch.is_grad_enabled() or kwargs.get("use_cache")
+            or (layer.gradient_checkpointing and _checkpoints_in_forward())):
         return type(layer).forward(layer, hidden_states, *args, **kwargs)
     from .rms_norm_triton import add_rms_norm
 
@@ -78,7 +93,34 @@ def _pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor,
     attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
     hidden_states, normed = add_rms_norm(hidden_states, attended, norm.weight, norm.variance_epsilon,
                                          out_dtype=_half_output_dtype(hidden_states))
-    return hidden_states + layer.mlp(normed)
+    branch = layer.mlp(normed)
+    if reader is None or not _may_hand_off(layer, *reader[:2]):
+        return hidden_states + branch
+    next_norm, _, half_output = reader
+    total, next_normed = add_rms_norm(hidden_states, branch, next_norm.weight, next_norm.variance_epsilon,
+                                      out_dtype=_half_output_dtype(hidden_states) if half_output else None)
+    next_norm.__dict__[HANDOFF] = (total, next_normed)
+    return total
+
+
+@functools.cache
+def _checkpoints_in_forward() -> bool:
+    """Whether transformers checkpoints a layer inside its class's `forward` (5.2x) rather than in `__call__`
+    (5.17): then an instance's own forward would skip the checkpoint, and a checkpointed layer keeps the class's."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return "__call__" not in vars(GradientCheckpointingLayer)
+
+
+def _may_hand_off(layer: torch.nn.Module, next_norm: torch.nn.Module, next_layer: torch.nn.Module | None) -> bool:
+    """Whether `layer` may compute `next_norm` for it: neither layer is checkpointed (a recomputed forward must
+    take the same path as the first), and the norm's weight is held whole here (FSDP2 shards it into a DTensor
+    until its own layer runs; ZeRO-3 partitions it, keeping a `ds_id`)."""
+    if any(getattr(l, "gradient_checkpointing", False) for l in (layer, next_layer) if l is not None):
+        return False
+    weight = next_norm.weight
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor here (and no 0.5 s import)
+    return not (dtensor is not None and isinstance(weight, dtensor.DTensor)) and not hasattr(weight, "ds_id")
 
 
 def _pre_norms(model: torch.nn.Module) -> set[int]:
@@ -106,8 +148,26 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
                                                half_output=id(module) in pre_norms)
             changed += 1
             replaced.add(id(module))
+    readers = _readers(model, replaced, pre_norms)
     for layer in model.modules() if TRITON_NORMS else ():
         if type(layer).__name__ in PRE_NORM_LAYERS and id(getattr(layer, "post_attention_layernorm", None)) in (
                 replaced & pre_norms):
-            layer.forward = functools.partial(_pre_norm_layer_forward, layer)
+            layer.forward = functools.partial(_pre_norm_layer_forward, layer, reader=readers.get(id(layer)))
     return changed
+
+
+def _readers(model: torch.nn.Module, replaced: set[int], pre_norms: set[int]) -> dict[int, tuple]:
+    """For each dense decoder layer, by id: the replaced norm that reads its output next, as `reader` of
+    _pre_norm_layer_forward: the next layer's input norm, or for the last layer its model's final `norm`."""
+    readers = {}
+    for decoder in model.modules():
+        layers = getattr(decoder, "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList):
+            continue
+        following = [(getattr(layer, "input_layernorm", None), layer) for layer in list(layers)[1:]]
+        following.append((getattr(decoder, "norm", None), None))
+        for layer, (norm, next_layer) in zip(layers, following):
+            if (type(layer).__name__ in PRE_NORM_LAYERS and norm is not None and id(norm) in replaced
+                    and norm.weight.numel() >= NARROWEST):
+                readers[id(layer)] = (norm, next_layer, id(norm) in pre_norms)
+    return readers

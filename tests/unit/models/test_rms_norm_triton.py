@@ -76,7 +76,7 @@ def test_triton_rms_norm_matches_transformers_in_the_interpreter():
 
 
 LAYER_CHECK = textwrap.dedent("""
-    import sys, types
+    import os, sys, types
     import torch
     import transformers
     from transformers.models.qwen3 import modeling_qwen3
@@ -92,26 +92,55 @@ LAYER_CHECK = textwrap.dedent("""
     from tunesmith.models import rms_norm_triton
     calls = []
     fused_add = rms_norm_triton.add_rms_norm
-    rms_norm_triton.add_rms_norm = lambda *a, **k: calls.append(1) or fused_add(*a, **k)
+    rms_norm_triton.add_rms_norm = lambda *a, **k: calls.append(a) or fused_add(*a, **k)
     torch.manual_seed(0)
     plain = modeling_qwen3.Qwen3ForCausalLM(config)
     fused = modeling_qwen3.Qwen3ForCausalLM(config)
     fused.load_state_dict(plain.state_dict())
     assert norms.use_fused_rms_norms(fused) == 2 * 4 + 1
+    device = os.environ.get("CHECK_DEVICE", "cpu")  # tests/gpu/test_step_sync_gpu.py runs it compiled on cuda
+    plain.to(device), fused.to(device)
     assert all(isinstance(layer.forward, __import__("functools").partial) for layer in fused.model.layers)
-    ids = torch.randint(0, 64, (2, 9))
-    results = []
-    for model in (plain, fused):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+    ids = torch.randint(0, 64, (2, 9), device=device)
+
+    def loss_and_grads(model):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        results.append((loss.detach(), {n: p.grad.float() for n, p in model.named_parameters()}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    assert len(calls) == 2  # one fused add + norm a layer
-    torch.testing.assert_close(loss_b, loss_a, rtol=2e-2, atol=2e-2)
-    for name, grad in grads_a.items():
-        error = float((grads_b[name] - grad).norm() / grad.norm().clamp_min(1e-12))
-        assert error < 5e-2, (name, error)
+        return loss.detach(), {n: p.grad.float() for n, p in model.named_parameters()}
+
+    def same(got, want):
+        torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+        for name, grad in want[1].items():
+            error = float((got[1][name] - grad).norm() / grad.norm().clamp_min(1e-12))
+            assert error < 5e-2, (name, error)
+
+    want = loss_and_grads(plain)
+    same(loss_and_grads(fused), want)
+    assert len(calls) == 4  # a layer's two adds, each with the norm after it (the last: the final norm)
+    assert not any(norms.HANDOFF in vars(m) for m in fused.modules())  # every handed-off output was taken
+
+    # a hook that replaces layer 0's output: the next input norm computes its own
+    calls.clear()
+    hook = fused.model.layers[0].register_forward_hook(lambda module, args, out: out * 1.0)
+    same(loss_and_grads(fused), want)
+    hook.remove()
+    assert len(calls) == 4 and not any(norms.HANDOFF in vars(m) for m in fused.modules())
+
+    # a checkpointed layer is recomputed (whether transformers checkpoints in __call__ or in the class's forward),
+    # and it neither hands off nor is handed to: a recompute must take the first pass's path
+    calls.clear()
+    fused.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    fused.model.layers[1].gradient_checkpointing = False  # layer 0 checkpointed, layer 1 hands off to the final norm
+    attention_calls = [0, 0]
+    for i, layer in enumerate(fused.model.layers):
+        layer.self_attn.register_forward_pre_hook(lambda *_, i=i: attention_calls.__setitem__(i, attention_calls[i] + 1))
+    same(loss_and_grads(fused), want)
+    assert attention_calls == [2, 1], attention_calls
+    weights = [call[2] for call in calls]
+    assert sum(w is fused.model.norm.weight for w in weights) == 1
+    assert not any(w is fused.model.layers[1].input_layernorm.weight for w in weights)
     print("ok")
 """)
 
