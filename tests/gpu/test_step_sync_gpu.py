@@ -191,3 +191,47 @@ def test_the_fused_decoder_layers_give_transformers_layers_on_cuda():
     done = subprocess.run([sys.executable, "-c", module.LAYER_CHECK], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_fused_qk_norm_rope_matches_the_norms_then_ropes_on_cuda():
+    """models/qk_norm_rope.py compiled, issue 15's shape (8,192 tokens, 16 q and 8 k heads of 128, bf16 under
+    autocast, fp32 weights and angles): the same outputs and gradients as the heads' Triton norms followed by
+    Liger's RoPE (transformers' where Liger is not installed)."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    from tunesmith.models.qk_norm_rope import qk_norm_rope
+    from tunesmith.models.rms_norm_triton import rms_norm
+
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+
+        def rope(q, k, cos, sin):
+            return LigerRopeFunction.apply(q, k, cos, sin, None, 1)
+    except ImportError:
+        rope = apply_rotary_pos_emb
+    torch.manual_seed(0)
+    norms = [Qwen3RMSNorm(128).cuda() for _ in range(2)]
+    for norm in norms:
+        with torch.no_grad():
+            norm.weight.add_(torch.randn_like(norm.weight) * 0.1)
+    q = (torch.randn(1, 8192, 16, 128, device="cuda") * 3).to(torch.bfloat16).requires_grad_(True)
+    k = (torch.randn(1, 8192, 8, 128, device="cuda") * 3).to(torch.bfloat16).requires_grad_(True)
+    angles = torch.randn(1, 8192, 64, device="cuda")
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    dq, dk = (torch.randn_like(t) for t in (q, k))
+
+    def unfused():
+        qn, kn = (rms_norm(x, n.weight, n.variance_epsilon, round_normed=True) for x, n in zip((q, k), norms))
+        qr, kr = rope(qn.transpose(1, 2), kn.transpose(1, 2), cos, sin)
+        return qr.transpose(1, 2).to(torch.bfloat16), kr.transpose(1, 2).to(torch.bfloat16)
+
+    results = []
+    for fn in (unfused, lambda: qk_norm_rope(q, k, norms[0], norms[1], cos, sin)):
+        q.grad = k.grad = norms[0].weight.grad = norms[1].weight.grad = None
+        outs = fn()
+        torch.autograd.backward(outs, [dq, dk])
+        results.append([t.detach().float() for t in (*outs, q.grad, k.grad, norms[0].weight.grad,
+                                                     norms[1].weight.grad)])
+    for got, expected in zip(results[1], results[0]):
+        error = float((got - expected).norm() / expected.norm())
+        assert error < 1e-3, error
