@@ -131,36 +131,28 @@ def _pre_norms(model: torch.nn.Module) -> set[int]:
 
 def use_fused_rms_norms(model: torch.nn.Module) -> int:
     """Give every Liger RMSNorm of Llama's form (no weight offset, Llama casting, ungrouped) _norm_forward;
-    Gemma-style norms (1 + weight) keep Liger's. With the Triton kernels, the dense decoder layers also get
-    _pre_norm_layer_forward and Qwen3-style attention its q/k norms and RoPE in one kernel (models/qk_norm_rope.py).
-    Returns how many norms were changed."""
+    Gemma-style norms (1 + weight) keep Liger's. Returns how many were changed."""
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
     except ImportError:
         return 0
     pre_norms = _pre_norms(model)
-    changed, replaced, wide = 0, set(), set()
+    changed, replaced = 0, set()
     for module in model.modules():
         if (isinstance(module, LigerRMSNorm) and module.offset == 0.0 and module.casting_mode == "llama"
                 and getattr(module, "weight", None) is not None
                 and getattr(module, "group_size", None) is None):  # Liger's grouped RMSNorm normalises groups
-            if module.weight.numel() >= NARROWEST:
-                wide.add(id(module))
-            fallback = fused_rms_norm.__get__(module) if id(module) in wide else type(module).forward.__get__(module)
+            wide = module.weight.numel() >= NARROWEST
+            fallback = fused_rms_norm.__get__(module) if wide else type(module).forward.__get__(module)
             module.forward = functools.partial(_norm_forward, module, fallback=fallback,
                                                half_output=id(module) in pre_norms)
             changed += 1
             replaced.add(id(module))
-    if not TRITON_NORMS:
-        return changed
     readers = _readers(model, replaced, pre_norms)
-    for layer in model.modules():
+    for layer in model.modules() if TRITON_NORMS else ():
         if type(layer).__name__ in PRE_NORM_LAYERS and id(getattr(layer, "post_attention_layernorm", None)) in (
                 replaced & pre_norms):
             layer.forward = functools.partial(_pre_norm_layer_forward, layer, reader=readers.get(id(layer)))
-    from .qk_norm_rope import use_qk_norm_rope
-
-    use_qk_norm_rope(model, replaced - wide)
     return changed
 
 

@@ -102,7 +102,7 @@ def _add_forward_kernel(r_ptr, b_ptr, w_ptr, s_ptr, y_ptr, rstd_ptr, rows, cols,
     tl.store(rstd_ptr + r, rstd, mask=row_ok)
 
 
-def tile_shape(cols: int) -> tuple[int, int, int]:
+def _blocks(cols: int) -> tuple[int, int, int]:
     """(rows a tile, features padded to a power of two, warps)."""
     block_n = triton.next_power_of_2(cols)
     block_r = max(1, TILE_ELEMENTS // block_n)
@@ -115,9 +115,9 @@ def _programs(device_index: int) -> int:
     return 4 * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def backward_grid(rows: int, cols: int, device: torch.device) -> tuple[int, int]:
+def _backward_grid(rows: int, cols: int, device: torch.device) -> tuple[int, int]:
     """(programs, tiles a program) for a backward kernel over `rows`."""
-    block_r = tile_shape(cols)[0]
+    block_r = _blocks(cols)[0]
     tiles = triton.cdiv(rows, block_r)
     wanted = _programs(device.index or 0) if device.type == "cuda" else 4
     per_program = triton.cdiv(tiles, min(tiles, wanted))
@@ -132,7 +132,7 @@ class _RMSNorm(torch.autograd.Function):
         rows = x2.shape[0]
         y = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        block_r, block_n, warps = tile_shape(cols)
+        block_r, block_n, warps = _blocks(cols)
         _forward_kernel[(triton.cdiv(rows, block_r),)](x2, weight, y, rstd, rows, cols, eps, BLOCK_R=block_r,
                                                        BLOCK_N=block_n, ROUND_NORMED=round_normed,
                                                        num_warps=warps)
@@ -145,8 +145,8 @@ class _RMSNorm(torch.autograd.Function):
         x2, weight, rstd = ctx.saved_tensors
         rows, cols = x2.shape
         dy2 = dy.reshape(-1, cols).contiguous()
-        block_r, block_n, warps = tile_shape(cols)
-        programs, per_program = backward_grid(rows, cols, x2.device)
+        block_r, block_n, warps = _blocks(cols)
+        programs, per_program = _backward_grid(rows, cols, x2.device)
         weight_grad = ctx.needs_input_grad[1]
         dx = torch.empty_like(x2)
         partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=x2.device)
@@ -173,7 +173,7 @@ class _AddRMSNorm(torch.autograd.Function):
         total = torch.empty_like(r2)
         y = torch.empty((rows, cols), dtype=out_dtype, device=r2.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=r2.device)
-        block_r, block_n, warps = tile_shape(cols)
+        block_r, block_n, warps = _blocks(cols)
         _add_forward_kernel[(triton.cdiv(rows, block_r),)](r2, b2, weight, total, y, rstd, rows, cols, eps,
                                                            BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
         ctx.save_for_backward(total, weight, rstd)
@@ -186,8 +186,8 @@ class _AddRMSNorm(torch.autograd.Function):
         rows, cols = total.shape
         d_total = torch.zeros_like(total) if d_total is None else d_total.reshape(-1, cols).contiguous()
         dy = torch.zeros_like(total) if dy is None else dy.reshape(-1, cols).contiguous()
-        block_r, block_n, warps = tile_shape(cols)
-        programs, per_program = backward_grid(rows, cols, total.device)
+        block_r, block_n, warps = _blocks(cols)
+        programs, per_program = _backward_grid(rows, cols, total.device)
         weight_grad = ctx.needs_input_grad[2]
         d_residual = torch.empty_like(total)
         d_branch = torch.empty((rows, cols), dtype=ctx.branch_dtype, device=total.device)

@@ -1,6 +1,6 @@
 """models/rms_norm_triton.py: the Triton RMSNorm's output and gradients equal transformers' RMSNorm (Llama's form)
 for the dtypes a run meets, and the fused residual add + RMSNorm equals the add then the norm; norms.py's decoder
-layer forward (with models/qk_norm_rope.py's attention) equals transformers' layer. Run on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set before Triton is
+layer forward equals transformers' layer. Run on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set before Triton is
 imported, hence a subprocess); tests/gpu/test_step_sync_gpu.py runs the compiled kernels against it on a GPU."""
 
 import os
@@ -93,10 +93,6 @@ LAYER_CHECK = textwrap.dedent("""
     calls = []
     fused_add = rms_norm_triton.add_rms_norm
     rms_norm_triton.add_rms_norm = lambda *a, **k: calls.append(a) or fused_add(*a, **k)
-    from tunesmith.models import qk_norm_rope
-    rotations = []
-    fused_rotation = qk_norm_rope.qk_norm_rope
-    qk_norm_rope.qk_norm_rope = lambda *a, **k: rotations.append(1) or fused_rotation(*a, **k)
     torch.manual_seed(0)
     plain = modeling_qwen3.Qwen3ForCausalLM(config)
     fused = modeling_qwen3.Qwen3ForCausalLM(config)
@@ -105,7 +101,6 @@ LAYER_CHECK = textwrap.dedent("""
     device = os.environ.get("CHECK_DEVICE", "cpu")  # tests/gpu/test_step_sync_gpu.py runs it compiled on cuda
     plain.to(device), fused.to(device)
     assert all(isinstance(layer.forward, __import__("functools").partial) for layer in fused.model.layers)
-    assert all(isinstance(layer.self_attn.forward, __import__("functools").partial) for layer in fused.model.layers)
     ids = torch.randint(0, 64, (2, 9), device=device)
 
     def loss_and_grads(model):
@@ -124,7 +119,6 @@ LAYER_CHECK = textwrap.dedent("""
     want = loss_and_grads(plain)
     same(loss_and_grads(fused), want)
     assert len(calls) == 4  # a layer's two adds, each with the norm after it (the last: the final norm)
-    assert len(rotations) == 2  # each layer's q/k norms and RoPE in one kernel (models/qk_norm_rope.py)
     assert not any(norms.HANDOFF in vars(m) for m in fused.modules())  # every handed-off output was taken
 
     # a hook that replaces layer 0's output: the next input norm computes its own
