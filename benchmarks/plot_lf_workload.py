@@ -15,9 +15,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(result_file: str, png: str) -> None:
-    runs = [r for r in json.load(open(result_file))["results"] if r["returncode"] == 0]
+    result = json.load(open(result_file))
+    runs = [r for r in result["results"] if r["returncode"] == 0]
     labels = [f"{r['tool']}\n{r['name'].replace(r['tool'] + '-', '')}" for r in runs]
-    fig, (speed, wall) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, (speed, wall) = plt.subplots(1, 2, figsize=(10, 3.6))
     speed.bar(labels, [r["tokens_per_s"] / 1e3 for r in runs], color="tab:blue")
     speed.set_title("training tokens/s (thousands)")
     wall.bar(labels, [r["end_to_end_s"] for r in runs], color="tab:orange")
@@ -27,7 +28,8 @@ def main(result_file: str, png: str) -> None:
         for bar in axis.patches:
             axis.annotate(f"{bar.get_height():.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                           ha="center", va="bottom", fontsize=8)
-    fig.suptitle("the issue-15 LLaMA-Factory YAML on one H200 (Qwen3-1.7B shape, 1.13M tokens)", fontsize=9)
+    title = result.get("title", "the issue-15 LLaMA-Factory YAML on one H200 (Qwen3-1.7B shape, 1.13M tokens)")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
