@@ -9,6 +9,9 @@
                                                                     (the Runner's own loop, which queues step k
                                                                      before it reads step k-1: no phase timings,
                                                                      the profile and tokens/s of the last steps)
+    PROFILE_LOOP=1 PROFILE_FIRST=1 ...                              (the same loop's first PROFILE_STEPS steps:
+                                                                     what a process's first steps spend beyond
+                                                                     the steady ones, host time first)
 
 For vision/audio-language models the forward passes of the model's parts are profiled as ranges of their own
 ("part:<group>.<child>", e.g. part:vision_tower.patch_embed, part:vision_tower.blocks, part:projector.merger,
@@ -82,16 +85,16 @@ def _profiler():
                                               torch.profiler.ProfilerActivity.CUDA])
 
 
-def profile_loop(runner, total: int, profiled: int):
-    """The Runner's own loop for `total` steps, the last `profiled` under the profiler (pass save_final_model=false:
-    the timing ends after the final save)."""
-    runner.total_steps = total
+def profile_loop(runner, total: int, profiled: int, first: bool = False):
+    """The Runner's own loop for `total` steps, the last `profiled` (the first, with `first`) under the profiler
+    (pass save_final_model=false: the timing ends after the final save)."""
+    runner.total_steps = profiled if first else total
     prof = _profiler()
     queue, seen = runner._queue_step, {"steps": 0, "tokens": 0, "start": None}
 
     def queued(step):
         seen["steps"] += 1
-        if seen["steps"] == total - profiled + 1:
+        if seen["steps"] == (1 if first else total - profiled + 1):
             _sync()
             prof.__enter__()
             seen["start"] = time.perf_counter()
@@ -104,7 +107,8 @@ def profile_loop(runner, total: int, profiled: int):
     _sync()
     seconds = time.perf_counter() - seen["start"]
     prof.__exit__(None, None, None)
-    print(f"the Runner's loop, last {profiled} steps under the profiler: {1e3 * seconds / profiled:.1f} ms a step; "
+    print(f"the Runner's loop, {'first' if first else 'last'} {profiled} steps under the profiler: "
+          f"{1e3 * seconds / profiled:.1f} ms a step; "
           f"{seen['tokens'] / profiled:.0f} tokens; {seen['tokens'] / seconds:.0f} tokens/s")
     return prof
 
@@ -118,7 +122,8 @@ def main() -> None:
     profiled = int(os.environ.get("PROFILE_STEPS", "8"))
     total = int(os.environ.get("PROFILE_TOTAL", "48"))
     if os.environ.get("PROFILE_LOOP") == "1":
-        print_tables(profile_loop(runner, total, profiled), profiled)
+        first = os.environ.get("PROFILE_FIRST") == "1"
+        print_tables(profile_loop(runner, total, profiled, first), profiled, by_host=first)
         return
     warm_up = min(8, total // 3)
     waits, computes, steps, tokens = 0.0, 0.0, 0.0, 0
@@ -146,7 +151,7 @@ def main() -> None:
     print_tables(prof, profiled)
 
 
-def print_tables(prof, profiled: int) -> None:
+def print_tables(prof, profiled: int, by_host: bool = False) -> None:
     averages = prof.key_averages()
     # as the table's total, without "Command Buffer Full" (the host blocked on a full launch queue, no GPU work)
     kernels = [e for e in averages if e.device_type != torch.autograd.DeviceType.CPU and e.key != "Command Buffer Full"]
@@ -158,6 +163,8 @@ def print_tables(prof, profiled: int) -> None:
         device_time = lambda e: getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))  # noqa: E731
         for e in sorted(parts, key=lambda e: -e.cpu_time_total):
             print(f"  {e.key:<40} calls {e.count:>5}  cpu {e.cpu_time_total / 1e3:>9.1f}  gpu {device_time(e) / 1e3:>9.1f}")
+    if by_host:  # first steps: where the host's time went, inclusive (a first call's loading sits in its op)
+        print(averages.table(sort_by="cpu_time_total", row_limit=40))
     print(averages.table(sort_by="self_cuda_time_total", row_limit=25))
     print(averages.table(sort_by="self_cpu_time_total", row_limit=20))
 
