@@ -186,13 +186,19 @@ def unpadded_rows(cfg, method, model_config, media, device: torch.device) -> boo
     """Whether the packed rows of a forward pass run as one row without their padding (train/plan.py): packed text
     rows of sft/pt under attention that takes the samples' boundaries (its cost grows with the samples, not the
     row), on the engines that run transformers' forward, unless merge_micro_batches is false."""
+    if not (cfg.packing and media is None and runs_transformers_forward(cfg) and _mergeable(cfg, method, model_config)):
+        return False
+    return attn_implementation(cfg.model, device, model_config) in _LINEAR_ATTENTION
+
+
+def _mergeable(cfg, method, model_config) -> bool:
+    """What packing a step's samples into fewer passes (merge_tokens, unpadded_rows) needs first: the setting on,
+    the method's rows collated as plain token rows, and a model whose packed samples cannot see each other."""
     from ..data.collate import collate_rows
     from ..models.families import packing_leak
 
-    if not (cfg.packing and cfg.train.merge_micro_batches and method.collate is collate_rows and media is None
-            and runs_transformers_forward(cfg) and packing_leak(model_config) is None):
-        return False
-    return attn_implementation(cfg.model, device, model_config) in _LINEAR_ATTENTION
+    return (cfg.train.merge_micro_batches and method.collate is collate_rows
+            and packing_leak(model_config) is None)
 
 
 def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device) -> int:
@@ -201,14 +207,11 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
     x cutoff_len each, the micro-batch the checkpointing choice assumed), m from the memory estimate at this run's
     checkpointing (estimate.merged_micro_batches); packed rows stay rows of cutoff_len. Unpacked samples go into one
     row a pass, so m > 1 needs attention that tells them apart by boundaries (varlen, flash-attention)."""
-    from ..data.collate import collate_rows
     from ..estimate import merged_micro_batches
-    from ..models.families import packing_leak
 
     train = cfg.train
     samples = train.per_device_train_batch_size * train.gradient_accumulation_steps
-    if (not train.merge_micro_batches or samples == 1 or method.collate is not collate_rows
-            or dist.world() > 1 or packing_leak(model_config) is not None
+    if (samples == 1 or dist.world() > 1 or not _mergeable(cfg, method, model_config)
             or (cfg.packing and train.gradient_accumulation_steps == 1)):  # packed rows: one pass a step already
         return 0
     attention = attn_implementation(cfg.model, device, model_config)
