@@ -26,12 +26,12 @@ import random
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from child import run_child  # this folder is the script's: on sys.path
 from dpo_bench import build_model as build_random_model
+from gpu_memory import GpuPeaks
 from vlm_sft import TEXT
 
 PEAK = 989e12
@@ -126,30 +126,6 @@ def prepare(work: Path, samples: int, tiny: bool) -> dict:
     return json.loads(facts_file.read_text())
 
 
-class GpuMemory(threading.Thread):
-    """Peak of nvidia-smi memory.used (MiB) on the visible GPU while a run lasts."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self._done = 0, threading.Event()
-
-    def run(self):
-        while not self._done.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                      "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
-                                     capture_output=True, text=True, timeout=5).stdout
-                self.peak = max(self.peak, int(out.split()[0]))
-            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-                return
-            self._done.wait(0.2)
-
-    def stop(self) -> float:
-        self._done.set()
-        self.join()
-        return self.peak / 1024
-
-
 def write_yaml(work: Path, name: str, overrides: dict) -> tuple[Path, Path]:
     output = work / "runs" / name
     text = YAML.format(model=work / "model", data=work / "data", output=output)
@@ -174,13 +150,13 @@ def run_one(work: Path, name: str, tool: str, overrides: dict, lf_site: str | No
         command = [sys.executable, "-m", "llamafactory.cli", "train", str(yaml_path)]
     else:
         command = [sys.executable, "-m", "tunesmith", "train", str(yaml_path)]
-    meter = GpuMemory()
+    meter = GpuPeaks(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
     meter.start()
     start = time.perf_counter()
     with open(log_dir / f"{name}.log", "w") as log:
         code = run_child(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     end_to_end, exited = time.perf_counter() - start, time.time()
-    peak = meter.stop()
+    peak = max(meter.stop(), default=0.0)
     result = {"name": name, "tool": tool, "overrides": overrides, "returncode": code,
               "end_to_end_s": round(end_to_end, 1), "peak_gpu_gib": round(peak, 1)}
     if code == 0:

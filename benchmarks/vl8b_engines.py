@@ -21,11 +21,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from child import run_child  # this folder is the script's: on sys.path
+from gpu_memory import GpuPeaks
 
 import vlm_sft
 
@@ -43,31 +43,6 @@ def run_overrides(name: str, work: Path, model: Path) -> tuple[Path, dict]:
     overrides = {"model_name_or_path": str(model), "dataset_dir": str(work / "data"),
                  "output_dir": str(work / "runs" / name), **(PACKING if packed else {})}
     return CONFIGS / f"{engine}.yaml", overrides
-
-
-class GpuPeaks(threading.Thread):
-    """The peak of nvidia-smi's memory.used on each GPU while a run lasts, in GiB."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peaks: list[int] = []
-        self._done = threading.Event()
-
-    def run(self):
-        while not self._done.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=5).stdout.split()
-                used = [int(v) for v in out]
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                return
-            self.peaks = [max(a, b) for a, b in zip(self.peaks, used)] if self.peaks else used
-            self._done.wait(0.5)
-
-    def stop(self) -> list[float]:
-        self._done.set()
-        self.join()
-        return [round(p / 1024, 1) for p in self.peaks]
 
 
 def phase_split(phases: dict) -> dict:
