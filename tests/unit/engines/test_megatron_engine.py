@@ -346,3 +346,28 @@ def test_sequence_parallel_pads_rows_to_a_multiple_of_the_degree_as_the_collator
     assert padded.cu_seqlens.tolist() == [0, 3, 5, 8, 12, 16] and padded.max_seqlen == 4
     again = collate_rows([[sample(3), sample(2)], [sample(4), sample(4)]], pad_id=0, pad_to_multiple=1)
     assert padded_rows(again, 4, pad_id=0) is again
+
+
+@pytest.mark.parametrize("config_class, extra", [(transformers.Qwen3Config, {"tie_word_embeddings": False}),
+                                                 (transformers.LlamaConfig, {"tie_word_embeddings": True})])
+def test_the_fused_head_gives_the_logits_nll_and_its_gradients(world_of_one, config_class, extra):
+    """lm_forward's "nll" (models/linear_ce.py over the output weight, tied or not) equals the NLL summed from the
+    logits, gradients too."""
+    from tunesmith.methods.losses import token_nll
+
+    hf = _hf(config_class, **extra)
+    model = _megatron(hf).train()
+    batch, angles = _packed_batch(), RotaryAngles.of(hf)
+    results = []
+    for kind in ("logits", "nll"):
+        model.zero_grad(set_to_none=True)
+        out = lm_forward(model, batch, angles, kind)
+        nll = token_nll(out, batch.targets_BT).sum() if kind == "logits" else out
+        nll.backward()
+        results.append((nll.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (want, want_grads), (got, got_grads) = results
+    assert got.dim() == 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -111,14 +111,35 @@ def _decoder(model, batch, angles) -> torch.Tensor:
         return model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
 
 
-def lm_forward(model, batch, angles) -> torch.Tensor:
-    """Logits [B, T, V] on the last pipeline stage, else the hidden states [T, B, H] for the next one."""
+def lm_forward(model, batch, angles, kind: str = "logits") -> torch.Tensor:
+    """Logits [B, T, V] on the last pipeline stage (for "nll" where the fused head fits: the NLL summed over the
+    batch's label tokens, a 0-d tensor), else the hidden states [T, B, H] for the next one."""
     hidden = _decoder(model, batch, angles)
     if not model.post_process:
         return hidden
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    if kind == "nll" and fused_head_fits(model):
+        return fused_nll_sum(model, hidden, weight, batch)
     logits_TBV, _ = model.output_layer(hidden, weight=weight)
     return logits_TBV.transpose(0, 1)
+
+
+def fused_head_fits(model) -> bool:
+    """Whether the output layer and its cross-entropy run as models/linear_ce.py's fused head: the whole vocabulary
+    on this rank (no tensor parallelism) and the whole rows' tokens (no context parallelism)."""
+    config = model.config
+    return config.tensor_model_parallel_size == 1 and config.context_parallel_size == 1
+
+
+def fused_nll_sum(model, hidden_TBH: torch.Tensor, weight: torch.Tensor | None, batch) -> torch.Tensor:
+    """The NLL summed over the batch's label tokens, from the decoder's output through the output layer's weight
+    (without tensor parallelism the vocabulary is not padded) in chunks, never holding the whole logits
+    (models/linear_ce.py; the single engine's fused head)."""
+    from ...models.linear_ce import linear_cross_entropy_sum
+
+    weight = model.output_layer.weight if weight is None else weight
+    hidden = hidden_TBH.transpose(0, 1).reshape(-1, hidden_TBH.shape[-1])  # [B x T, H] in the batch's row order
+    return linear_cross_entropy_sum(hidden, weight, batch.targets_BT.reshape(-1), batch.counted_rows)
 
 
 def reward_forward(model, batch, angles) -> torch.Tensor:
@@ -137,13 +158,13 @@ def reward_forward(model, batch, angles) -> torch.Tensor:
 
 
 def stage_forward(model, batch, kind: str, angles) -> torch.Tensor:
-    """The tensor the micro-batch schedule carries: rewards for "rewards", else logits ("nll" gets logits, as
-    without a fused head)."""
+    """The tensor the micro-batch schedule carries: rewards for "rewards", else logits, or for "nll" the fused
+    head's NLL sum where it fits (fused_head_fits)."""
     if kind == "rewards":
         if model.post_process and getattr(model, "score", None) is None:  # the head is the last stage's
             raise TunesmithError("reward outputs need the reward model's score head (stage rm)")
         return reward_forward(model, batch, angles)
-    return lm_forward(model, batch, angles)
+    return lm_forward(model, batch, angles, kind)
 
 
 def as_outputs(tensor: torch.Tensor, kind: str, model, batch) -> ModelOutputs:
@@ -153,6 +174,8 @@ def as_outputs(tensor: torch.Tensor, kind: str, model, batch) -> ModelOutputs:
     logits become the whole rows'."""
     if kind == "rewards":
         return ModelOutputs(rewards_B=tensor)
+    if kind == "nll" and tensor.dim() == 0:  # the fused head's NLL sum (lm_forward)
+        return ModelOutputs(nll_sum=tensor)
     if model.config.tensor_model_parallel_size > 1:
         from .vocab_parallel import gathered_logits, vocab_parallel_nll
 
