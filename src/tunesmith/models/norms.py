@@ -18,8 +18,8 @@ write the autocast dtype straight away under autocast, which is the value those 
 Those layers' training forward also adds the attention's output to the residual stream and normalises the sum in
 one kernel (`_pre_norm_layer_forward`, rms_norm_triton.add_rms_norm): the same sum in the same dtype, the same
 norm. The MLP's output is added the same way, together with the norm that reads the sum next (the next layer's
-input norm, or the model's final norm after the last layer): the layer hands that norm's output to the norm
-module (`_hand_off`), which returns it when it is called on that very sum. So the residual stream is read and
+input norm, or the model's final norm after the last layer): the layer leaves that norm's output on the norm
+module (its HANDOFF attribute), which returns it when it is called on that very sum. So the residual stream is read and
 written once an add, and its gradient is summed inside the backward kernels, not by separate adds and casts. A
 norm whose weight this layer does not hold whole (sharded by FSDP2 or ZeRO-3) or whose layer is checkpointed is
 left to compute its own. Anything else (generation with a cache, no gradients, off CUDA) runs the layer's own
@@ -85,7 +85,7 @@ def _pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor,
     kernel; `reader` the norm that reads the layer's output next, as (norm, its layer or None, half output).
     transformers passes everything but the hidden states by keyword, and the attention takes them all."""
     if (args or not _on_triton(hidden_states) or not torch.is_grad_enabled() or kwargs.get("use_cache")
-            or (layer.gradient_checkpointing and _checkpoints_in_forward())):
+            or (getattr(layer, "gradient_checkpointing", False) and _checkpoints_in_forward())):
         return type(layer).forward(layer, hidden_states, *args, **kwargs)
     from .rms_norm_triton import add_rms_norm
 
