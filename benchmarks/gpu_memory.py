@@ -3,8 +3,14 @@ included), sampled on a side thread while the run lasts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
+
+
+def first_visible_gpu() -> str:
+    """The GPU a one-GPU run uses, as nvidia-smi numbers it: CUDA_VISIBLE_DEVICES' first, else 0."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
 
 class GpuPeaks(threading.Thread):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from child import run_child  # this folder is the script's: on sys.path
 from dpo_bench import build_model as build_random_model
-from gpu_memory import GpuPeaks
+from gpu_memory import GpuPeaks, first_visible_gpu
 from vlm_sft import TEXT
 
 PEAK = 989e12
@@ -150,7 +150,7 @@ def run_one(work: Path, name: str, tool: str, overrides: dict, lf_site: str | No
         command = [sys.executable, "-m", "llamafactory.cli", "train", str(yaml_path)]
     else:
         command = [sys.executable, "-m", "tunesmith", "train", str(yaml_path)]
-    meter = GpuPeaks(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+    meter = GpuPeaks(first_visible_gpu())
     meter.start()
     start = time.perf_counter()
     with open(log_dir / f"{name}.log", "w") as log:
@@ -160,11 +160,13 @@ def run_one(work: Path, name: str, tool: str, overrides: dict, lf_site: str | No
     result = {"name": name, "tool": tool, "overrides": overrides, "returncode": code,
               "end_to_end_s": round(end_to_end, 1), "peak_gpu_gib": round(peak, 1)}
     if code == 0:
-        result.update(_tunesmith_numbers(output, exited) if tool == "tunesmith" else _lf_numbers(output))
+        result.update(tunesmith_numbers(output, exited) if tool == "tunesmith" else _lf_numbers(output))
     return result
 
 
-def _tunesmith_numbers(output: Path, exited: float) -> dict:
+def tunesmith_numbers(output: Path, exited: float) -> dict:
+    """A finished `tunesmith train` run's figures from its output folder (train_summary.json, metrics.jsonl);
+    `exited`: when its process ended (the exit phase runs from the summary's writing to then)."""
     summary = output / "train_summary.json"  # written right after the final save
     s = json.loads(summary.read_text())
     losses = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]

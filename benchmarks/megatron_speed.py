@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_memory import GpuPeaks
+from gpu_memory import GpuPeaks, first_visible_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK = 989e12
@@ -97,7 +97,7 @@ def engine_keys(engine: str, tiny: bool) -> list[str]:
 def run_one(shape: str, engine: str, keys: list[str], out: Path, log_dir: Path, timeout: float) -> dict:
     """`tunesmith train` in a fresh process; its numbers from train_summary.json and metrics.jsonl."""
     command = [sys.executable, "-m", "tunesmith", "train", *keys]
-    meter = GpuPeaks(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+    meter = GpuPeaks(first_visible_gpu())
     meter.start()
     started = time.perf_counter()
     with open(log_dir / f"{shape}-{engine}.log", "w") as log:
@@ -107,7 +107,8 @@ def run_one(shape: str, engine: str, keys: list[str], out: Path, log_dir: Path, 
         except subprocess.TimeoutExpired:
             code = "timeout"
     result = {"shape": shape, "engine": engine, "command": command[2:], "returncode": code,
-              "end_to_end_s": round(time.perf_counter() - started, 1), "nvidia_smi_peak_gib": max(meter.stop(), default=0.0)}
+              "end_to_end_s": round(time.perf_counter() - started, 1),
+              "nvidia_smi_peak_gib": max(meter.stop(), default=0.0)}
     if code == 0:
         result.update(_numbers(out))
     shutil.rmtree(out, ignore_errors=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from child import run_child  # this folder is the script's: on sys.path
 from gpu_memory import GpuPeaks
+from lf_workload import tunesmith_numbers
 
 import vlm_sft
 
@@ -62,24 +63,22 @@ def run_one(name: str, work: Path, model: Path, gpus: int, extra: dict, logs: Pa
     start = time.perf_counter()
     with open(logs / f"{name}.log", "w") as log:
         code = run_child(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    result = {"name": name, "gpus": gpus, "returncode": code, "end_to_end_s": round(time.perf_counter() - start, 1),
+    end_to_end, exited = round(time.perf_counter() - start, 1), time.time()
+    result = {"name": name, "gpus": gpus, "returncode": code, "end_to_end_s": end_to_end,
               "peak_gpu_gib": meter.stop()}
-    output = Path(overrides["output_dir"])
     if code == 0:
-        summary = json.loads((output / "train_summary.json").read_text())
-        losses = [json.loads(line)["loss"] for line in (output / "metrics.jsonl").read_text().splitlines()
-                  if '"loss"' in line]
-        result.update(train_s=round(summary["train_seconds"], 1), train_tokens=summary["train_tokens"],
-                      tokens_per_s=summary["train_tokens_per_s"], steps=summary["global_step"],
-                      final_loss=losses[-1] if losses else None, phases=phase_split(summary.get("phases", {})),
-                      summary=summary, yaml=str(yaml.relative_to(CONFIGS.parents[2])), overrides=overrides)
+        result.update(tunesmith_numbers(Path(overrides["output_dir"]), exited),
+                      yaml=str(yaml.relative_to(CONFIGS.parents[2])), overrides=overrides)
+        result["phases"] = phase_split(result["phases"])
     return result
 
 
 def with_mfu(result: dict, stats: dict) -> dict:
     """The run's MFU of the language model (and with the vision tower), all parts trained."""
     if result.get("returncode") == 0:
-        numbers = vlm_sft.mfu(result["summary"], stats, freeze_vision=False, gpus=result["gpus"])
+        tokens = result["train_tokens"]  # and the training seconds they took, unrounded
+        summary = {"train_tokens": tokens, "train_seconds": tokens / result["tokens_per_s"]}
+        numbers = vlm_sft.mfu(summary, stats, freeze_vision=False, gpus=result["gpus"])
         result.update(mfu_llm=numbers["mfu_llm"], mfu_total=numbers["mfu_total"])
     return result
 
@@ -124,15 +123,16 @@ def dry_run(names: list[str], work: Path, model: Path, extra: dict, gpus: int) -
     for name in names:
         yaml, overrides = run_overrides(name, work, model)
         cfg = build_config(str(yaml), parsed({**overrides, **extra}))
+        engine = "deepspeed" if cfg.train.wants_deepspeed else cfg.train.backend
         print(f"{name}: NPROC_PER_NODE={gpus} tunesmith train {yaml.name} "
-              f"{' '.join(f'{k}={v}' for k, v in {**overrides, **extra}.items())}  (engine: {'deepspeed' if cfg.train.wants_deepspeed else cfg.train.backend})")
+              f"{' '.join(f'{k}={v}' for k, v in {**overrides, **extra}.items())}  (engine: {engine})")
 
 
 def parsed(overrides: dict) -> dict:
-    """Command-line values as the CLI reads them (YAML scalars)."""
-    import yaml
+    """Command-line keys as `tunesmith train` reads them (its own parser)."""
+    from tunesmith.config.load import parse_cli_items
 
-    return {key: yaml.safe_load(value) for key, value in overrides.items()}
+    return parse_cli_items([f"{key}={value}" for key, value in overrides.items()])[1]
 
 
 def main() -> int:
@@ -169,7 +169,8 @@ def main() -> int:
             yaml, overrides = run_overrides(name, work, model)
             stats = vlm_sft.data_stats(str(yaml), parsed({**overrides, **extra, "output_dir": str(work / "stats")}))
         results[name] = with_mfu(result, stats) if stats else result
-        print(json.dumps({k: v for k, v in results[name].items() if k not in ("summary", "overrides")}), flush=True)
+        print(json.dumps({k: v for k, v in results[name].items() if k not in ("logged_losses", "overrides")}),
+              flush=True)
         report.write_text(json.dumps({"stats": stats, "results": list(results.values())}, indent=1))
     (out / "vl8b.md").write_text(table(list(results.values())))
     print(table(list(results.values())))
