@@ -257,10 +257,10 @@ class MegatronConfig(_Group):
     recompute_num_layers: int | None = Field(
         None, ge=1, description="megatron: with recompute_granularity full, recompute this many layers per stage "
         "(default: every layer).")
-    bias_activation_fusion: bool = Field(False, description="megatron: fused bias + activation kernel (falls back "
-                                         "to the unfused one without Transformer Engine, logged).")
-    apply_rope_fusion: bool = Field(False, description="megatron: fused RoPE kernel (falls back to the unfused one "
-                                    "without Transformer Engine, logged).")
+    bias_activation_fusion: bool = Field(False, description="megatron: fused bias + activation kernel (accepted: "
+                                         "SwiGLU always runs tunesmith's fused kernel on CUDA, logged).")
+    apply_rope_fusion: bool = Field(False, description="megatron: fused RoPE kernel (accepted: RoPE runs Liger's "
+                                    "kernel on CUDA where Liger is installed, logged).")
     moe_grouped_gemm: bool = Field(False, description="megatron: grouped GEMM for the experts (falls back to one "
                                    "GEMM per expert without Transformer Engine, logged).")
     moe_token_dispatcher_type: Literal["allgather", "alltoall"] = Field(

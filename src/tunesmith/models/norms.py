@@ -56,7 +56,7 @@ def _on_triton(hidden: torch.Tensor) -> bool:
     return TRITON_NORMS and hidden.is_cuda
 
 
-def _norm_forward(module: torch.nn.Module, hidden: torch.Tensor, *, fallback, half_output: bool) -> torch.Tensor:
+def norm_forward(module: torch.nn.Module, hidden: torch.Tensor, *, fallback, half_output: bool) -> torch.Tensor:
     """A Liger RMSNorm's forward: the output a layer handed off for this very input, else the Triton kernels on
     CUDA, `fallback` elsewhere."""
     handed = module.__dict__.pop(HANDOFF, None)
@@ -130,7 +130,7 @@ def _pre_norms(model: torch.nn.Module) -> set[int]:
 
 
 def use_fused_rms_norms(model: torch.nn.Module) -> int:
-    """Give every Liger RMSNorm of Llama's form (no weight offset, Llama casting, ungrouped) _norm_forward;
+    """Give every Liger RMSNorm of Llama's form (no weight offset, Llama casting, ungrouped) norm_forward;
     Gemma-style norms (1 + weight) keep Liger's. Returns how many were changed."""
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
@@ -144,7 +144,7 @@ def use_fused_rms_norms(model: torch.nn.Module) -> int:
                 and getattr(module, "group_size", None) is None):  # Liger's grouped RMSNorm normalises groups
             wide = module.weight.numel() >= NARROWEST
             fallback = fused_rms_norm.__get__(module) if wide else type(module).forward.__get__(module)
-            module.forward = functools.partial(_norm_forward, module, fallback=fallback,
+            module.forward = functools.partial(norm_forward, module, fallback=fallback,
                                                half_output=id(module) in pre_norms)
             changed += 1
             replaced.add(id(module))

@@ -325,6 +325,23 @@ def test_sequence_parallel_is_passed_on_and_its_norms_are_marked_for_the_tensor_
     assert SequenceNorm(plain, 16).weight.sequence_parallel is False
 
 
+def test_the_layer_spec_builds_the_fused_norms_and_a_dense_models_fused_swiglu(world_of_one):
+    """fused.py's parts in the spec: the layers' input and pre-MLP norms write the autocast dtype (only linears read
+    them), the query/key and final norms their input's; a dense MLP's activation is FusedSwiGLU (megatron-core calls
+    it under use_te_activation_func), an MoE model keeps megatron-core's own experts' activation."""
+    from tunesmith.engines.megatron.fused import FusedRMSNorm, FusedSwiGLU
+
+    model = _megatron(_hf(transformers.Qwen3Config))
+    layer = model.decoder.layers[0]
+    assert layer.input_layernorm.half_output and layer.pre_mlp_layernorm.half_output
+    assert not layer.self_attention.q_layernorm.half_output and not model.decoder.final_layernorm.half_output
+    assert all(isinstance(m, FusedRMSNorm) for m in (layer.input_layernorm, model.decoder.final_layernorm))
+    assert model.config.use_te_activation_func and isinstance(layer.mlp.activation_func, FusedSwiGLU)
+    moe = _hf(transformers.Qwen3MoeConfig, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    config = transformer_config(moe.config, MegatronConfig(), params_dtype=torch.float32)
+    assert not config.use_te_activation_func
+
+
 def test_sequence_parallel_pads_rows_to_a_multiple_of_the_degree_as_the_collator_pads():
     """Padding added for sequence parallelism is the collator's padding: a row ending in padding gets it joined
     to its padding run (positions counting on), a full row a new run from position 0; targets ignored, text token

@@ -14,6 +14,7 @@ Modules, one concern each:
   sequence_parallel.py  sequence parallelism: the spec's norms, rows padded, the decoder input in sequence blocks
   context_parallel.py  context parallelism: each row's tokens over ranks, keys and values gathered for attention
   attention.py core attention: varlen FlashAttention on packed rows (CUDA, half precision), else SDPA
+  fused.py     the spec's RMSNorm, SwiGLU and RoPE as fused kernels on CUDA (no Transformer Engine needed)
   forward.py   one forward on a collated (packed) batch
   vocab_parallel.py  a tensor-parallel output layer's logits as the outputs methods expect
   parallel.py  over several processes: weights into shards and back, gradient sums, the whole gradient's norm

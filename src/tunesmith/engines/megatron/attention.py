@@ -9,7 +9,8 @@ forward signature, and runs one of two kernels, chosen per batch by forward.py (
 - packed rows on CUDA with half-precision inputs: the sample boundaries arrive as megatron-core's own
   PackedSeqParams (cu_seqlens over the flattened batch, `sbhd` layout so that megatron-core changes
   nothing else), and the single engine's kernel (models/attention.py's flash_varlen) computes only the
-  blocks inside each sample, with no mask;
+  blocks inside each sample, with no mask; where Liger is installed the query and key are rotated here first,
+  from the cos/sin the PackedSeqParams carry (`rotary`, fused.py's rope_qk), instead of by megatron-core;
 - under context parallelism, the keys and values of every context-parallel rank gathered first
   (context_parallel.py), then on CUDA in half precision the same kernel over the segments of
   context_parallel.varlen_plan (PackedSeqParams with `context_keys`), elsewhere SDPA with its mask;
@@ -27,6 +28,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from ...models.attention import flash_varlen
 from .context_parallel import gathered_sequence
+from .fused import rope_qk
 
 
 class PackedCoreAttention(MegatronModule):
@@ -69,6 +71,9 @@ class PackedCoreAttention(MegatronModule):
         parallelism the keys of each query segment are picked from the gathered ones (`packed.context_keys`). The
         context stays in the kernel's half dtype, as SDPA's does under autocast."""
         length, batch = query.shape[0], query.shape[1]
+        rotary = getattr(packed, "rotary", None)
+        if rotary is not None:  # the angles' cos and sin, which megatron-core's rotary did not apply (forward.py)
+            query, key = rope_qk(query, key, *rotary)
         q = query.transpose(0, 1).reshape(batch * length, *query.shape[2:])
         picked = getattr(packed, "context_keys", None)
         if picked is None:

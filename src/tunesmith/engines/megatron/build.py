@@ -1,9 +1,9 @@
 """Hugging Face config -> megatron-core TransformerConfig and GPTModel with the local (torch-native) layer spec.
 
-Transformer Engine is never required: without it the fused kernels a config asks for
-(bias_activation_fusion, apply_rope_fusion, moe_grouped_gemm) fall back to their unfused forms,
-said in one log line. With it installed the local spec is still used: the Transformer Engine spec
-is untested here (its weight names differ), and the log says so.
+Transformer Engine is never required: the local spec's norms, SwiGLU and rotary run the engine's own fused
+kernels on CUDA instead (fused.py), whatever bias_activation_fusion and apply_rope_fusion say; moe_grouped_gemm
+falls back to one GEMM per expert. One log line says which. With Transformer Engine installed the local spec is
+still used: the Transformer Engine spec is untested here (its weight names differ), and the log says so.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from .weights import family_map, language_config
 
 log = logging.getLogger("tunesmith")
 
-_FUSIONS = ("bias_activation_fusion", "apply_rope_fusion", "moe_grouped_gemm")
-
-
 def log_kernel_fallback(m, has_te: bool) -> None:
-    """One line: the layer spec in use and which requested fusions run unfused."""
-    asked = [name for name in _FUSIONS if getattr(m, name)]
+    """One line: the layer spec in use, its fused kernels, and what a requested fusion runs as."""
+    from .fused import rope_available
+
     where = "Transformer Engine is installed, but its layer spec is untested here" if has_te else \
         "Transformer Engine is not installed"
-    tail = f"; {', '.join(asked)} run unfused" if asked else ""
-    log.info("Megatron: %s: megatron-core's local (torch-native) layer spec%s", where, tail)
+    kernels = "RMSNorm and SwiGLU as Triton kernels on CUDA" + (", RoPE as Liger's" if rope_available() else "")
+    asked = [name for name in ("bias_activation_fusion", "apply_rope_fusion") if getattr(m, name)]
+    tail = f"; {' and '.join(asked)}: those kernels" if asked else ""
+    tail += "; moe_grouped_gemm: one GEMM per expert" if m.moe_grouped_gemm else ""
+    log.info("Megatron: %s: megatron-core's local (torch-native) layer spec, %s%s", where, kernels, tail)
 
 
 def _parallel_kwargs(m, params_dtype: torch.dtype) -> dict:
@@ -133,6 +134,7 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=layout.qkv_bias,
         qk_layernorm=layout.qk_norm, hidden_dropout=0.0, attention_dropout=float(getattr(hf, "attention_dropout", 0.0)),
         attention_softmax_in_fp32=True, bias_activation_fusion=False, bias_dropout_fusion=False,
+        use_te_activation_func=not moe,  # megatron-core's MLP then calls layer_spec's FusedSwiGLU (not TE's)
         apply_rope_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
@@ -141,12 +143,13 @@ def transformer_config(hf, m, *, params_dtype: torch.dtype):
 
 def layer_spec(config):
     """megatron-core's local spec, its core attention replaced by attention.py's (varlen FlashAttention or SDPA),
-    its norms by sequence_parallel.py's (torch's RMSNorm, under sequence parallelism too), an MoE layer's router
-    by moe.py's."""
+    its norms by sequence_parallel.py's (torch's RMSNorm, under sequence parallelism too), a dense MLP's
+    activation by fused.py's SwiGLU, an MoE layer's router by moe.py's (fused.py: the kernels on CUDA)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from .attention import PackedCoreAttention
-    from .sequence_parallel import LocalNorm, SequenceNorm
+    from .fused import FusedSwiGLU
+    from .sequence_parallel import LocalNorm, PreNorm
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed": the local spec's torch norm is the intended one
@@ -154,12 +157,14 @@ def layer_spec(config):
                                         qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     layer, attention = spec.submodules, spec.submodules.self_attention.submodules
     attention.core_attention = PackedCoreAttention
-    layer.input_layernorm = SequenceNorm
-    layer.pre_mlp_layernorm = SequenceNorm
+    layer.input_layernorm = PreNorm
+    layer.pre_mlp_layernorm = PreNorm
     if config.qk_layernorm:  # after the QKV projection: the whole sequence, each rank its heads
         attention.q_layernorm = attention.k_layernorm = LocalNorm
     if config.num_moe_experts:
         layer.mlp = _with_hf_router(layer.mlp)
+    elif config.use_te_activation_func:  # the flag under which megatron-core's MLP calls an activation module
+        layer.mlp = _with_submodules(layer.mlp, layer.mlp.func, activation_func=FusedSwiGLU)
     return spec
 
 
@@ -176,13 +181,18 @@ def block_spec(config, vp_stage: int | None = None):
 def _with_hf_router(moe_builder):
     """The local spec's MoE layer (a partial of MoELayer with its MoESubmodules) as moe.py's EqualTokensMoELayer
     with its HFRouter."""
-    import dataclasses
-
     from .moe import EqualTokensMoELayer, HFRouter
 
-    submodules = dataclasses.replace(moe_builder.keywords["submodules"], router=HFRouter)
-    keywords = {**moe_builder.keywords, "submodules": submodules}
-    return functools.partial(EqualTokensMoELayer, *moe_builder.args, **keywords)
+    return _with_submodules(moe_builder, EqualTokensMoELayer, router=HFRouter)
+
+
+def _with_submodules(builder, module, **replaced):
+    """A spec's module builder (a functools.partial with its `submodules` dataclass) building `module`, with some
+    of its submodules replaced."""
+    import dataclasses
+
+    submodules = dataclasses.replace(builder.keywords["submodules"], **replaced)
+    return functools.partial(module, *builder.args, **{**builder.keywords, "submodules": submodules})
 
 
 def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = False):

@@ -16,6 +16,7 @@ from ...errors import TunesmithError
 from ...models.attention import varlen_available
 from ...models.forward import ModelOutputs, last_token_index
 from .context_parallel import context_mask, local_part, varlen_plan, whole_sequence
+from .fused import cos_sin, rope_available
 from .sequence_parallel import gathered, scattered
 from .vision import deepstack_added, merged_embeddings
 
@@ -96,6 +97,9 @@ def _decoder(model, batch, angles) -> torch.Tensor:
     attention = context_attention_inputs(model, batch) if split else attention_inputs(model, batch)
     rotary = angles.for_batch(batch)
     rotary = local_part(rotary, 0) if split else rotary
+    if not split and "packed_seq_params" in attention and rope_available():
+        attention["packed_seq_params"].rotary = cos_sin(rotary)  # rotated in the core attention (fused.py)
+        rotary = None
     hidden, deepstack = None, None
     if model.pre_process:
         hidden = model.embedding(input_ids=batch.input_ids_BT, position_ids=batch.position_ids_BT)

@@ -5,8 +5,8 @@ layer gathers the last hidden states. Activation memory outside attention and th
 numbers are tensor parallelism's.
 
 What the engine adds around megatron-core's layers:
-- `LocalNorm` / `SequenceNorm`: the local layer spec's norm (torch's RMSNorm, as megatron-core's
-  WrappedTorchNorm builds it, which refuses sequence parallelism). A norm applied to the sequence block
+- `LocalNorm` / `SequenceNorm` / `PreNorm`: the local layer spec's norm (torch's RMSNorm, as megatron-core's
+  WrappedTorchNorm builds it, which refuses sequence parallelism; fused.py's kernels on CUDA). A norm applied to the sequence block
   (`SequenceNorm`: the layers' input and pre-MLP norms, the final norm) gets a partial gradient on each rank: its
   weight is marked `sequence_parallel` and parallel.sum_partial_replicas sums it over the tensor-parallel group,
   as megatron-core's finalize_model_grads does;
@@ -23,13 +23,17 @@ import dataclasses
 import torch
 
 from ...data.collate import IGNORE_INDEX
+from .fused import FusedRMSNorm
 
 
 class LocalNorm:
-    """torch.nn.RMSNorm(hidden_size, eps) for a megatron-core module spec (the local spec's norm: fp32 weight)."""
+    """An RMSNorm(hidden_size, eps) for a megatron-core module spec: the local spec's torch.nn.RMSNorm (fp32
+    weight), with fused.py's kernels on CUDA."""
+
+    half_output = False
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused):
-        return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        return FusedRMSNorm(hidden_size, eps, half_output=cls.half_output)
 
 
 class SequenceNorm(LocalNorm):
@@ -40,6 +44,13 @@ class SequenceNorm(LocalNorm):
         norm = super().__new__(cls, config, hidden_size, eps)
         norm.weight.sequence_parallel = bool(config.sequence_parallel)
         return norm
+
+
+class PreNorm(SequenceNorm):
+    """A layer's input or pre-MLP norm: a SequenceNorm whose output only linears read (fused.FusedRMSNorm's
+    half_output)."""
+
+    half_output = True
 
 
 def padded_rows(batch, multiple: int, pad_id: int):
