@@ -50,13 +50,20 @@ class _AutocastLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
+def linear_fp32_grads(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """F.linear computed in `dtype` (autocast's), its weight's (and an fp32 input's) gradient written in the
+    weight's dtype by the matmul (module docstring)."""
+    return _AutocastLinear.apply(x, weight, bias, dtype)
+
+
 def autocast_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The forward of an nn.Linear: under autocast, with gradients, over a trained fp32 weight through
     _AutocastLinear, else nn.Linear's own."""
     weight, device = module.weight, x.device.type
     if (weight.dtype == torch.float32 and weight.requires_grad and torch.is_grad_enabled()
             and torch.is_autocast_enabled(device) and not torch.compiler.is_compiling()):
-        return _AutocastLinear.apply(x, weight, module.bias, torch.get_autocast_dtype(device))
+        return linear_fp32_grads(x, weight, module.bias, torch.get_autocast_dtype(device))
     return F.linear(x, weight, module.bias)
 
 

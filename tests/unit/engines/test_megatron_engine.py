@@ -342,6 +342,31 @@ def test_the_layer_spec_builds_the_fused_norms_and_a_dense_models_fused_swiglu(w
     assert not config.use_te_activation_func
 
 
+def test_the_linears_write_fp32_weight_gradients_under_autocast_and_keep_megatron_cores_path_otherwise(world_of_one):
+    """fused.use_fp32_weight_grads: under autocast a trained fp32 weight's linear gives autocast's output and its
+    gradient from one bf16 matmul written in fp32; without autocast megatron-core's own function runs."""
+    import functools
+
+    from tunesmith.engines.megatron import fused
+
+    model = _megatron(_hf(transformers.Qwen3Config))
+    linear = model.decoder.layers[0].mlp.linear_fc1
+    assert isinstance(linear._forward_impl, functools.partial) and linear._forward_impl.func is fused._linear
+    x = torch.randn(5, 2, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = linear(x)
+    out.float().square().sum().backward()
+    grad, linear.weight.grad = linear.weight.grad, None
+    x_bf, w_bf = x.detach().bfloat16(), linear.weight.detach().bfloat16().requires_grad_()
+    want = torch.nn.functional.linear(x_bf, w_bf)
+    want.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16 and grad.dtype == torch.float32
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(grad, w_bf.grad.float(), rtol=2e-2, atol=2e-2)
+    plain, _ = linear(x)  # no autocast: megatron-core's function, fp32
+    assert plain.dtype == torch.float32
+
+
 def test_sequence_parallel_pads_rows_to_a_multiple_of_the_degree_as_the_collator_pads():
     """Padding added for sequence parallelism is the collator's padding: a row ending in padding gets it joined
     to its padding run (positions counting on), a full row a new run from position 0; targets ignored, text token

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from ...errors import ModelError
+from .fused import use_fp32_weight_grads
 from .shards import padded_vocab_size
 from .stages import chunks_of
 from .weights import family_map, language_config
@@ -227,6 +228,8 @@ def build_gpt(hf, config, vp_stage: int | None = None, *, reward_head: bool = Fa
     if reward_head and model.post_process:
         model.output_layer = None
         model.score = torch.nn.Linear(hf.hidden_size, 1, bias=False, dtype=config.params_dtype)
+    if pp == 1:  # the bf16 weights it keeps for the backward would pile up over gpipe's held micro-batches
+        use_fp32_weight_grads(model)
     return model
 
 

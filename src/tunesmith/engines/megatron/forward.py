@@ -95,8 +95,9 @@ def _decoder(model, batch, angles) -> torch.Tensor:
     rank's tokens of it (context_parallel.py)."""
     split = model.config.context_parallel_size > 1
     attention = context_attention_inputs(model, batch) if split else attention_inputs(model, batch)
+    rows = batch.input_ids_BT.shape[0] if one_row_fits(model, attention) else 1
     rotary = angles.for_batch(batch)
-    rotary = local_part(rotary, 0) if split else rotary
+    rotary = local_part(rotary, 0) if split else as_one_row(rotary, rows)
     if not split and "packed_seq_params" in attention and rope_available():
         attention["packed_seq_params"].rotary = cos_sin(rotary)  # rotated in the core attention (fused.py)
         rotary = None
@@ -111,8 +112,30 @@ def _decoder(model, batch, angles) -> torch.Tensor:
         if model.config.sequence_parallel:  # this rank's block of the sequence (sequence_parallel.py)
             hidden = scattered(hidden)
             deepstack = deepstack and [scattered(extra) for extra in deepstack]
+        hidden = as_one_row(hidden, rows)
+        deepstack = deepstack and [as_one_row(extra, rows) for extra in deepstack]
     with deepstack_added(model, deepstack):
-        return model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
+        out = model.decoder(hidden_states=hidden, rotary_pos_emb=rotary, **attention)
+    if rows > 1:  # back to [T, B, H]: a view (the fused head reads it batch-major, as it is stored)
+        return out.view(rows, -1, out.shape[-1]).transpose(0, 1)
+    return out
+
+
+def one_row_fits(model, attention: dict) -> bool:
+    """Whether the decoder runs the batch's rows as one row: on the variable-length FlashAttention path (the
+    boundaries, cu_seqlens over the flattened batch, keep the samples apart; rotary angles and everything else act
+    per token) in one pipeline stage, without sequence or context parallelism. megatron-core's [T, B, H] layout
+    then needs no transposes around the attention and RoPE kernels, which read and write [B, T, .]."""
+    config = model.config
+    return ("packed_seq_params" in attention and config.pipeline_model_parallel_size == 1
+            and not config.sequence_parallel and config.context_parallel_size == 1)
+
+
+def as_one_row(tensor_TB: torch.Tensor, rows: int) -> torch.Tensor:
+    """[T, B, ...] -> [B x T, 1, ...], row after row (the order of the collator's cu_seqlens), where rows > 1."""
+    if rows == 1:
+        return tensor_TB
+    return tensor_TB.transpose(0, 1).reshape(-1, 1, *tensor_TB.shape[2:])
 
 
 def lm_forward(model, batch, angles, kind: str = "logits") -> torch.Tensor:

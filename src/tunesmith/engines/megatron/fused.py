@@ -15,11 +15,17 @@ single engine's kernels instead:
   installed, on the variable-length FlashAttention path without context parallelism (forward.py), else
   megatron-core's own rotary runs.
 
+- `use_fp32_weight_grads`: a trained fp32 weight's linear under autocast as the single engine's
+  models/autocast_linear.py: the weight cast to bf16 once a forward (megatron-core's function casts it again in the
+  backward) and its gradient written in fp32 by the matmul (megatron-core's is computed in bf16 and widened); where
+  megatron-core's function would communicate (a tensor-parallel input gradient, sequence parallelism) it runs as is.
+
 Off CUDA each runs PyTorch's form, as megatron-core's local spec does.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -78,3 +84,30 @@ def rope_qk(query_TBHD: torch.Tensor, key_TBGD: torch.Tensor, cos_BTD: torch.Ten
     q_BHTD, k_BGTD = (t.permute(1, 2, 0, 3) for t in (query_TBHD, key_TBGD))
     q_BHTD, k_BGTD = LigerRopeFunction.apply(q_BHTD, k_BGTD, cos_BTD, sin_BTD)
     return q_BHTD.permute(2, 0, 1, 3), k_BGTD.permute(2, 0, 1, 3)
+
+
+def use_fp32_weight_grads(model: torch.nn.Module) -> int:
+    """Give every megatron-core Column/RowParallelLinear of `model` the fp32-gradient path (module docstring);
+    returns how many."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+            module._forward_impl = functools.partial(_linear, module._forward_impl)
+            changed += 1
+    return changed
+
+
+def _linear(megatron_linear, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False,
+            grad_output_buffer=None, **rest):
+    """megatron-core's linear function (its keyword arguments), as models/autocast_linear.py's under autocast over a
+    trained fp32 weight where it needs no communication."""
+    from ...models.autocast_linear import linear_fp32_grads
+
+    device = input.device.type
+    if (allreduce_dgrad or sequence_parallel or grad_output_buffer is not None or weight.dtype != torch.float32
+            or not weight.requires_grad or not torch.is_grad_enabled() or not torch.is_autocast_enabled(device)):
+        return megatron_linear(input, weight, bias, allreduce_dgrad=allreduce_dgrad,
+                               sequence_parallel=sequence_parallel, grad_output_buffer=grad_output_buffer, **rest)
+    return linear_fp32_grads(input, weight, bias, torch.get_autocast_dtype(device))
