@@ -24,6 +24,7 @@ from .weights import family_map, language_config
 
 log = logging.getLogger("tunesmith")
 
+
 def log_kernel_fallback(m, has_te: bool) -> None:
     """One line: the layer spec in use, its fused kernels, and what a requested fusion runs as."""
     from .fused import rope_available

@@ -13,12 +13,12 @@ single engine's kernels instead:
 - `rope_qk`: the query and the key rotated together by Liger's Triton RoPE kernel inside the core attention
   (attention.py), from cos/sin computed once per batch (`cos_sin`) rather than by every layer; where Liger is
   installed, on the variable-length FlashAttention path without context parallelism (forward.py), else
-  megatron-core's own rotary runs.
-
+  megatron-core's own rotary runs;
 - `use_fp32_weight_grads`: a trained fp32 weight's linear under autocast as the single engine's
   models/autocast_linear.py: the weight cast to bf16 once a forward (megatron-core's function casts it again in the
   backward) and its gradient written in fp32 by the matmul (megatron-core's is computed in bf16 and widened); where
-  megatron-core's function would communicate (a tensor-parallel input gradient, sequence parallelism) it runs as is.
+  megatron-core's function would communicate (a tensor-parallel input gradient, sequence parallelism) it runs as is
+  (build.py installs it without pipeline stages).
 
 Off CUDA each runs PyTorch's form, as megatron-core's local spec does.
 """

@@ -6,10 +6,10 @@ numbers are tensor parallelism's.
 
 What the engine adds around megatron-core's layers:
 - `LocalNorm` / `SequenceNorm` / `PreNorm`: the local layer spec's norm (torch's RMSNorm, as megatron-core's
-  WrappedTorchNorm builds it, which refuses sequence parallelism; fused.py's kernels on CUDA). A norm applied to the sequence block
-  (`SequenceNorm`: the layers' input and pre-MLP norms, the final norm) gets a partial gradient on each rank: its
-  weight is marked `sequence_parallel` and parallel.sum_partial_replicas sums it over the tensor-parallel group,
-  as megatron-core's finalize_model_grads does;
+  WrappedTorchNorm builds it, which refuses sequence parallelism; fused.py's kernels on CUDA). A norm applied to
+  the sequence block (`SequenceNorm`, `PreNorm`: the layers' input and pre-MLP norms, the final norm) gets a
+  partial gradient on each rank: its weight is marked `sequence_parallel` and parallel.sum_partial_replicas sums
+  it over the tensor-parallel group, as megatron-core's finalize_model_grads does;
 - `padded_rows`: each row padded to a multiple of the tensor-parallel degree (the padding is a segment of its
   own with ignored targets, as the collator's padding: it reaches no loss);
 - `scattered` / `gathered`: the decoder input split along the sequence once the embeddings and a vision-language
