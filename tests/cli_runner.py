@@ -8,6 +8,15 @@ folder and arguments, writes its stdout/stderr to files, and runs `tunesmith`'s 
 which modules a command imports, signals to a process group) is tested with real subprocesses
 (`fresh=True`, or Popen in the tests that signal). TUNESMITH_TEST_FRESH_CLI=1 runs every command in a
 fresh interpreter.
+
+Multi-process runs (FORCE_TORCHRUN=1) normally start torchrun, whose ranks are fresh interpreters that each pay
+the imports again. With TUNESMITH_TEST_FORK_RANKS=1 as well (tests/e2e/test_megatron_cli.py sets it: it tests
+the engine over several processes, not the launcher, which test_distributed.py and the fault tests run for real)
+the zygote forks the NPROC_PER_NODE ranks itself, each with the environment torchrun gives a rank (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, OMP_NUM_THREADS=1), all writing to the command's
+output as torchrun's ranks do; a rank that fails ends the others, as torchrun does. megatron-core is preloaded
+when installed, and a `sitecustomize.py` on the command's PYTHONPATH runs in the child as the interpreter would
+run it at start-up.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 _PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "peft", "datasets", "tunesmith.cli",
             "tunesmith.train.setup", "tunesmith.train.runner")
+_PRELOAD_IF_INSTALLED = ("tunesmith.engines.megatron.engine",)
 
 
 def run_tunesmith(args, *, env: dict | None = None, timeout: float = 300, cwd: Path = REPO,
@@ -71,8 +81,9 @@ def _zygote() -> _Zygote:
 # ---- the zygote itself ----------------------------------------------------------------------------------------
 
 
-def _child(request: dict, set_by_imports: dict) -> None:
-    """In the forked child: become `python -m tunesmith <args>`; never returns."""
+def _child(request: dict, set_by_imports: dict, *, rank_env: dict | None = None) -> None:
+    """In the forked child: become `python -m tunesmith <args>` (with rank_env: one rank of a torchrun launch,
+    appending to the command's output); never returns."""
     import runpy
 
     code = 1
@@ -81,11 +92,17 @@ def _child(request: dict, set_by_imports: dict) -> None:
         os.chdir(request["cwd"])
         sys.path[:] = _command_path(request["env"].get("PYTHONPATH", ""))  # before the zygote's environment goes
         os.environ.clear()
-        os.environ.update({**set_by_imports, **request["env"]})
+        os.environ.update({**set_by_imports, **request["env"], **(rank_env or {})})
+        mode = os.O_APPEND if rank_env else os.O_TRUNC
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o600)
             os.dup2(target, fd)
             os.close(target)
+        if rank_env:
+            import torch
+
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # read at start-up by a fresh interpreter
+        _run_sitecustomize(request["env"].get("PYTHONPATH", ""))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # fd 0 is the zygote's request pipe
         os.close(null)
@@ -107,6 +124,61 @@ def _child(request: dict, set_by_imports: dict) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _run_sitecustomize(pythonpath: str) -> None:
+    """The first sitecustomize.py on the command's PYTHONPATH, run as `site` runs it at an interpreter's start."""
+    import runpy
+
+    for entry in filter(None, pythonpath.split(os.pathsep)):
+        script = Path(entry) / "sitecustomize.py"
+        if script.is_file():
+            runpy.run_path(str(script), run_name="sitecustomize")
+            return
+
+
+def _rank_envs(env: dict) -> list[dict] | None:
+    """The environments torchrun gives its ranks, where the command asks for forked ranks (module docstring)."""
+    if (env.get("TUNESMITH_TEST_FORK_RANKS") != "1" or "LOCAL_RANK" in env
+            or env.get("FORCE_TORCHRUN", "0").lower() not in ("1", "true")):
+        return None
+    world = int(env.get("NPROC_PER_NODE", "1"))
+    common = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "ROLE_RANK": "0",
+              "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"), "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+              "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+    return [{**common, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world)]
+
+
+def _wait_ranks(pids: list[int], timeout: float, stderr: str) -> dict:
+    """Wait for every rank; the first that fails ends the others (torchrun's way), said in one line as
+    launch.relaunch says it."""
+    import signal
+    import time
+
+    deadline, codes = time.monotonic() + timeout, {}
+    while len(codes) < len(pids):
+        for rank, pid in enumerate(pids):
+            if rank not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[rank] = os.waitstatus_to_exitcode(status)
+        failed = sorted(rank for rank, code in codes.items() if code != 0)
+        timed_out = time.monotonic() > deadline
+        if failed or timed_out:
+            for rank, pid in enumerate(pids):
+                if rank not in codes:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    os.waitpid(pid, 0)
+            if timed_out and not failed:
+                return {"timed_out": True}
+            with open(stderr, "a") as err:
+                err.write(f"tunesmith: training failed on rank(s) {failed}; each rank's message is above\n")
+            return {"returncode": 1}
+        time.sleep(0.05)
+    return {"returncode": 0}
 
 
 def _command_path(pythonpath: str) -> list[str]:
@@ -142,6 +214,11 @@ def _serve() -> None:
     before = dict(os.environ)
     for name in _PRELOAD:
         importlib.import_module(name)
+    for name in _PRELOAD_IF_INSTALLED:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
     replies = sys.stdout
     sys.stdout = sys.stderr  # nothing a library prints may reach the reply channel
@@ -150,10 +227,23 @@ def _serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request, set_by_imports)
-        replies.write(json.dumps(_wait(pid, request["timeout"])) + "\n")
+        ranks = _rank_envs(request["env"])
+        if ranks is None:
+            pid = os.fork()
+            if pid == 0:
+                _child(request, set_by_imports)
+            reply = _wait(pid, request["timeout"])
+        else:
+            for path in (request["stdout"], request["stderr"]):
+                Path(path).write_text("")
+            pids = []
+            for rank_env in ranks:
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, set_by_imports, rank_env=rank_env)
+                pids.append(pid)
+            reply = _wait_ranks(pids, request["timeout"], request["stderr"])
+        replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
 

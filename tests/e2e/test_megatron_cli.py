@@ -22,6 +22,14 @@ COMMON = [*BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=48"
 MCA = {"USE_MCA": "1"}
 
 
+@pytest.fixture(autouse=True)
+def _forked_ranks(monkeypatch):
+    """Multi-process runs here fork their ranks from the tests' preloaded CLI process instead of starting torchrun's
+    fresh interpreters (tests/cli_runner.py): these tests are about the engine over several processes; the launcher
+    itself runs for real in test_distributed.py and the fault tests."""
+    monkeypatch.setenv("TUNESMITH_TEST_FORK_RANKS", "1")
+
+
 def _said(proc) -> str:
     """What a run printed (stdout and stderr), its line wrapping undone."""
     return re.sub(r"\s+", " ", proc.stdout + proc.stderr)
