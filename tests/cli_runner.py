@@ -102,11 +102,11 @@ def _child(request: dict, set_by_imports: dict, *, rank_env: dict | None = None)
             import torch
 
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # read at start-up by a fresh interpreter
-        _run_sitecustomize(request["env"].get("PYTHONPATH", ""))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # fd 0 is the zygote's request pipe
         os.close(null)
         sys.stdin, sys.stdout = open(os.devnull), sys.__stdout__  # the zygote had pointed sys.stdout at stderr
+        _run_sitecustomize(request["env"].get("PYTHONPATH", ""))
         sys.argv = [sys.executable, *request["args"]]
         try:
             runpy.run_module("tunesmith", run_name="__main__", alter_sys=True)
