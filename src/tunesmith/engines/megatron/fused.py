@@ -31,6 +31,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from ...models.autocast_linear import linear_fp32_grads
 from ...models.norms import norm_forward
 
 
@@ -64,8 +65,9 @@ class FusedSwiGLU(torch.nn.Module):
         return F.silu(gate) * up
 
 
+@functools.cache
 def rope_available() -> bool:
-    """Whether Liger's Triton RoPE kernel can be imported."""
+    """Whether Liger's Triton RoPE kernel can be imported (asked by every forward: looked up once)."""
     return importlib.util.find_spec("liger_kernel") is not None
 
 
@@ -103,8 +105,6 @@ def _linear(megatron_linear, input, weight, bias=None, *, allreduce_dgrad=False,
             grad_output_buffer=None, **rest):
     """megatron-core's linear function (its keyword arguments), as models/autocast_linear.py's under autocast over a
     trained fp32 weight where it needs no communication."""
-    from ...models.autocast_linear import linear_fp32_grads
-
     device = input.device.type
     if (allreduce_dgrad or sequence_parallel or grad_output_buffer is not None or weight.dtype != torch.float32
             or not weight.requires_grad or not torch.is_grad_enabled() or not torch.is_autocast_enabled(device)):
