@@ -149,38 +149,6 @@ def _rank_envs(env: dict) -> list[dict] | None:
     return [{**common, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world)]
 
 
-def _wait_ranks(pids: list[int], timeout: float, stderr: str) -> dict:
-    """Wait for every rank; the first that fails ends the others (torchrun's way), said in one line as
-    launch.relaunch says it."""
-    import signal
-    import time
-
-    deadline, codes = time.monotonic() + timeout, {}
-    while len(codes) < len(pids):
-        for rank, pid in enumerate(pids):
-            if rank not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[rank] = os.waitstatus_to_exitcode(status)
-        failed = sorted(rank for rank, code in codes.items() if code != 0)
-        timed_out = time.monotonic() > deadline
-        if failed or timed_out:
-            for rank, pid in enumerate(pids):
-                if rank not in codes:
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    os.waitpid(pid, 0)
-            if timed_out and not failed:
-                return {"timed_out": True}
-            with open(stderr, "a") as err:
-                err.write(f"tunesmith: training failed on rank(s) {failed}; each rank's message is above\n")
-            return {"returncode": 1}
-        time.sleep(0.05)
-    return {"returncode": 0}
-
-
 def _command_path(pythonpath: str) -> list[str]:
     """sys.path as `python -m` builds it: the working folder, the command's PYTHONPATH, then the
     interpreter's own entries (not the zygote's script folder nor its PYTHONPATH)."""
@@ -189,23 +157,45 @@ def _command_path(pythonpath: str) -> list[str]:
     return wanted + [p for p in sys.path if p and p not in own and p not in wanted]
 
 
-def _wait(pid: int, timeout: float) -> dict:
+def _wait(pids: list[int], timeout: float) -> dict[int, int] | None:
+    """The children's exit statuses (index -> code) once all have ended or one has failed, the rest then killed
+    (torchrun's way with its ranks); None when the timeout came first (all killed)."""
     import signal
     import time
 
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return {"returncode": os.waitstatus_to_exitcode(status)}
-        if time.monotonic() > deadline:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(pid, 0)
-            return {"timed_out": True}
+    deadline, codes = time.monotonic() + timeout, {}
+    while len(codes) < len(pids):
+        for i, pid in enumerate(pids):
+            if i not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[i] = os.waitstatus_to_exitcode(status)
+        failed = any(codes.values())
+        if failed or time.monotonic() > deadline:
+            for i, pid in enumerate(pids):
+                if i not in codes:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    os.waitpid(pid, 0)
+            return codes if failed else None
         time.sleep(0.05)
+    return codes
+
+
+def _reply(codes: dict[int, int] | None, ranks: bool, stderr: str) -> dict:
+    """The zygote's answer: the exit status, or for forked ranks 0 or 1 with one line naming the failed ranks,
+    as launch.relaunch says it."""
+    if codes is None:
+        return {"timed_out": True}
+    if not ranks:
+        return {"returncode": codes[0]}
+    failed = sorted(rank for rank, code in codes.items() if code != 0)
+    if failed:
+        with open(stderr, "a") as err:
+            err.write(f"tunesmith: training failed on rank(s) {failed}; each rank's message is above\n")
+    return {"returncode": 1 if failed else 0}
 
 
 def _serve() -> None:
@@ -228,21 +218,16 @@ def _serve() -> None:
         request = json.loads(line)
         sys.stderr.flush()
         ranks = _rank_envs(request["env"])
-        if ranks is None:
-            pid = os.fork()
-            if pid == 0:
-                _child(request, set_by_imports)
-            reply = _wait(pid, request["timeout"])
-        else:
+        if ranks is not None:  # the ranks append to the command's output
             for path in (request["stdout"], request["stderr"]):
                 Path(path).write_text("")
-            pids = []
-            for rank_env in ranks:
-                pid = os.fork()
-                if pid == 0:
-                    _child(request, set_by_imports, rank_env=rank_env)
-                pids.append(pid)
-            reply = _wait_ranks(pids, request["timeout"], request["stderr"])
+        pids = []
+        for rank_env in ranks or [None]:
+            pid = os.fork()
+            if pid == 0:
+                _child(request, set_by_imports, rank_env=rank_env)
+            pids.append(pid)
+        reply = _reply(_wait(pids, request["timeout"]), ranks is not None, request["stderr"])
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
