@@ -9,7 +9,8 @@
 # or call 2 as an A/B of two trees under FlashAttention 4 (carry .fa4/p01 and .baseline/old, the old tree's src):
 #                                    bash benchmarks/run_fa4_gpu.sh ab      (the GPU tests, then new old new old;
 #                                                                            AB_TREES, AB_ORDER, AB_TIMEOUT change it;
-#                                                                            AB_PROFILE=1 adds a step profile)
+#                                                                            AB_PROFILE=1 adds a step profile,
+#                                                                            AB_STARTUP=1 a start-up timeline)
 # An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
 # compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
 set -u
@@ -74,6 +75,15 @@ case "${1:-}" in
         benchmarks/profile_steps.py "/tmp/lfw/${first}1.yaml" max_steps=-1 save_final_model=false flash_impl=auto \
         pure_bf16=false output_dir=/tmp/lfw/profile > "$out/profile.txt" 2>&1
       grep -E "tokens_per_s=|Runner's loop|GPU busy" "$out/profile.txt" | tr '\n' ' '; echo
+    fi
+    if [ "${AB_STARTUP:-0}" = 1 ]; then  # where the first run's start-up goes: set-up's steps, then the imports
+      first=$(echo ${AB_ORDER:-new} | cut -d' ' -f1)
+      for probe in timeline imports; do
+        PYTHONPATH="src:$site" HF_HUB_OFFLINE=1 timeout 120 python3 benchmarks/startup_probe.py $probe \
+          "/tmp/lfw/${first}1.yaml" max_steps=2 save_final_model=false output_dir=/tmp/lfw/startup \
+          > "$out/startup-$probe.txt" 2>&1
+      done
+      grep -v "^\s*$" "$out/startup-timeline.txt" | grep -E "^ +[0-9]" ; head -25 "$out/startup-imports.txt"
     fi ;;
   *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab" >&2; exit 2 ;;
 esac

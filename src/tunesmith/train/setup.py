@@ -1,7 +1,9 @@
 """Setting a run up, in the order that keeps it reproducible:
 
 resolve the config (presets, backend, reference) -> output dir -> seed -> tokenizer
-and data (prompts too: data/ prepares every stage's data) -> the run's length from the
+and data (prompts too: data/ prepares every stage's data; a single process prepares it in
+a child, data/beside.py, while it chooses the attention kernels, estimates the memory to
+plan checkpointing and imports Liger) -> the run's length from the
 prepared data (resolve_steps) -> save the config, exactly what runs -> the engine
 builds the model -> the method and the step source -> a Runner.
 """
@@ -21,7 +23,8 @@ from .. import dist, prefetch
 from ..cuda_memory import use_expandable_segments
 from ..config.load import redacted, save_config
 from ..config.resolve import RunFacts, resolve, resolve_steps
-from ..data.pipeline import prepare_data, render_options, write_skipped_records
+from ..data.beside import PreparingData
+from ..data.pipeline import render_options, write_skipped_records
 from ..data.prompts import prompt_records
 from ..data.templates import stop_tokens
 from ..engines import (build_engine, checkpoint_backend, data_parallel_size, needs_process_group,
@@ -31,8 +34,8 @@ from ..models.adapters import apply_finetuning, trainable_report
 from ..models.families import collation_pad_id, family_of
 from ..models.kernels import share_input_casts
 from ..models.attention import VARLEN
-from ..models.load import (attn_implementation, load_config, load_model, load_preprocessing, pick_device,
-                           select_flash_kernels)
+from ..models.load import (attn_implementation, import_liger, load_config, load_model, load_preprocessing,
+                           pick_device, select_flash_kernels)
 from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import UNPADDED_MULTIPLE, EpochPlan
@@ -91,7 +94,6 @@ def set_up(cfg) -> Runner:
     dist.barrier()
     seed_everything(cfg.train.seed)
     device = pick_device()
-    select_flash_kernels(cfg.model, device)
     tokenizer, saver, media = load_preprocessing(cfg)
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
@@ -100,8 +102,12 @@ def set_up(cfg) -> Runner:
     if not stage.is_online_rl:  # vLLM's sleep mode cannot use them
         use_expandable_segments(device)
     marks = {"process_start": _process_start(), "data_start": time.time()}
-    with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
-        data = prepare_data(cfg, tokenizer, media)
+    with PreparingData(cfg, tokenizer, media) as preparing:  # in a child process, beside the model-side work
+        with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
+            select_flash_kernels(cfg.model, device)
+            layers = checkpoint_layers(cfg, device)  # the estimate builds the model on the meta device: its code
+            import_liger(cfg.model)
+            data = preparing.result()
     marks["data_end"] = time.time()
     if dist.is_main():
         write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
@@ -115,7 +121,6 @@ def set_up(cfg) -> Runner:
         if resume is not None:
             record_changes(output_dir, step_of(resume), changes)
     method = stage.build_method(cfg)
-    layers = checkpoint_layers(cfg, device)
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, layers, device)

@@ -1,0 +1,62 @@
+"""Data prepared in a forked child (data/beside.py) is the data prepare_data gives in this process, with the same
+report and the same errors."""
+
+import json
+import os
+import shutil
+
+import pytest
+from transformers import AutoTokenizer
+
+from conftest import DATA_DIR, run_config
+from tunesmith.data import beside
+from tunesmith.data.beside import PreparingData
+from tunesmith.data.pipeline import prepare_data
+from tunesmith.errors import DataError
+
+
+def _config(tmp_path, **kw):  # a cutoff of its own: the session's cache entries of other tests are not touched
+    return run_config(tmp_path / "o", dataset="identity", dataset_dir=str(DATA_DIR), overwrite_cache=True,
+                      cutoff_len=100, **kw)
+
+
+def test_the_child_prepares_the_same_data_and_report(tmp_path, tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    here = prepare_data(_config(tmp_path, val_size=0.1), tok)
+    with PreparingData(_config(tmp_path, val_size=0.1), tok) as preparing:
+        assert preparing.pid is not None  # a single-process run on Linux forks
+        data = preparing.result()
+    assert data.train["input_ids"] == here.train["input_ids"] and data.train["labels"] == here.train["labels"]
+    assert data.eval["input_ids"] == here.eval["input_ids"]
+    assert data.report == here.report  # overwrite_cache: tokenized again, and the report says "miss", as here
+    assert data.report["cache"].startswith("miss")
+
+
+def test_an_error_in_the_child_is_raised_here_as_prepare_data_raises_it(tmp_path, tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    data_dir = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data_dir)
+    info = json.loads((data_dir / "dataset_info.json").read_text())
+    info["identity"]["file_name"] = "missing.json"
+    (data_dir / "dataset_info.json").write_text(json.dumps(info))
+    cfg = run_config(tmp_path / "o", dataset="identity", dataset_dir=str(data_dir))
+    with pytest.raises(DataError) as here:
+        prepare_data(cfg, tok)
+    with PreparingData(cfg, tok) as preparing, pytest.raises(DataError) as beside_:
+        preparing.result()
+    assert str(beside_.value) == str(here.value)
+
+
+def test_runs_of_several_processes_do_not_fork(tmp_path, tiny_qwen3, monkeypatch):
+    monkeypatch.setattr(beside.dist, "world", lambda: 2)
+    assert PreparingData(_config(tmp_path), AutoTokenizer.from_pretrained(tiny_qwen3)).pid is None
+
+
+def test_leaving_early_stops_the_child(tmp_path, tiny_qwen3, monkeypatch):
+    monkeypatch.setattr(beside, "prepare_data", lambda *a: __import__("time").sleep(60))
+    with pytest.raises(RuntimeError), PreparingData(_config(tmp_path), AutoTokenizer.from_pretrained(tiny_qwen3)) as p:
+        pid = p.pid
+        raise RuntimeError("set-up failed beside it")
+    assert p.pid is None
+    with pytest.raises(ChildProcessError):  # reaped
+        os.waitpid(pid, 0)
