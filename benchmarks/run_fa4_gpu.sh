@@ -76,14 +76,20 @@ case "${1:-}" in
         pure_bf16=false output_dir=/tmp/lfw/profile > "$out/profile.txt" 2>&1
       grep -E "tokens_per_s=|Runner's loop|GPU busy" "$out/profile.txt" | tr '\n' ' '; echo
     fi
-    if [ "${AB_STARTUP:-0}" = 1 ]; then  # where the first run's start-up goes: set-up's steps, then the imports
+    if [ "${AB_STARTUP:-0}" = 1 ]; then  # where each tree's start-up goes (set-up's steps), then the first's imports
       first=$(echo ${AB_ORDER:-new} | cut -d' ' -f1)
-      for probe in timeline imports; do
-        PYTHONPATH="src:$site" HF_HUB_OFFLINE=1 timeout 120 python3 benchmarks/startup_probe.py $probe \
-          "/tmp/lfw/${first}1.yaml" max_steps=2 save_final_model=false output_dir=/tmp/lfw/startup \
-          > "$out/startup-$probe.txt" 2>&1
+      for item in ${AB_TREES:-old=.baseline/old/src new=src}; do
+        name=${item%%=*}
+        PYTHONPATH="${item#*=}:$site" HF_HUB_OFFLINE=1 TUNESMITH_CACHE=/tmp/tunesmith-cache \
+          PYTHONPYCACHEPREFIX=/tmp/pycache timeout 120 python3 benchmarks/startup_probe.py timeline \
+          "/tmp/lfw/${name}1.yaml" max_steps=2 save_final_model=false output_dir=/tmp/lfw/startup \
+          > "$out/startup-timeline-$name.txt" 2>&1
+        echo "== $name"; grep -E "^ +[0-9]" "$out/startup-timeline-$name.txt"
       done
-      grep -v "^\s*$" "$out/startup-timeline.txt" | grep -E "^ +[0-9]" ; head -25 "$out/startup-imports.txt"
+      PYTHONPATH="src:$site" HF_HUB_OFFLINE=1 TUNESMITH_CACHE=/tmp/tunesmith-cache PYTHONPYCACHEPREFIX=/tmp/pycache \
+        timeout 120 python3 benchmarks/startup_probe.py imports "/tmp/lfw/${first}1.yaml" max_steps=2 \
+        save_final_model=false output_dir=/tmp/lfw/startup > "$out/startup-imports.txt" 2>&1
+      head -25 "$out/startup-imports.txt"
     fi ;;
   *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab" >&2; exit 2 ;;
 esac

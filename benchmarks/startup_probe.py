@@ -22,8 +22,8 @@ import psutil
 STARTED = psutil.Process().create_time()
 # set-up's steps, as train/setup.py calls them (module globals, so wrapping them there times every call)
 SETUP_STEPS = ("resolve", "run_facts", "prepare_output_dir", "seed_everything", "select_flash_kernels",
-               "load_preprocessing", "_use_chat_template", "print_data_report", "resolve_steps", "checkpoint_layers",
-               "import_liger", "build_engine", "_step_source", "Runner")
+               "load_preprocessing", "_use_chat_template", "prepare_data", "print_data_report", "resolve_steps",
+               "checkpoint_layers", "import_liger", "build_engine", "_step_source", "Runner")
 
 
 def _stamp() -> float:
@@ -53,10 +53,13 @@ def timeline(argv: list[str]) -> None:
     from tunesmith.train import runner, setup
 
     events.append(("import tunesmith.train.setup", begin, _stamp()))
-    for name in SETUP_STEPS:
-        setattr(setup, name, _timed(name, getattr(setup, name), events))
+    for name in SETUP_STEPS:  # those of this tree (an older one prepared data in-process: prepare_data)
+        if hasattr(setup, name):
+            setattr(setup, name, _timed(name, getattr(setup, name), events))
     setup.prefetch.finish = _timed("prefetch.finish (waits for the side thread)", prefetch.finish, events)
-    setup.PreparingData.result = _timed("PreparingData.result (waits for the data)", setup.PreparingData.result, events)
+    if hasattr(setup, "PreparingData"):
+        setup.PreparingData.result = _timed("PreparingData.result (waits for the data)", setup.PreparingData.result,
+                                            events)
     for name in ("_finish",):
         setattr(runner.Runner, name, _timed(f"Runner.{name} (final save)", getattr(runner.Runner, name), events))
     begin = _stamp()
