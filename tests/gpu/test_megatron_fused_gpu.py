@@ -39,14 +39,16 @@ def test_triton_swiglu_matches_pytorch_on_cuda(dtype):
     torch.testing.assert_close(x.grad.float(), want_grad.float(), rtol=tol, atol=tol)
 
 
-def test_liger_rope_on_megatron_layout_matches_megatron_cores_rotary(world_of_one):
+@pytest.mark.parametrize("batch", [2, 1])  # 1: one row (forward.as_one_row), where Liger could write in place
+def test_liger_rope_on_megatron_layout_matches_megatron_cores_rotary(world_of_one, batch):
+    """...and leaves its inputs unchanged: selective recomputation runs the core attention again on them."""
     pytest.importorskip("liger_kernel")
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    length, batch, heads, groups, dim = 700, 2, 16, 8, 128
+    length, heads, groups, dim = 700, 16, 8, 128
     config = TransformerConfig(num_layers=1, hidden_size=heads * dim, num_attention_heads=heads)
-    positions = torch.stack([torch.arange(length), torch.arange(length).remainder(300)]).cuda()  # [B, T]
+    positions = torch.stack([torch.arange(length), torch.arange(length).remainder(300)])[:batch].cuda()  # [B, T]
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, dim, 2, device="cuda").float() / dim))
     half = positions.float()[..., None] * inv_freq
     freqs = torch.cat([half, half], dim=-1).transpose(0, 1)[:, :, None, :].contiguous()  # [T, B, 1, D]
@@ -56,7 +58,9 @@ def test_liger_rope_on_megatron_layout_matches_megatron_cores_rotary(world_of_on
     dq, dk = torch.randn_like(q), torch.randn_like(k)
     want = [apply_rotary_pos_emb(t.float(), freqs, config=config) for t in (q, k)]
     want_grads = torch.autograd.grad(want, (q, k), (dq.float(), dk.float()))
+    inputs = q.detach().clone(), k.detach().clone()
     got = fused.rope_qk(q, k, *fused.cos_sin(freqs))
+    assert torch.equal(q, inputs[0]) and torch.equal(k, inputs[1])
     assert [t.shape for t in got] == [q.shape, k.shape]
     got_grads = torch.autograd.grad(got, (q, k), (dq.clone(), dk.clone()))
     for g, w in zip((*got, *got_grads), (*want, *want_grads)):

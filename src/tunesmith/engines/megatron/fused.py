@@ -80,12 +80,24 @@ def cos_sin(freqs_TB1D: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def rope_qk(query_TBHD: torch.Tensor, key_TBGD: torch.Tensor, cos_BTD: torch.Tensor, sin_BTD: torch.Tensor):
     """The query [T, B, heads, D] and key [T, B, groups, D] rotated (rotate-half form, as megatron-core's unfused
     rotary) by Liger's Triton kernel, computed in fp32 and stored in their dtype. The results are [T, B, ., D]
-    views of [B, T, ., D] storage, so the varlen path's batch-major reshape copies nothing."""
+    views of [B, T, ., D] storage, so the varlen path's batch-major reshape copies nothing.
+
+    Liger rotates a contiguous [B, T, ., D] copy of its inputs in place, and takes the input itself where it is
+    already laid out so: a single row (B = 1, forward.as_one_row) is. The inputs stay unchanged here, since the
+    core attention that calls this may run again in backward on the same inputs (selective recomputation: rotated
+    twice, its gradients were wrong, 4% off the single engine's losses by step 18)."""
     from liger_kernel.ops.rope import LigerRopeFunction
 
-    q_BHTD, k_BGTD = (t.permute(1, 2, 0, 3) for t in (query_TBHD, key_TBGD))
+    q_BHTD, k_BGTD = (_own_copy(t.permute(1, 2, 0, 3)) for t in (query_TBHD, key_TBGD))
     q_BHTD, k_BGTD = LigerRopeFunction.apply(q_BHTD, k_BGTD, cos_BTD, sin_BTD)
     return q_BHTD.permute(2, 0, 1, 3), k_BGTD.permute(2, 0, 1, 3)
+
+
+def _own_copy(x_BHTD: torch.Tensor) -> torch.Tensor:
+    """x, copied where Liger's rope would otherwise write into x's own storage (its [B, T, H, D] view contiguous)."""
+    if x_BHTD.transpose(1, 2).is_contiguous():
+        return x_BHTD.transpose(1, 2).clone().transpose(1, 2)
+    return x_BHTD
 
 
 def use_fp32_weight_grads(model: torch.nn.Module) -> int:
