@@ -13,9 +13,9 @@ just wrote it). Whatever the child did not finish (an error, a signal, a crash),
 itself, so errors and their messages are those of prepare_data run here. Runs of several processes tokenize across
 their ranks instead (pipeline._tokenize_across_ranks) and do not fork.
 
-Fork safety: the child is forked before the status spinner starts its thread, after the start-up side thread has
-finished (prefetch.finish), and it never touches CUDA; it leaves with os._exit, so nothing of the parent's state is
-torn down twice.
+Fork safety: the child is forked only where no other Python thread runs (before the status spinner starts its
+thread, after the start-up side thread has finished: prefetch.finish); it never touches CUDA, and it leaves with
+os._exit, so nothing of the parent's state is torn down twice.
 """
 
 from __future__ import annotations
@@ -23,13 +23,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 from .. import dist
 from .pipeline import PreparedData, prepare_data
 
 
 def _can_fork(cfg) -> bool:
-    return bool(cfg.data.dataset) and dist.world() == 1 and sys.platform == "linux"
+    """A single process on Linux with no other Python thread: in a program that runs threads of its own (a
+    notebook's kernel, an application calling train()), a thread holding a lock at the fork (logging's, the
+    console's) would leave the child waiting for it forever, so the data is prepared in-process there."""
+    return bool(cfg.data.dataset) and dist.world() == 1 and sys.platform == "linux" and not _other_threads()
+
+
+def _other_threads() -> bool:
+    return threading.active_count() > 1
 
 
 class PreparingData:

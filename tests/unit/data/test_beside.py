@@ -15,12 +15,18 @@ from tunesmith.data.pipeline import prepare_data
 from tunesmith.errors import DataError
 
 
+@pytest.fixture
+def alone(monkeypatch):
+    """As in `tunesmith train`, where set-up forks with no other thread running (pytest-xdist runs threads)."""
+    monkeypatch.setattr(beside, "_other_threads", lambda: False)
+
+
 def _config(tmp_path, **kw):  # a cutoff of its own: the session's cache entries of other tests are not touched
     return run_config(tmp_path / "o", dataset="identity", dataset_dir=str(DATA_DIR), overwrite_cache=True,
                       cutoff_len=100, **kw)
 
 
-def test_the_child_prepares_the_same_data_and_report(tmp_path, tiny_qwen3):
+def test_the_child_prepares_the_same_data_and_report(tmp_path, tiny_qwen3, alone):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     here = prepare_data(_config(tmp_path, val_size=0.1), tok)
     with PreparingData(_config(tmp_path, val_size=0.1), tok) as preparing:
@@ -32,7 +38,7 @@ def test_the_child_prepares_the_same_data_and_report(tmp_path, tiny_qwen3):
     assert data.report["cache"].startswith("miss")
 
 
-def test_an_error_in_the_child_is_raised_here_as_prepare_data_raises_it(tmp_path, tiny_qwen3):
+def test_an_error_in_the_child_is_raised_here_as_prepare_data_raises_it(tmp_path, tiny_qwen3, alone):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     data_dir = tmp_path / "data"
     shutil.copytree(DATA_DIR, data_dir)
@@ -47,12 +53,28 @@ def test_an_error_in_the_child_is_raised_here_as_prepare_data_raises_it(tmp_path
     assert str(beside_.value) == str(here.value)
 
 
-def test_runs_of_several_processes_do_not_fork(tmp_path, tiny_qwen3, monkeypatch):
+def test_runs_of_several_processes_do_not_fork(tmp_path, tiny_qwen3, monkeypatch, alone):
     monkeypatch.setattr(beside.dist, "world", lambda: 2)
     assert PreparingData(_config(tmp_path), AutoTokenizer.from_pretrained(tiny_qwen3)).pid is None
 
 
-def test_leaving_early_stops_the_child(tmp_path, tiny_qwen3, monkeypatch):
+def test_a_process_with_other_threads_prepares_in_process(tmp_path, tiny_qwen3):
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert beside.threading.active_count() > 1
+        with PreparingData(_config(tmp_path), AutoTokenizer.from_pretrained(tiny_qwen3)) as preparing:
+            assert preparing.pid is None
+            assert preparing.result().report["cache"].startswith("miss")
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_leaving_early_stops_the_child(tmp_path, tiny_qwen3, monkeypatch, alone):
     monkeypatch.setattr(beside, "prepare_data", lambda *a: __import__("time").sleep(60))
     with pytest.raises(RuntimeError), PreparingData(_config(tmp_path), AutoTokenizer.from_pretrained(tiny_qwen3)) as p:
         pid = p.pid
