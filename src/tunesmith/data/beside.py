@@ -1,6 +1,6 @@
 """Data preparation in a forked child process, while set-up goes on with work that does not need the data.
 
-Tokenizing issue 15's workload (1,000 samples, 8 workers) took 1.1-1.4 s of the run's start on the GPU machine,
+Tokenizing issue 15's workload (1,000 samples, 8 workers) took 0.8-1.4 s of the run's start on the GPU machines,
 with the main process idle, waiting for datasets' workers. Set-up has about as much work that does not depend on
 the data: importing the attention kernels, the model's code (the memory estimate builds the model on the meta
 device) and Liger (peft with it). So a single-process run forks a child where set-up would prepare the data; the

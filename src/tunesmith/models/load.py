@@ -334,7 +334,7 @@ def decoder_layers(model) -> list:
 
 def import_liger(cfg: ModelConfig) -> None:
     """Import Liger's patches ahead of load_model, where set-up waits on other work (data preparation beside it):
-    their import, peft's with it, took 1.3-2 s on the GPU machine. A missing Liger is load_model's to report."""
+    their import, peft's with it, took 0.8-2 s on the GPU machines. A missing Liger is load_model's to report."""
     if cfg.enable_liger_kernel:
         with contextlib.suppress(ImportError):
             import liger_kernel.transformers.monkey_patch  # noqa: F401
