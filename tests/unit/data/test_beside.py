@@ -82,3 +82,32 @@ def test_leaving_early_stops_the_child(tmp_path, tiny_qwen3, monkeypatch, alone)
     assert p.pid is None
     with pytest.raises(ChildProcessError):  # reaped
         os.waitpid(pid, 0)
+
+
+CLI_RUN = """
+import sys
+from tunesmith import cli
+from tunesmith.data import beside
+
+made = beside.PreparingData.__init__
+def recording(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    print("forked" if self.pid is not None else "in-process", file=sys.stderr)
+beside.PreparingData.__init__ = recording
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_tunesmith_train_prepares_its_data_in_a_child(tmp_path):
+    """The command itself runs no other thread when it prepares the data, so it forks (a thread started earlier in
+    set-up would turn the child off without a word)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    command = [sys.executable, "-c", CLI_RUN, "train", str(REPO / "examples" / "quickstart.yaml"),
+               f"output_dir={tmp_path / 'run'}", f"dataset_dir={DATA_DIR}", "max_steps=1", "save_final_model=false"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "forked" in done.stderr.splitlines(), done.stderr[-3000:]
