@@ -57,14 +57,20 @@ def linear_fp32_grads(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return _AutocastLinear.apply(x, weight, bias, dtype)
 
 
+def takes_fp32_grads(weight: torch.Tensor, device: str) -> bool:
+    """Whether a linear over `weight` on `device` runs through linear_fp32_grads: a trained fp32 weight, with
+    gradients, under autocast, outside torch.compile's tracing."""
+    return (weight.dtype == torch.float32 and weight.requires_grad and torch.is_grad_enabled()
+            and torch.is_autocast_enabled(device) and not torch.compiler.is_compiling())
+
+
 def autocast_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The forward of an nn.Linear: under autocast, with gradients, over a trained fp32 weight through
     _AutocastLinear, else nn.Linear's own."""
-    weight, device = module.weight, x.device.type
-    if (weight.dtype == torch.float32 and weight.requires_grad and torch.is_grad_enabled()
-            and torch.is_autocast_enabled(device) and not torch.compiler.is_compiling()):
-        return linear_fp32_grads(x, weight, module.bias, torch.get_autocast_dtype(device))
-    return F.linear(x, weight, module.bias)
+    device = x.device.type
+    if takes_fp32_grads(module.weight, device):
+        return linear_fp32_grads(x, module.weight, module.bias, torch.get_autocast_dtype(device))
+    return F.linear(x, module.weight, module.bias)
 
 
 def use_autocast_linears(model: torch.nn.Module) -> int:

@@ -31,7 +31,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ...models.autocast_linear import linear_fp32_grads
+from ...models.autocast_linear import linear_fp32_grads, takes_fp32_grads
 from ...models.norms import norm_forward
 
 
@@ -118,8 +118,7 @@ def _linear(megatron_linear, input, weight, bias=None, *, allreduce_dgrad=False,
     """megatron-core's linear function (its keyword arguments), as models/autocast_linear.py's under autocast over a
     trained fp32 weight where it needs no communication."""
     device = input.device.type
-    if (allreduce_dgrad or sequence_parallel or grad_output_buffer is not None or weight.dtype != torch.float32
-            or not weight.requires_grad or not torch.is_grad_enabled() or not torch.is_autocast_enabled(device)):
+    if allreduce_dgrad or sequence_parallel or grad_output_buffer is not None or not takes_fp32_grads(weight, device):
         return megatron_linear(input, weight, bias, allreduce_dgrad=allreduce_dgrad,
                                sequence_parallel=sequence_parallel, grad_output_buffer=grad_output_buffer, **rest)
     return linear_fp32_grads(input, weight, bias, torch.get_autocast_dtype(device))
