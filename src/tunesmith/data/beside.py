@@ -9,8 +9,9 @@ process reads the entry the child wrote.
 
 The data is the one prepare_data gives here: the child runs it with the same config, tokenizer and media
 processor, and this process reads the entry back through the same cache (overwrite_cache then off, since the child
-just wrote it). Whatever the child did not finish (an error, a signal, a crash), this process prepares the data
-itself, so errors and their messages are those of prepare_data run here. Runs of several processes tokenize across
+just wrote it, and its files not hashed again: the child hashed them as it wrote or verified them). Whatever the
+child did not finish (an error, a signal, a crash), this process prepares the data itself, so errors and their
+messages are those of prepare_data run here. Runs of several processes tokenize across
 their ranks instead (pipeline._tokenize_across_ranks) and do not fork.
 
 Fork safety: the child is forked only where no other Python thread runs (before the status spinner starts its
@@ -60,8 +61,8 @@ class PreparingData:
         outcome = self._wait()
         if outcome is None:  # no child, or one that did not finish: prepare it here (its errors raised here)
             return prepare_data(self.cfg, self.tokenizer, self.media)
-        written = self.cfg.replace(data={"overwrite_cache": False})
-        data = prepare_data(written, self.tokenizer, self.media)
+        written = self.cfg.replace(data={"overwrite_cache": False})  # the child wrote or verified the entry
+        data = prepare_data(written, self.tokenizer, self.media, verify_cache=False)
         data.report["cache"] = outcome["cache"]  # the child's: "miss <key>" where it tokenized
         if "eval" in data.report and outcome.get("eval_cache"):
             data.report["eval"]["cache"] = outcome["eval_cache"]

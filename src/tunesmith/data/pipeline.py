@@ -63,15 +63,19 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
     )
 
 
-def prepare_data(cfg: RunConfig, tokenizer, media=None) -> PreparedData:
-    """Tokenized train/eval data. `media` (models.media_processor.MediaProcessor) enables image/video/audio records."""
+def prepare_data(cfg: RunConfig, tokenizer, media=None, verify_cache: bool = True) -> PreparedData:
+    """Tokenized train/eval data. `media` (models.media_processor.MediaProcessor) enables image/video/audio records.
+    verify_cache=False reads a cache entry without hashing its files again (entries this run has just written or
+    verified: data/beside.py)."""
     opts = render_options(cfg, tokenizer)
     train, report = None, {}
     if cfg.data.dataset:
-        train, report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.dataset, cfg.data.tokenized_path, media)
+        train, report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.dataset, cfg.data.tokenized_path, media,
+                                          verify_cache)
     eval_ds = None
     if cfg.data.eval_dataset:
-        eval_ds, eval_report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.eval_dataset, None, media)
+        eval_ds, eval_report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.eval_dataset, None, media,
+                                                 verify_cache)
         report["eval"] = eval_report
     elif cfg.data.val_size and train is not None:
         train, eval_ds = split_eval(train, cfg.data.val_size, cfg.train.seed)
@@ -134,14 +138,15 @@ def identity_placeholders(cfg: RunConfig) -> dict[str, str]:
 
 
 def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], tokenized_path: str | None,
-                      media=None):
-    """Tokenized rows for `names`, from the cache when its fingerprint matches (and the entry verifies)."""
-    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache)
+                      media=None, verify_cache: bool = True):
+    """Tokenized rows for `names`, from the cache when its fingerprint matches (and the entry verifies, unless
+    verify_cache is off)."""
+    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache, verify_cache)
     if hit is not None:
         return hit[0], {**hit[1], "cache": "tokenized_path"}
     options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names, media)
     key = cache.fingerprint(options, paths)
-    hit = None if cfg.data.overwrite_cache else cache.load_cached(key)
+    hit = None if cfg.data.overwrite_cache else cache.load_cached(key, verify=verify_cache)
     if hit is not None:
         _save_tokenized_path(tokenized_path, key)
         return hit[0], {**hit[1], "cache": f"hit {key}"}
@@ -177,7 +182,7 @@ def _save_tokenized_path(tokenized_path: str | None, key: str) -> None:
         cache.copy_entry(cache.tokenized_root() / key, path.name, path.parent)
 
 
-def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
+def _load_tokenized_path(tokenized_path: str | None, overwrite: bool, verify: bool = True):
     """LLaMA-Factory's tokenized_path: an existing one is loaded (not fingerprinted); a corrupt one is rebuilt."""
     if not tokenized_path:
         return None
@@ -189,7 +194,7 @@ def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
                         f"point tokenized_path at a new folder")
     if overwrite:
         return None
-    hit = cache.load_cached(path.name, path.parent)
+    hit = cache.load_cached(path.name, path.parent, verify=verify)
     if hit is not None:
         log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
     return hit
