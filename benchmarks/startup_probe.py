@@ -60,8 +60,7 @@ def timeline(argv: list[str]) -> None:
     if hasattr(setup, "PreparingData"):
         setup.PreparingData.result = _timed("PreparingData.result (waits for the data)", setup.PreparingData.result,
                                             events)
-    for name in ("_finish",):
-        setattr(runner.Runner, name, _timed(f"Runner.{name} (final save)", getattr(runner.Runner, name), events))
+    runner.Runner._finish = _timed("Runner._finish (final save)", runner.Runner._finish, events)
     begin = _stamp()
     built = cli._config_from(argv)
     events.append(("build_config", begin, _stamp()))
