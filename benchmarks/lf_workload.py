@@ -174,7 +174,8 @@ def tunesmith_numbers(output: Path, exited: float) -> dict:
             "tokens_per_s": s["train_tokens_per_s"], "steps": s["global_step"],
             "final_loss": losses[-1]["loss"] if losses else None, "logged_losses": [m["loss"] for m in losses],
             "allocated_peak_gib": s.get("peak_memory_gib"),
-            "phases": {**s.get("phases", {}), "exit": round(exited - summary.stat().st_mtime, 2)}}
+            "phases": {**s.get("phases", {}), "exit": round(exited - summary.stat().st_mtime, 2)},
+            "start_up_parts": s.get("start_up_parts")}
 
 
 def _lf_numbers(output: Path) -> dict:

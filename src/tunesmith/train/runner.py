@@ -248,7 +248,7 @@ class Runner:
             return
         self.marks["saved"] = time.time()
         summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing,
-                   "phases": phase_seconds(self.marks)}
+                   "phases": phase_seconds(self.marks), "start_up_parts": phase_seconds(self.marks, _START_UP_PARTS)}
         if torch.cuda.is_available():
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
@@ -317,12 +317,17 @@ class _Window:
 _PHASES = (("start_up", "process_start", "data_start"), ("data", "data_start", "data_end"),
            ("model", "data_end", "train_start"), ("train", "train_start", "train_end"),
            ("final_save", "train_end", "saved"))
+# start-up's parts: the interpreter and imports up to set_up, config and output folder, the tokenizer (and media
+# processor), then what remains before the data (chat template, stop tokens)
+_START_UP_PARTS = (("imports", "process_start", "set_up_start"), ("config", "set_up_start", "tokenizer_start"),
+                   ("tokenizer", "tokenizer_start", "tokenizer_end"), ("to_data", "tokenizer_end", "data_start"))
 
 
-def phase_seconds(marks: dict[str, float]) -> dict[str, float]:
+def phase_seconds(marks: dict[str, float], phases=_PHASES) -> dict[str, float]:
     """Seconds of each phase whose marks were recorded: start-up (interpreter, imports, config, tokenizer), data
-    (read, render, tokenize, cache), model (load, engine, optimizer, data loader and resume), train, final save."""
-    return {name: round(marks[end] - marks[begin], 2) for name, begin, end in _PHASES
+    (read, render, tokenize, cache), model (load, engine, optimizer, data loader and resume), train, final save;
+    with phases=_START_UP_PARTS, start-up's parts."""
+    return {name: round(marks[end] - marks[begin], 2) for name, begin, end in phases
             if begin in marks and end in marks}
 
 

@@ -88,20 +88,23 @@ def train(cfg) -> TrainResult:
 
 
 def set_up(cfg) -> Runner:
+    marks = {"process_start": _process_start(), "set_up_start": time.time()}  # the imports are done by now
     cfg = resolve(cfg, run_facts(cfg))
     dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
     output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
     dist.barrier()
     seed_everything(cfg.train.seed)
     device = pick_device()
+    marks["tokenizer_start"] = time.time()
     tokenizer, saver, media = load_preprocessing(cfg)
+    marks["tokenizer_end"] = time.time()
     _use_chat_template(cfg, tokenizer, saver)
     stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
     stage = STAGES[cfg.finetune.stage]
     prefetch.finish()  # before data preparation forks its workers
     if not stage.is_online_rl:  # vLLM's sleep mode cannot use them
         use_expandable_segments(device)
-    marks = {"process_start": _process_start(), "data_start": time.time()}
+    marks["data_start"] = time.time()
     with PreparingData(cfg, tokenizer, media) as preparing:  # in a child process, beside the model-side work
         with status("preparing data (reading, rendering, tokenizing; cached for the next run)"):
             select_flash_kernels(cfg.model, device)

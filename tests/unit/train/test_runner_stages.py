@@ -38,8 +38,11 @@ def test_each_stage_evaluates_saves_resumes_exactly_and_saves_the_final_model(tm
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
     assert first.eval_metrics and (out / "train_summary.json").exists()
     assert (out / "model.safetensors").exists()
-    phases = json.loads((out / "train_summary.json").read_text())["phases"]
+    summary = json.loads((out / "train_summary.json").read_text())
+    phases, parts = summary["phases"], summary["start_up_parts"]
     assert list(phases) == ["start_up", "data", "model", "train", "final_save"] and min(phases.values()) >= 0
+    assert list(parts) == ["imports", "config", "tokenizer", "to_data"] and min(parts.values()) >= 0
+    assert sum(parts.values()) == pytest.approx(phases["start_up"], abs=0.03)  # the parts make up start-up
     resumed = train(run_config(out, **common, resume_from_checkpoint=str(out / "checkpoint-2")))
     assert resumed.step_losses == pytest.approx(first.step_losses[2:], abs=1e-6)
     steps = [r["step"] for r in _rows(out) if "loss" in r]
