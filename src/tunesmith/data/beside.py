@@ -8,11 +8,11 @@ child runs prepare_data, which writes the tokenized cache entry, while this proc
 process reads the entry the child wrote.
 
 The data is the one prepare_data gives here: the child runs it with the same config, tokenizer and media
-processor, and this process reads the entry back through the same cache (overwrite_cache then off, since the child
-just wrote it, and its files not hashed again: the child hashed them as it wrote or verified them). Whatever the
-child did not finish (an error, a signal, a crash), this process prepares the data itself, so errors and their
-messages are those of prepare_data run here. Runs of several processes tokenize across
-their ranks instead (pipeline._tokenize_across_ranks) and do not fork.
+processor and hands over the cache entries it wrote or verified; this process reads those entries as they are
+(prepare_data's `known`: the child already fingerprinted the inputs and hashed the entry's files, so neither is done
+twice on the way to the first step). Whatever the child did not finish (an error, a signal, a crash), this process
+prepares the data itself, so errors and their messages are those of prepare_data run here. Runs of several
+processes tokenize across their ranks instead (pipeline._tokenize_across_ranks) and do not fork.
 
 Fork safety: the child is forked only where no other Python thread runs (before the status spinner starts its
 thread, after the start-up side thread has finished: prefetch.finish); it never touches CUDA, and it leaves with
@@ -61,15 +61,10 @@ class PreparingData:
         outcome = self._wait()
         if outcome is None:  # no child, or one that did not finish: prepare it here (its errors raised here)
             return prepare_data(self.cfg, self.tokenizer, self.media)
-        written = self.cfg.replace(data={"overwrite_cache": False})  # the child wrote or verified the entry
-        data = prepare_data(written, self.tokenizer, self.media, verify_cache=False)
-        data.report["cache"] = outcome["cache"]  # the child's: "miss <key>" where it tokenized
-        if "eval" in data.report and outcome.get("eval_cache"):
-            data.report["eval"]["cache"] = outcome["eval_cache"]
-        return data
+        return prepare_data(self.cfg, self.tokenizer, self.media, known=outcome)
 
     def _wait(self) -> dict | None:
-        """The child's outcome ({"cache": ...}), or None when it had none to give."""
+        """The child's outcome (prepare_data's `known`), or None when it had none to give."""
         if self.pid is None:
             return None
         with os.fdopen(self._pipe, "rb") as pipe:
@@ -94,13 +89,18 @@ class PreparingData:
             self.pid = None
 
 
+def _entries(report: dict) -> dict:
+    """The cache entries prepare_data read or wrote ({"train": {"cache": ..., "entry": ...}, "eval": ...})."""
+    parts = {"train": report, "eval": report.get("eval", {})}
+    return {part: {"cache": r["cache"], "entry": r["entry"]} for part, r in parts.items() if "entry" in r}
+
+
 def _child(write: int, cfg, tokenizer, media) -> None:
     """Prepare the data, tell the parent how the cache went, and leave without the interpreter's teardown."""
     code = 1
     try:
         report = prepare_data(cfg, tokenizer, media).report
-        message = {"cache": report.get("cache"), "eval_cache": report.get("eval", {}).get("cache")}
-        os.write(write, json.dumps(message).encode())
+        os.write(write, json.dumps(_entries(report)).encode())
         code = 0
     except BaseException:  # noqa: BLE001 - the parent prepares the data itself and raises the error there
         pass

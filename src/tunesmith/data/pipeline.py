@@ -63,19 +63,21 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
     )
 
 
-def prepare_data(cfg: RunConfig, tokenizer, media=None, verify_cache: bool = True) -> PreparedData:
+def prepare_data(cfg: RunConfig, tokenizer, media=None, known: dict | None = None) -> PreparedData:
     """Tokenized train/eval data. `media` (models.media_processor.MediaProcessor) enables image/video/audio records.
-    verify_cache=False reads a cache entry without hashing its files again (entries this run has just written or
-    verified: data/beside.py)."""
+    `known` ({"train": {"cache": ..., "entry": folder}, "eval": ...}, from the reports of a prepare_data run) names
+    cache entries this run has just written or verified (data/beside.py): they are read as they are, neither
+    fingerprinted nor hashed again."""
+    known = known or {}
     opts = render_options(cfg, tokenizer)
     train, report = None, {}
     if cfg.data.dataset:
         train, report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.dataset, cfg.data.tokenized_path, media,
-                                          verify_cache)
+                                          known.get("train"))
     eval_ds = None
     if cfg.data.eval_dataset:
         eval_ds, eval_report = tokenize_datasets(cfg, tokenizer, opts, cfg.data.eval_dataset, None, media,
-                                                 verify_cache)
+                                                 known.get("eval"))
         report["eval"] = eval_report
     elif cfg.data.val_size and train is not None:
         train, eval_ds = split_eval(train, cfg.data.val_size, cfg.train.seed)
@@ -138,18 +140,23 @@ def identity_placeholders(cfg: RunConfig) -> dict[str, str]:
 
 
 def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: list[str], tokenized_path: str | None,
-                      media=None, verify_cache: bool = True):
-    """Tokenized rows for `names`, from the cache when its fingerprint matches (and the entry verifies, unless
-    verify_cache is off)."""
-    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache, verify_cache)
+                      media=None, known: dict | None = None):
+    """Tokenized rows for `names`, from the cache when its fingerprint matches and the entry verifies; the report's
+    "entry" is the folder they were read from. `known`, the "cache" and "entry" of such a report from this run, is
+    read as it is (the inputs are fingerprinted only where its entry is gone)."""
+    hit = _load_known_entry(known)
     if hit is not None:
-        return hit[0], {**hit[1], "cache": "tokenized_path"}
+        return hit
+    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache)
+    if hit is not None:
+        return hit[0], {**hit[1], "cache": "tokenized_path", "entry": str(Path(tokenized_path))}
     options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names, media)
     key = cache.fingerprint(options, paths)
-    hit = None if cfg.data.overwrite_cache else cache.load_cached(key, verify=verify_cache)
+    where = str(cache.tokenized_root() / key)
+    hit = None if cfg.data.overwrite_cache else cache.load_cached(key)
     if hit is not None:
         _save_tokenized_path(tokenized_path, key)
-        return hit[0], {**hit[1], "cache": f"hit {key}"}
+        return hit[0], {**hit[1], "cache": f"hit {key}", "entry": where}
     if dist.world() > 1:
         dataset, report = _tokenize_across_ranks(cfg, tokenizer, opts, names, media, key)
     else:
@@ -163,7 +170,16 @@ def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: lis
                 raise
         dataset, report = _read_back(entry.name, entry.parent)
     _save_tokenized_path(tokenized_path, key)
-    return dataset, {**report, "cache": f"miss {key}"}
+    return dataset, {**report, "cache": f"miss {key}", "entry": where}
+
+
+def _load_known_entry(known: dict | None):
+    """(dataset, report) of an entry this run has just written or verified, or None where it is gone."""
+    if not known:
+        return None
+    path = Path(known["entry"])
+    hit = cache.load_cached(path.name, path.parent, verify=False)
+    return None if hit is None else (hit[0], {**hit[1], "cache": known["cache"], "entry": known["entry"]})
 
 
 def _read_back(key: str, root: Path):
@@ -182,7 +198,7 @@ def _save_tokenized_path(tokenized_path: str | None, key: str) -> None:
         cache.copy_entry(cache.tokenized_root() / key, path.name, path.parent)
 
 
-def _load_tokenized_path(tokenized_path: str | None, overwrite: bool, verify: bool = True):
+def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
     """LLaMA-Factory's tokenized_path: an existing one is loaded (not fingerprinted); a corrupt one is rebuilt."""
     if not tokenized_path:
         return None
@@ -194,7 +210,7 @@ def _load_tokenized_path(tokenized_path: str | None, overwrite: bool, verify: bo
                         f"point tokenized_path at a new folder")
     if overwrite:
         return None
-    hit = cache.load_cached(path.name, path.parent, verify=verify)
+    hit = cache.load_cached(path.name, path.parent)
     if hit is not None:
         log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
     return hit

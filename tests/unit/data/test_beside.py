@@ -38,6 +38,31 @@ def test_the_child_prepares_the_same_data_and_report(tmp_path, tiny_qwen3, alone
     assert data.report["cache"].startswith("miss")
 
 
+def test_this_process_reads_the_childs_entries_without_fingerprinting_the_inputs_again(tmp_path, tiny_qwen3,
+                                                                                     monkeypatch, alone):
+    """The child fingerprinted the dataset files and the tokenizer, and hashed the entry it wrote: this process, on
+    the way to the first step, does neither again."""
+    from tunesmith.data import cache
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    cfg = _config(tmp_path, eval_dataset="identity")
+    with PreparingData(cfg, tok) as preparing:  # forked: what is patched from here on is this process's
+        for name in ("fingerprint", "tokenizer_fingerprint", "file_digest"):
+            monkeypatch.setattr(cache, name, lambda *a, name=name, **k: pytest.fail(f"{name} ran again"))
+        data = preparing.result()
+    assert data.report["cache"].startswith("miss") and data.report["eval"]["cache"].startswith("miss")
+    assert data.report["entry"] == str(cache.tokenized_root() / data.report["cache"].split()[-1])
+    assert len(data.train) == data.report["num_rows"] and len(data.eval) == data.report["eval"]["num_rows"]
+
+
+def test_an_entry_gone_since_the_child_wrote_it_is_prepared_again(tmp_path, tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    here = prepare_data(_config(tmp_path), tok)
+    gone = {"train": {"cache": "miss gone", "entry": str(tmp_path / "gone")}}
+    again = prepare_data(_config(tmp_path), tok, known=gone)
+    assert again.report == here.report and again.train["input_ids"] == here.train["input_ids"]
+
+
 def test_an_error_in_the_child_is_raised_here_as_prepare_data_raises_it(tmp_path, tiny_qwen3, alone):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     data_dir = tmp_path / "data"
