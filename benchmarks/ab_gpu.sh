@@ -41,8 +41,8 @@ for name in sys.argv[2:]:
     f = out / f"{name}.json"
     if f.exists():
         r = json.loads(f.read_text())["results"][0]
-        print(name, r.get("tokens_per_s"), r.get("train_s"), r.get("end_to_end_s"), r.get("peak_gpu_gib"),
-              r.get("final_loss"), r.get("phases"), r.get("start_up_parts"))
+        print(name, r.get("tokens_per_s"), r.get("train_s"), r.get("end_to_end_s"), r.get("outside_training_s"),
+              r.get("peak_gpu_gib"), r.get("final_loss"), r.get("phases"), r.get("start_up_parts"))
 PY
 cat "$out/ab.txt"
 last=${tree[${order[-1]}]}

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 
-import psutil
+from tunesmith.started import process_start
 
-STARTED = psutil.Process().create_time()
+STARTED = process_start()
 # set-up's steps, as train/setup.py calls them (module globals, so wrapping them there times every call)
 SETUP_STEPS = ("resolve", "run_facts", "prepare_output_dir", "seed_everything", "select_flash_kernels",
                "load_preprocessing", "_use_chat_template", "prepare_data", "print_data_report", "resolve_steps",

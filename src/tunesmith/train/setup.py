@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import dist, prefetch
+from ..started import process_start
 from ..cuda_memory import use_expandable_segments
 from ..config.load import redacted, save_config
 from ..config.resolve import RunFacts, resolve, resolve_steps
@@ -88,7 +89,7 @@ def train(cfg) -> TrainResult:
 
 
 def set_up(cfg) -> Runner:
-    marks = {"process_start": _process_start(), "set_up_start": time.time()}  # the imports are done by now
+    marks = {"process_start": process_start(), "set_up_start": time.time()}  # the imports are done by now
     cfg = resolve(cfg, run_facts(cfg))
     dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
     output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
@@ -142,13 +143,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds every CUDA device too
-
-
-def _process_start() -> float:
-    """When this process started (wall clock): start-up counts from there, imports included."""
-    import psutil
-
-    return psutil.Process().create_time()
 
 
 def _use_chat_template(cfg, tokenizer, saver) -> None:
