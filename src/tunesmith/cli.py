@@ -407,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"tunesmith: unknown command '{argv[0]}'\n\n{USAGE}", file=sys.stderr)
         return 2
+    from . import import_memo
+
+    import_memo.install()  # before the libraries' imports: they repeat work that a file on disk remembers
     if argv[0] in ("train", "bench") and not {"-h", "--help"} & set(argv):
         from .launch import relaunch, wants_torchrun
 
