@@ -46,7 +46,13 @@ def timeline(argv: list[str]) -> None:
     begin = _stamp()
     from tunesmith import cli, prefetch
 
-    prefetch.start()  # as `tunesmith train` does, before its imports
+    try:
+        from tunesmith import import_memo  # trees before it had none
+    except ImportError:
+        import_memo = None
+    if import_memo is not None:
+        import_memo.install()  # as `tunesmith train` does, before its imports
+    prefetch.start()
     cli._setup_logging()
     events.append(("import cli, logging set-up (torch, datasets, transformers' utils)", begin, _stamp()))
     begin = _stamp()
