@@ -52,6 +52,12 @@ def timeline(argv: list[str]) -> None:
         import_memo = None
     if import_memo is not None:
         import_memo.install()  # as `tunesmith train` does, before its imports
+    try:
+        from tunesmith import collector  # trees before it had none
+    except ImportError:
+        collector = None
+    if collector is not None:
+        collector.pause()
     prefetch.start()
     cli._setup_logging()
     events.append(("import cli, logging set-up (torch, datasets, transformers' utils)", begin, _stamp()))

@@ -416,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         if wants_torchrun():
             return relaunch(argv)
     if argv[0] == "train":
-        from . import prefetch
+        from . import collector, prefetch
 
+        collector.pause()  # until set-up is done (collector.py)
         prefetch.start()
     _setup_logging()
     finished = False

@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 
-from .. import dist
+from .. import collector, dist
 from .pipeline import PreparedData, prepare_data
 
 
@@ -60,7 +60,8 @@ class PreparingData:
     def result(self) -> PreparedData:
         outcome = self._wait()
         if outcome is None:  # no child, or one that did not finish: prepare it here (its errors raised here)
-            return prepare_data(self.cfg, self.tokenizer, self.media)
+            with collector.running():
+                return prepare_data(self.cfg, self.tokenizer, self.media)
         return prepare_data(self.cfg, self.tokenizer, self.media, known=outcome)
 
     def _wait(self) -> dict | None:
@@ -98,6 +99,7 @@ def _entries(report: dict) -> dict:
 def _child(write: int, cfg, tokenizer, media) -> None:
     """Prepare the data, tell the parent how the cache went, and leave without the interpreter's teardown."""
     code = 1
+    collector.in_child()
     try:
         report = prepare_data(cfg, tokenizer, media).report
         os.write(write, json.dumps(_entries(report)).encode())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dist, prefetch
+from .. import collector, dist, prefetch
 from ..started import process_start
 from ..cuda_memory import use_expandable_segments
 from ..config.load import redacted, save_config
@@ -90,6 +90,7 @@ def train(cfg) -> TrainResult:
 
 def set_up(cfg) -> Runner:
     marks = {"process_start": process_start(), "set_up_start": time.time()}  # the imports are done by now
+    collector.freeze_imports()
     cfg = resolve(cfg, run_facts(cfg))
     dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
     output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
@@ -130,6 +131,7 @@ def set_up(cfg) -> Runner:
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, layers, device)
     runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
     runner.marks.update(marks)
+    collector.resume()
     return runner
 
 
