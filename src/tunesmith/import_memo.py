@@ -60,9 +60,12 @@ def _read(name: str, key: str):
         return None
 
 
+_KEPT = 8  # memos of one kind kept (the newest): environments that share a cache each keep theirs
+
+
 def _write(name: str, key: str, value) -> None:
-    """Atomically (ranks may write at once), replacing the memos of other keys; a memo is a speed-up only, so a
-    folder that cannot be written is left alone."""
+    """Atomically (ranks may write at once), keeping the newest memos of the kind; a memo is a speed-up only, so
+    a folder that cannot be written is left alone."""
     folder = memo_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -70,9 +73,9 @@ def _write(name: str, key: str, value) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(value, f)
         os.replace(tmp, folder / f"{name}-{key}.json")
-        for stale in folder.glob(f"{name}-*.json"):
-            if stale.name != f"{name}-{key}.json":
-                stale.unlink(missing_ok=True)
+        older = sorted(folder.glob(f"{name}-*.json"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+        for stale in older[_KEPT:]:
+            stale.unlink(missing_ok=True)
     except OSError:
         pass
 
@@ -80,17 +83,19 @@ def _write(name: str, key: str, value) -> None:
 # --- the import-name -> distributions map -------------------------------------------------------------------------
 
 def sys_path_key() -> str:
-    """Python's version and, per sys.path entry, its distributions' metadata folders with their modification times
-    (installing, upgrading or removing a distribution creates or deletes its folder)."""
+    """Python's version and the sys.path entries that hold distributions' metadata folders, in order, each with
+    those folders and their modification times (installing, upgrading or removing a distribution creates or
+    deletes its folder). Entries without any (a script's own folder, a source tree) do not count."""
     parts = [sys.version]
     for entry in sys.path:
-        parts.append(f"path {entry}")
         try:
             with os.scandir(entry or ".") as entries:
-                parts += sorted(f"{e.name}\0{e.stat().st_mtime_ns}" for e in entries
-                                if e.name.endswith((".dist-info", ".egg-info")))
-        except OSError:  # absent, a file (a zip) or unreadable: only its name counts
-            pass
+                found = sorted(f"{e.name}\0{e.stat().st_mtime_ns}" for e in entries
+                               if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:  # absent, a file (a zip) or unreadable
+            continue
+        if found:
+            parts += [f"path {os.path.abspath(entry or '.')}", *found]
     return _digest("\n".join(parts))
 
 

@@ -51,7 +51,21 @@ def test_a_distribution_installed_since_is_found(memo_cache, tmp_path, monkeypat
     assert "fake_two" not in memoised()
     _fake_distribution(site, "fake-two", "fake_two")
     assert memoised()["fake_two"] == ["fake-two"]
-    assert len(list(memo_cache.glob("distributions-*.json"))) == 1  # the older memo is replaced
+    assert len(list(memo_cache.glob("distributions-*.json"))) == 2  # the older memo stays for its environment
+
+
+def test_the_key_ignores_folders_without_distributions(tmp_path, monkeypatch):
+    key = import_memo.sys_path_key()
+    (tmp_path / "scripts").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path / "scripts"))  # a script's own folder, as python puts it first
+    assert import_memo.sys_path_key() == key
+
+
+def test_only_the_newest_memos_are_kept(memo_cache):
+    for number in range(import_memo._KEPT + 3):
+        import_memo._write("distributions", f"key{number}", {})
+    kept = sorted(path.name for path in memo_cache.glob("distributions-*.json"))
+    assert len(kept) == import_memo._KEPT and "distributions-key0.json" not in kept
 
 
 def test_an_unreadable_memo_is_computed_again(memo_cache):
