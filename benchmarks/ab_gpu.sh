@@ -31,7 +31,8 @@ for name in "${order[@]}"; do
   seen[$name]=$(( ${seen[$name]:-0} + 1 ))
   run="$name${seen[$name]}"
   runs+=("$run")
-  PYTHONPATH="${tree[$name]}:$site" python3 benchmarks/lf_workload.py --work ${WORK:-/tmp/lfw} --no_as_is ${TINY:+--tiny} \
+  # each tree its own cache folder (tokenized data, import memos): a tree's memo is not the other's to replace
+  PYTHONPATH="${tree[$name]}:$site" TUNESMITH_CACHE="/tmp/tunesmith-cache/$name" python3 benchmarks/lf_workload.py --work ${WORK:-/tmp/lfw} --no_as_is ${TINY:+--tiny} \
     --run "$run=$settings" --out "$out/$run.json" 2>&1 | grep -v "^workload ready" | tail -4
 done
 python3 - "$out" "${runs[@]}" <<'PY' > "$out/ab.txt"
