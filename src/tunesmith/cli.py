@@ -436,8 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("tunesmith").error("%s%s: %s%s", _rank_prefix(), type(err).__name__, err, raised_at(err))
         return 1
     finally:
-        from . import dist
+        from . import collector, dist
 
+        collector.release()
         dist.shutdown(finished)
 
 

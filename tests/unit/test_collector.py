@@ -18,6 +18,7 @@ class _Node:
 @pytest.fixture
 def fresh_collector(monkeypatch):
     monkeypatch.setattr(collector, "_paused", False)
+    monkeypatch.setattr(collector, "_froze", False)
     gc.enable()
     yield
     gc.unfreeze()
@@ -68,3 +69,15 @@ def test_a_collector_its_owner_turned_off_stays_off(fresh_collector):
         assert not gc.isenabled()
     collector.resume()
     assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_released_when_the_command_ends_or_set_up_fails(fresh_collector):
+    collector.pause()
+    collector.freeze_imports()  # then set-up fails: no resume
+    collector.release()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    collector.pause()
+    collector.freeze_imports()
+    collector.resume()
+    collector.release()  # a finished command
+    assert gc.isenabled() and gc.get_freeze_count() == 0
