@@ -66,18 +66,22 @@ _KEPT = 8  # memos of one kind kept (the newest): environments that share a cach
 def _write(name: str, key: str, value) -> None:
     """Atomically (ranks may write at once), keeping the newest memos of the kind; a memo is a speed-up only, so
     a folder that cannot be written is left alone."""
-    folder = memo_dir()
+    folder, tmp = memo_dir(), None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(value, f)
         os.replace(tmp, folder / f"{name}-{key}.json")
+        tmp = None
         older = sorted(folder.glob(f"{name}-*.json"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
         for stale in older[_KEPT:]:
             stale.unlink(missing_ok=True)
     except OSError:
         pass
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 # --- the import-name -> distributions map -------------------------------------------------------------------------
@@ -187,7 +191,10 @@ def _patch_structure(module) -> None:
             folders_walked += 1
             memo[folder] = walk(folder)  # its subfolders come back through this function
             if folder == root:
-                _write("transformers-structure", state["key"], _encode(memo[root]))
+                try:
+                    _write("transformers-structure", state["key"], _encode(memo[root]))
+                except TypeError:  # a shape this module does not know: walked in every process, as before
+                    pass
         return memo[folder]
 
     create_import_structure_from_path.__doc__ = walk.__doc__
@@ -203,10 +210,21 @@ def _remember(memo: dict, folder: str, structure: dict) -> None:
 
 
 def _encode(value):
-    """JSON for a structure: dicts keyed by folder names (str) or backends (frozenset), sets of exported names."""
+    """JSON for a structure: dicts keyed by folder names (str) or backends (frozenset), sets of exported names.
+    Any other shape (a later transformers') raises TypeError: such a structure is not kept."""
     if isinstance(value, dict):
-        return {"dict": [[k if isinstance(k, str) else {"backends": sorted(k)}, _encode(v)] for k, v in value.items()]}
-    return {"names": sorted(value)}
+        return {"dict": [[_encode_key(k), _encode(v)] for k, v in value.items()]}
+    if isinstance(value, set) and all(isinstance(name, str) for name in value):
+        return {"names": sorted(value)}
+    raise TypeError(f"an import structure holds a {type(value).__name__}")
+
+
+def _encode_key(key):
+    if isinstance(key, str):
+        return key
+    if isinstance(key, frozenset) and all(isinstance(name, str) for name in key):
+        return {"backends": sorted(key)}
+    raise TypeError(f"an import structure is keyed by a {type(key).__name__}")
 
 
 def _decode(value):

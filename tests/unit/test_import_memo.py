@@ -96,6 +96,9 @@ def test_a_structure_survives_its_json():
     memo = {}
     import_memo._remember(memo, "/m", structure)
     assert memo["/m/sub"] is structure["sub"]
+    for unknown in ({("torch",): {"modeling_x": {"X"}}}, {frozenset(): {"modeling_x": ["X"]}}):
+        with pytest.raises(TypeError):  # a shape it does not know is not kept (it could not come back the same)
+            import_memo._encode(unknown)
 
 
 _CHILD = """
