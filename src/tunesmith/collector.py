@@ -7,9 +7,9 @@ one more of 0.3 s inside its training. So the command pauses the collector from 
 imports made out of its reach when set-up begins (freeze_imports: gc.freeze), and, set-up done, collects set-up's
 garbage once, freezes what stays alive (the model, the tokenizer, the data) and turns the collector back on
 (resume): training's passes walk only training's own objects; when the command ends, everything goes back to the
-collector (release). Python's documentation gives the same recipe for
-processes that fork (the data child, the data-loader workers): a frozen object's page is not written by the
-child's collector. Work that makes garbage by the dataset's size runs with the collector on (running, in_child).
+collector (release). Python's documentation gives the same recipe for processes that fork (the data child, the
+data-loader workers): a frozen object's page is not written by the child's collector. Work that makes garbage by
+the dataset's size runs with the collector on (running, in_child).
 """
 
 from __future__ import annotations
