@@ -167,11 +167,12 @@ def _patch_structure(module) -> None:
         return
     root = os.path.normpath(os.path.join(os.path.dirname(module.__file__), os.pardir, "models"))
     memo: dict[str, dict] = {}
-    state = {"key": None}
+    key = None  # the tree's, read at the first call under root
 
     def load() -> None:
-        state["key"] = tree_key(root)
-        encoded = _read("transformers-structure", state["key"])
+        nonlocal key
+        key = tree_key(root)
+        encoded = _read("transformers-structure", key)
         if encoded is not None:
             try:
                 _remember(memo, root, _decode(encoded))
@@ -185,14 +186,14 @@ def _patch_structure(module) -> None:
             folder = os.path.dirname(folder)
         if folder != root and not folder.startswith(root + os.sep):
             return create(module_path)
-        if state["key"] is None:
+        if key is None:
             load()
         if folder not in memo:
             folders_walked += 1
             memo[folder] = walk(folder)  # its subfolders come back through this function
             if folder == root:
                 try:
-                    _write("transformers-structure", state["key"], _encode(memo[root]))
+                    _write("transformers-structure", key, _encode(memo[root]))
                 except TypeError:  # a shape this module does not know: walked in every process, as before
                     pass
         return memo[folder]
