@@ -11,6 +11,12 @@
 #                                                                            AB_TREES, AB_ORDER, AB_TIMEOUT change it;
 #                                                                            AB_PROFILE=1 adds a step profile,
 #                                                                            AB_STARTUP=1 a start-up timeline)
+# or call 2 (or 3, after ab):        bash benchmarks/run_fa4_gpu.sh host    (the host's time a step: rows of
+#                                                                            HOST_CUTOFF (256) tokens, where the GPU
+#                                                                            idles, for each of HOST_TREES (NAME=PATH,
+#                                                                            default head=src); HOST_CPROFILE=1 adds a
+#                                                                            cProfile run; an epoch first where none
+#                                                                            ran)
 # An epoch is issue 15's YAML as is with flash_impl fa2 or auto (benchmarks/ab_gpu.sh); the first FA4 epoch
 # compiles its kernels into FlashAttention 4's default cache, the second loads them. Results under $OUT.
 set -u
@@ -91,5 +97,19 @@ case "${1:-}" in
         save_final_model=false output_dir=/tmp/lfw/startup > "$out/startup-imports.txt" 2>&1
       head -25 "$out/startup-imports.txt"
     fi ;;
-  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab" >&2; exit 2 ;;
+  host)  # the host's time a step: the same launches over rows of HOST_CUTOFF (256) tokens, where the GPU idles
+    yaml=$(ls /tmp/lfw/*1.yaml 2>/dev/null | head -1)
+    if [ -z "$yaml" ]; then epoch head auto 220; yaml=/tmp/lfw/head1.yaml; fi  # builds the workload first
+    for item in ${HOST_TREES:-head=src}; do
+      name=${item%%=*}
+      for prefix in "python3" ${HOST_CPROFILE:+"python3 -m cProfile -s tottime"}; do
+        file="$out/host-$name${prefix#python3}.txt"; file=${file// /}
+        PYTHONPATH="${item#*=}:$site" PROFILE_LOOP=1 PROFILE_TOTAL=64 HF_HUB_OFFLINE=1 \
+          TUNESMITH_CACHE="/tmp/tunesmith-cache/$name" PYTHONPYCACHEPREFIX=/tmp/pycache timeout 150 $prefix \
+          benchmarks/profile_steps.py "$yaml" max_steps=-1 save_final_model=false flash_impl=auto \
+          cutoff_len=${HOST_CUTOFF:-256} output_dir=/tmp/lfw/host > "$file" 2>&1
+        echo "== $file"; grep -E "tokens_per_s|a step|GPU busy" "$file" | tail -9 | tr '\n' ' '; echo
+      done
+    done ;;
+  *) echo "usage: bash benchmarks/run_fa4_gpu.sh first | second | pure | h200a | h200b | ab | host" >&2; exit 2 ;;
 esac
