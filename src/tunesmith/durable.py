@@ -1,10 +1,13 @@
 """Files that survive a crash, and the digests that prove what was written: fsync'd writes and folders,
-SHA-256 of a file. Shared by checkpoints (train/checkpoint.py) and the tokenized-data cache (data/cache.py)."""
+SHA-256 of a file, a file replaced whole or not at all. Shared by checkpoints (train/checkpoint.py), the
+tokenized-data cache (data/cache.py), stored media (data/sources.py), the skipped-records list
+(data/pipeline.py) and the import memos (import_memo.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -34,3 +37,18 @@ def write_text(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_whole(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` through a temporary file beside it, renamed over it: a reader (another rank, a
+    crash's next run) sees the old file or the new one, never part of one. The temporary file is removed when the
+    write fails."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

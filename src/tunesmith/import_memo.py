@@ -22,8 +22,9 @@ import importlib.metadata
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
+
+from .durable import replace_whole
 
 _STRUCTURE_MODULE = "transformers.utils.import_utils"
 _installed = False
@@ -66,22 +67,15 @@ _KEPT = 8  # memos of one kind kept (the newest): environments that share a cach
 def _write(name: str, key: str, value) -> None:
     """Atomically (ranks may write at once), keeping the newest memos of the kind; a memo is a speed-up only, so
     a folder that cannot be written is left alone."""
-    folder, tmp = memo_dir(), None
+    folder = memo_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f)
-        os.replace(tmp, folder / f"{name}-{key}.json")
-        tmp = None
+        replace_whole(folder / f"{name}-{key}.json", json.dumps(value))
         older = sorted(folder.glob(f"{name}-*.json"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
         for stale in older[_KEPT:]:
             stale.unlink(missing_ok=True)
     except OSError:
         pass
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 # --- the import-name -> distributions map -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config.schema import RunConfig
+from ..durable import replace_whole
 from ..errors import DataError
 from .. import dist
 from ..stages import STAGES
@@ -408,10 +409,7 @@ def write_skipped_records(report: dict, folder) -> Path | None:
         path.unlink(missing_ok=True)
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps({"stage": "media", "file": None, **record}, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    replace_whole(path, "".join(json.dumps({"stage": "media", "file": None, **record}, ensure_ascii=False) + "\n"
+                                for record in records))
     log.warning("%d bad record(s) skipped (skip_bad_samples: true); listed in %s", len(records), path)
     return path

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import uuid
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 from tunesmith.data.cache import cache_root
 from tunesmith.data.jsonrows import read_json_records, rows_from_json_files, rows_from_records  # noqa: F401 (re-exported)
 from tunesmith.data.registry import DatasetSpec
+from tunesmith.durable import replace_whole
 from tunesmith.errors import DataError
 
 # Extension -> loader name. "text" (.txt) yields one row per line in column "text".
@@ -103,9 +103,7 @@ def _media_file(item: dict | None, folder: Path, where: str) -> str | None:
     suffix = Path(path).suffix.lower() if path and len(Path(path).suffix) <= 6 else ""
     target = folder / (hashlib.sha1(data).hexdigest() + suffix)
     if not target.exists():
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)  # atomic: concurrent ranks writing the same file is safe
+        replace_whole(target, data)  # concurrent ranks writing the same file is safe
     return str(target)
 
 
