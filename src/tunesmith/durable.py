@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 
@@ -44,7 +44,9 @@ def replace_whole(path: Path, data: str | bytes) -> None:
     crash's next run) sees the old file or the new one, never part of one. The temporary file is removed when the
     write fails."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}-{uuid.uuid4().hex}.tmp")
+    # created as open() creates a file (mode 0o666 less the umask; mkstemp's 0o600 would hide it from other users)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -1,5 +1,7 @@
-"""durable.replace_whole: a file replaced whole (text or bytes), an old one kept and no temporary file left when
-the write fails."""
+"""durable.replace_whole: a file replaced whole (text or bytes), with the permissions a plain write gives, an old
+one kept and no temporary file left when the write fails."""
+
+import stat
 
 import pytest
 
@@ -13,6 +15,9 @@ def test_replace_whole_writes_text_and_bytes(tmp_path):
     replace_whole(target, b"\x00\x01")
     assert target.read_bytes() == b"\x00\x01"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    plain = tmp_path / "plain"
+    plain.write_text("x")  # what open() makes under this process's umask
+    assert stat.S_IMODE(target.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
