@@ -172,22 +172,33 @@ def test_triton_add_rms_norm_matches_the_add_then_the_norm_on_cuda(residual_dtyp
         assert error < (1e-5 if residual_dtype == torch.float32 and got.shape != () and out_dtype is None else 1e-2)
 
 
-def test_the_fused_decoder_layers_give_transformers_layers_on_cuda():
-    """tests/unit/models/test_rms_norm_triton.py's layer check with the kernels compiled, on this machine's
-    transformers: a Qwen3 model's loss and gradients with each residual add fused with the norm after it (handed
-    to the next layer's norm), with a hook that replaces a layer's output, and with a checkpointed layer."""
+def _run_unit_check(file: str, name: str) -> None:
+    """Run the CHECK script `name` of tests/unit/models/`file` with its kernels compiled, on this machine's GPU."""
     import importlib.util
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "unit" / "models" / "test_rms_norm_triton.py"
-    spec = importlib.util.spec_from_file_location("layer_check", path)
+    path = Path(__file__).parents[1] / "unit" / "models" / file
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     env = {**os.environ, "CHECK_DEVICE": "cuda"}
     env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", module.LAYER_CHECK], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", getattr(module, name)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_the_fused_decoder_layers_give_transformers_layers_on_cuda():
+    """tests/unit/models/test_rms_norm_triton.py's layer check with the kernels compiled, on this machine's
+    transformers: a Qwen3 model's loss and gradients with each residual add fused with the norm after it (handed
+    to the next layer's norm), with a hook that replaces a layer's output, with a checkpointed layer, and with
+    q/k/v and gate/up stacked and the q/k norms and RoPE in one kernel (models/fused_projections.py)."""
+    _run_unit_check("test_rms_norm_triton.py", "LAYER_CHECK")
+
+
+def test_qk_norm_rope_matches_transformers_on_cuda():
+    """tests/unit/models/test_qk_norm_rope.py's check with the kernels compiled."""
+    _run_unit_check("test_qk_norm_rope.py", "CHECK")

@@ -60,6 +60,10 @@ def _single(cfg, model, device, num_optimizer_steps: int):
         from .blocks import compile_each, transformer_blocks
 
         compile_each(transformer_blocks(model))
+    elif cfg.model.enable_liger_kernel:
+        from ..models.fused_projections import fuse_projections
+
+        log.debug("stacked projections: %d groups", fuse_projections(model))
     optimizer, scheduler = _optimizer_and_schedule(cfg, model, device, num_optimizer_steps)
     return SingleEngine(model, optimizer, scheduler, device, precision=precision_of(cfg, device),
                         max_grad_norm=cfg.train.max_grad_norm, skip_nonfinite=cfg.train.skip_nonfinite,

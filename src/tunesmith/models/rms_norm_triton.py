@@ -5,7 +5,8 @@ reduces the weight gradient over the rows in a second, slow kernel (110 us a cal
 what its bytes need), and Liger's backward over the q/k heads' 128 features takes ~100 us for ~20 us of bytes
 (benchmarks/results/2026-12-04-autocast-linear-loop-profile.txt). Here one backward kernel reads each row once,
 writes its input gradient and adds its share of the weight gradient to one partial row per program; the
-partial rows (a few hundred) are summed by PyTorch.
+partial rows (a few hundred) are summed by PyTorch. The q/k norms read their input where it lies, a view of the
+stacked q/k/v projection's output (models/fused_projections.py), rather than a contiguous copy of it.
 
 Numerics, Llama's form (no weight offset): the row is read in fp32, rstd = 1/sqrt(mean(x^2) + eps), n = x * rstd,
 y = n * w computed in fp32 and rounded once to the output dtype. `round_normed` rounds n to the input's half
@@ -30,14 +31,21 @@ TILE_ELEMENTS = 8192  # elements a program holds at once: BLOCK_R rows x BLOCK_N
 
 
 @triton.jit
-def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, cols, eps,
+def _input_offsets(r, c, cols, heads, group_stride):
+    """Where row r's features lie in an input of groups of `heads` adjacent rows, `group_stride` apart (1 and
+    cols for a contiguous input)."""
+    return ((r // heads) * group_stride + (r % heads) * cols)[:, None] + c[None, :]
+
+
+@triton.jit
+def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, cols, heads, group_stride, eps,
                     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_NORMED: tl.constexpr):
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     c = tl.arange(0, BLOCK_N)
     row_ok, col_ok = r < rows, c < cols
     mask = row_ok[:, None] & col_ok[None, :]
     offsets = r[:, None] * cols + c[None, :]
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + _input_offsets(r, c, cols, heads, group_stride), mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / cols + eps)
     normed = x * rstd[:, None]
     if ROUND_NORMED:
@@ -48,8 +56,8 @@ def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, cols, eps,
 
 
 @triton.jit
-def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, ds_ptr, db_ptr, rows, cols, tiles_per_program,
-                     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_NORMED: tl.constexpr,
+def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, ds_ptr, db_ptr, rows, cols, heads, group_stride,
+                     tiles_per_program, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_NORMED: tl.constexpr,
                      WEIGHT_GRAD: tl.constexpr, ADD: tl.constexpr):
     """dx (and the weight gradient's partial row of this program) from dy; with ADD (add_rms_norm) x is the sum,
     whose own gradient ds joins dx, and the branch's gradient db is the same total in the branch's dtype."""
@@ -63,7 +71,7 @@ def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, ds_ptr, db_
         row_ok = r < rows
         mask = row_ok[:, None] & col_ok[None, :]
         offsets = r[:, None] * cols + c[None, :]
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + _input_offsets(r, c, cols, heads, group_stride), mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + r, mask=row_ok, other=0.0)
         normed = x * rstd[:, None]
@@ -124,34 +132,52 @@ def _backward_grid(rows: int, cols: int, device: torch.device) -> tuple[int, int
     return triton.cdiv(tiles, per_program), per_program
 
 
+def _rows_in_place(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """x's rows of its last dimension as the kernels read them: (a view or a contiguous copy, heads, group
+    stride). A [..., H, D] view of a wider tensor (q or k in models/fused_projections' stacked q/k/v output) is
+    read where it lies, as groups of H adjacent rows; other layouts are copied."""
+    cols = x.shape[-1]
+    if x.is_contiguous():
+        return x.reshape(-1, cols), 1, cols
+    if x.dim() >= 3 and x.stride(-1) == 1 and (x.stride(-2) == cols or x.shape[-2] == 1):
+        try:
+            grouped = x.view(-1, x.shape[-2], cols)
+        except RuntimeError:  # the leading dimensions do not merge into one stride
+            grouped = None
+        if grouped is not None:
+            return grouped, x.shape[-2], grouped.stride(0)
+    return x.reshape(-1, cols).contiguous(), 1, cols
+
+
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps: float, out_dtype: torch.dtype, round_normed: bool):
         shape, cols = x.shape, x.shape[-1]
-        x2 = x.reshape(-1, cols).contiguous()
-        rows = x2.shape[0]
+        x_rows, heads, group_stride = _rows_in_place(x)
+        rows = x.numel() // cols
         y = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         block_r, block_n, warps = _blocks(cols)
-        _forward_kernel[(triton.cdiv(rows, block_r),)](x2, weight, y, rstd, rows, cols, eps, BLOCK_R=block_r,
-                                                       BLOCK_N=block_n, ROUND_NORMED=round_normed,
+        _forward_kernel[(triton.cdiv(rows, block_r),)](x_rows, weight, y, rstd, rows, cols, heads, group_stride, eps,
+                                                       BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=round_normed,
                                                        num_warps=warps)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.shape, ctx.round_normed = shape, round_normed
+        ctx.save_for_backward(x_rows, weight, rstd)
+        ctx.shape, ctx.round_normed, ctx.layout = shape, round_normed, (heads, group_stride)
         return y.view(shape)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, rstd = ctx.saved_tensors
-        rows, cols = x2.shape
+        x_rows, weight, rstd = ctx.saved_tensors
+        cols = x_rows.shape[-1]
+        rows = x_rows.numel() // cols
         dy2 = dy.reshape(-1, cols).contiguous()
         block_r, block_n, warps = _blocks(cols)
-        programs, per_program = _backward_grid(rows, cols, x2.device)
+        programs, per_program = _backward_grid(rows, cols, x_rows.device)
         weight_grad = ctx.needs_input_grad[1]
-        dx = torch.empty_like(x2)
-        partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=x2.device)
-        _backward_kernel[(programs,)](dy2, x2, weight, rstd, dx, partial, dx, dx, rows, cols, per_program,
-                                      BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=ctx.round_normed,
+        dx = torch.empty((rows, cols), dtype=x_rows.dtype, device=x_rows.device)
+        partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=dx.device)
+        _backward_kernel[(programs,)](dy2, x_rows, weight, rstd, dx, partial, dx, dx, rows, cols, *ctx.layout,
+                                      per_program, BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=ctx.round_normed,
                                       WEIGHT_GRAD=weight_grad, ADD=False, num_warps=warps)
         dw = partial.sum(0).to(weight.dtype) if weight_grad else None
         return dx.view(ctx.shape), dw, None, None, None
@@ -193,7 +219,7 @@ class _AddRMSNorm(torch.autograd.Function):
         d_branch = torch.empty((rows, cols), dtype=ctx.branch_dtype, device=total.device)
         partial = torch.empty((programs, cols) if weight_grad else (1,), dtype=torch.float32, device=total.device)
         _backward_kernel[(programs,)](dy, total, weight, rstd, d_residual, partial, d_total, d_branch, rows, cols,
-                                      per_program, BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=False,
+                                      1, cols, per_program, BLOCK_R=block_r, BLOCK_N=block_n, ROUND_NORMED=False,
                                       WEIGHT_GRAD=weight_grad, ADD=True, num_warps=warps)
         dw = partial.sum(0).to(weight.dtype) if weight_grad else None
         return d_residual.view(ctx.shape), d_branch.view(ctx.shape), dw, None, None

@@ -11,7 +11,7 @@ import textwrap
 CHECK = textwrap.dedent("""
     import torch
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-    from tunesmith.models.rms_norm_triton import rms_norm
+    from tunesmith.models.rms_norm_triton import _rows_in_place, rms_norm
 
     def case(rows, cols, x_dtype, w_dtype, out_dtype, round_normed, train_weight=True):
         torch.manual_seed(cols + rows)
@@ -43,6 +43,25 @@ CHECK = textwrap.dedent("""
     case(300, 16, torch.bfloat16, torch.float32, None, True)             # q/k heads under autocast (Liger's form)
     case(41, 96, torch.bfloat16, torch.bfloat16, None, False)            # pure bf16
     case(5, 96, torch.float32, torch.float32, None, False, train_weight=False)  # frozen weight (LoRA)
+
+    # q heads read where they lie: a [B, T, H, D] view of a stacked q/k/v output [B, T, (H + 2 Hkv) D]
+    torch.manual_seed(7)
+    norm = Qwen3RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(16) * 0.1)
+    stacked = (torch.randn(2, 5, 8 * 16) * 3).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(2, 5, 4, 16).to(torch.bfloat16)
+    results = []
+    for norm_of in (norm, lambda x: rms_norm(x, norm.weight, 1e-6, round_normed=True)):
+        stacked.grad, norm.weight.grad = None, None
+        q = stacked[..., :64].view(2, 5, 4, 16)
+        assert not q.is_contiguous() and _rows_in_place(q)[1:] == (4, 128)  # no copy: groups of 4 rows
+        out = norm_of(q)
+        out.backward(dy)
+        results.append((out.detach().float(), stacked.grad.float(), norm.weight.grad.clone()))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert results[1][1][..., 64:].abs().max() == 0
 
     from tunesmith.models.rms_norm_triton import add_rms_norm
 
@@ -141,6 +160,20 @@ LAYER_CHECK = textwrap.dedent("""
     weights = [call[2] for call in calls]
     assert sum(w is fused.model.norm.weight for w in weights) == 1
     assert not any(w is fused.model.layers[1].input_layernorm.weight for w in weights)
+
+    # q/k/v and gate/up stacked on top (models/fused_projections), with layer 0 checkpointed and then without: the
+    # same loss and gradients
+    # and Qwen3's q/k norms and RoPE in one kernel (models/qk_norm_rope) reading the heads from the stacked output
+    from tunesmith.models import qk_norm_rope as fused_rope
+    from tunesmith.models.fused_projections import fuse_projections
+    rope_calls, rope = [], fused_rope.qk_norm_rope
+    fused_rope.qk_norm_rope = lambda *a: rope_calls.append(a) or rope(*a)
+    assert fuse_projections(fused) == 2 * 2
+    same(loss_and_grads(fused), want)
+    assert len(rope_calls) == 3  # layer 0 checkpointed: its forward and its recompute, then layer 1
+    fused.gradient_checkpointing_disable()
+    same(loss_and_grads(fused), want)
+    assert len(rope_calls) == 5
     print("ok")
 """)
 
