@@ -150,3 +150,23 @@ def test_the_single_engine_stacks_projections_with_the_fast_kernels(tmp_path, ti
     stacked = [isinstance(m.forward, functools.partial)
                for m in (layer.self_attn.q_proj, layer.self_attn.v_proj, layer.mlp)]
     assert stacked == [liger] * 3
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2_5_vl", "qwen3_vl"])
+def test_the_tiny_families_with_stacked_projections_train_as_before(arch, tiny_cache):
+    """Every family of models/norms.PRE_NORM_LAYERS that the tiny models cover: the decoder layers are stacked and
+    a text batch gives the same loss and gradients (the vision towers keep their own layers)."""
+    from tunesmith.models.tiny import build_tiny
+
+    path = build_tiny(arch, tiny_cache)
+    auto = transformers.AutoModelForImageTextToText if "vl" in arch else transformers.AutoModelForCausalLM
+    plain, fused = (auto.from_pretrained(path) for _ in range(2))
+    layers = plain.config.get_text_config().num_hidden_layers
+    assert fuse_projections(fused) == 2 * layers
+    vocab = plain.config.get_text_config().vocab_size
+    ids = torch.randint(3, min(vocab, 200), (2, 13))
+    want, got = (_loss_and_grads(m, ids, autocast=True) for m in (plain, fused))
+    torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+    for name, grad in want[1].items():
+        error = float((got[1][name] - grad).norm() / grad.norm().clamp_min(1e-12))
+        assert error < 5e-2, (name, error)
