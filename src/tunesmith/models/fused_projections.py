@@ -138,10 +138,16 @@ class _SameInputGroup:
         return self.forwards[index](x)
 
 
+def _still_plain(module: torch.nn.Module, names, linears) -> bool:
+    """Whether `module`'s layers `names` are still the plain `linears` stacked at install time (LoRA applied later
+    wraps them: then the module's own forward runs, adapters included)."""
+    return all(getattr(module, name) is linear for name, linear in zip(names, linears))
+
+
 def _gated_mlp_forward(mlp: torch.nn.Module, x: torch.Tensor, *, pair, plain) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)) with gate and up as one stacked matmul (module docstring), else `plain`: also
-    where gate or up is no longer the plain layer `pair` holds (LoRA wrapped it after this was installed)."""
-    dtype = compute_dtype(pair, x) if mlp.gate_proj is pair[0] and mlp.up_proj is pair[1] else None
+    where gate or up is no longer the plain layer `pair` holds."""
+    dtype = compute_dtype(pair, x) if _still_plain(mlp, ("gate_proj", "up_proj"), pair) else None
     if dtype is None:
         return plain(x)
     both = stacked_linear(x, pair, dtype)
@@ -166,7 +172,7 @@ def _qwen3_attention_forward(attention: torch.nn.Module, *args, linears, plain, 
     implementation = attention.config._attn_implementation
     if (args or hidden is None or kwargs.get("position_embeddings") is None or implementation == "eager"
             or kwargs.get("past_key_values") is not None or kwargs.get("cache") is not None
-            or not _on_triton(hidden)):
+            or not _on_triton(hidden) or not _still_plain(attention, ("q_proj", "k_proj", "v_proj"), linears)):
         return plain(*args, **kwargs)
     dtype = compute_dtype(linears, hidden)
     if dtype is None:

@@ -105,11 +105,21 @@ def test_a_model_with_stacked_projections_trains_as_before(model_type, autocast,
         assert error < (5e-2 if autocast else 1e-4), (name, error)
 
 
-def test_lora_over_stacked_projections_matches_lora_over_plain_ones():
+def test_lora_over_stacked_projections_matches_lora_over_plain_ones(monkeypatch):
+    """LoRA applied after the stacking (the engines apply it before, so LoRA'd layers are never stacked): a wrapped
+    q or v reads its plain layer's stacked output and adds its adapter, and the Qwen3 attention forward, which
+    would compute q/k/v itself, hands a wrapped attention to transformers' forward."""
+    from tunesmith.models import norms, qk_norm_rope
+
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
     plain, fused = _tiny("qwen3"), _tiny("qwen3")
+    # the Qwen3 attention forward installed and its CUDA condition met, its kernel never to be reached
+    monkeypatch.setattr(fused_projections, "_norms_and_rope_fusable", lambda attention: True)
+    monkeypatch.setattr(norms, "_on_triton", lambda hidden: True)
+    monkeypatch.setattr(qk_norm_rope, "qk_norm_rope", lambda *a: pytest.fail("LoRA's q/k/v were bypassed"))
     fuse_projections(fused)
+    assert all(isinstance(layer.self_attn.forward, functools.partial) for layer in fused.model.layers)
     models = []
     for model in (plain, fused):
         torch.manual_seed(1)
