@@ -14,6 +14,11 @@ gradient is written in its own dtype by the matmul, as models/autocast_linear do
 MLP applies silu(gate) * up to the stacked output with models/swiglu_triton on CUDA (computed in fp32, rounded
 once) and the MLP's own activation elsewhere.
 
+Qwen3's attention normalises q and k per head before RoPE; there the attention's forward itself is replaced
+(`_qwen3_attention_forward`): the stacked matmul, then models/qk_norm_rope's one kernel for the q/k norms and RoPE
+reading the q/k heads where the matmul wrote them, then the model's attention implementation as transformers
+calls it.
+
 Installed by the single-device engine for the dense decoder layers of models/norms.PRE_NORM_LAYERS, where the
 projections are plain nn.Linear (frozen weights are stacked without gradients; where LoRA wraps q, k or v
 afterwards, the plain layer underneath stays stacked, while a wrapped gate or up runs the MLP apart). Anything else, or weights that differ in dtype or trainability, takes the layers'
