@@ -180,3 +180,21 @@ def test_the_tiny_families_with_stacked_projections_train_as_before(arch, tiny_c
     for name, grad in want[1].items():
         error = float((got[1][name] - grad).norm() / grad.norm().clamp_min(1e-12))
         assert error < 5e-2, (name, error)
+
+
+def test_a_deep_copy_stacks_its_own_weights():
+    """DPO's frozen reference (engines/reference.py) is a deep copy of the stacked model: its forwards must read
+    the copy's weights, not the policy's."""
+    import copy
+
+    model = _tiny("qwen3")
+    fuse_projections(model)
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    ids = torch.randint(0, 50, (1, 7))
+    want = frozen(input_ids=ids).logits
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for linear in (layer.self_attn.q_proj, layer.self_attn.v_proj, layer.mlp.up_proj):
+                linear.weight.mul_(3.0)
+    torch.testing.assert_close(frozen(input_ids=ids).logits, want)
+    assert not torch.allclose(model(input_ids=ids).logits, want)
