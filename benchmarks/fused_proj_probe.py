@@ -4,7 +4,9 @@ the matmul: models/autocast_linear.py) against the same work with the weights si
 
 Shapes: Qwen3-1.7B (hidden 2,048; q 16 x 128, k/v 8 x 128; intermediate 6,144), 8,192 tokens a micro-batch.
 Result (benchmarks/results/2026-12-05-triton-norms.md): q/k/v 20% faster as one GEMM, gate/up 3% slower, and the
-whole epoch 4% slower with both grouped in the model, so the grouping is not in tunesmith.
+whole epoch 4% slower with both grouped in the model as that session wrote it (contiguous copies of each output,
+the gradients concatenated). The stacking in tunesmith since (models/fused_projections.py) hands out views that
+the next kernels read in place, and was 1% faster (benchmarks/results/2026-12-07-stacked-projections-h100.md).
 
     source .device-wheels/activate.sh && python benchmarks/fused_proj_probe.py --out $OUT/fused_proj.json
 """
