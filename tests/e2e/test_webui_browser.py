@@ -76,10 +76,10 @@ def shot(page, name: str, tmp_path: Path) -> None:
     page.screenshot(path=str(folder / f"webui-{name}.png"))
 
 
-def fill_form(page, output_dir: Path, learning_rate: str, max_steps: int) -> None:
+def fill_form(page, output_dir: Path, learning_rate: str, max_steps: int, accumulation: int = 1) -> None:
     values = {"model_name_or_path": "tiny:qwen3", "dataset": "identity", "dataset_dir": str(DATA),
               "cutoff_len": "96", "per_device_train_batch_size": "8", "learning_rate": learning_rate,
-              "max_steps": str(max_steps),
+              "max_steps": str(max_steps), "gradient_accumulation_steps": str(accumulation),
               "logging_steps": "1", "save_steps": str(max_steps), "output_dir": str(output_dir)}
     for key, value in values.items():
         page.fill(f"#f-{key}", value)
@@ -149,8 +149,10 @@ def check_validation_error(page, root, tmp_path):
 
 
 def launch_and_watch(page, root, tmp_path):
-    """Launch from the form; the loss curve grows while the run trains; progress, charts and log at the end."""
-    fill_form(page, root / "slow-lr", "5e-4", 150)
+    """Launch from the form; the loss curve grows while the run trains; progress, charts and log at the end. Four
+    micro-batches a step keep the run training over several of the page's polls (2 s apart) on a fast machine:
+    with one, 150 steps could end between two polls."""
+    fill_form(page, root / "slow-lr", "5e-4", 150, accumulation=4)
     page.click("#validate")
     page.wait_for_selector(".messages.good")
     shot(page, "train", tmp_path)
