@@ -202,3 +202,8 @@ def test_the_fused_decoder_layers_give_transformers_layers_on_cuda():
 def test_qk_norm_rope_matches_transformers_on_cuda():
     """tests/unit/models/test_qk_norm_rope.py's check with the kernels compiled."""
     _run_unit_check("test_qk_norm_rope.py", "CHECK")
+
+
+def test_the_stacked_qwen3_attention_trains_as_before_on_cuda():
+    """tests/unit/models/test_qk_norm_rope.py's attention check with the kernels compiled."""
+    _run_unit_check("test_qk_norm_rope.py", "ATTENTION_CHECK")

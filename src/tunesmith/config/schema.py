@@ -57,8 +57,10 @@ class ModelConfig(_Group):
         "PyTorch's built-in FlashAttention-2; fa2 = always the built-in one; fa4 = FlashAttention 4 or an error "
         "saying why not."
     )
-    enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's SwiGLU, RoPE and RMSNorm (PyTorch's "
-                                      "fused RMSNorm over the hidden size) and tunesmith's linear + cross-entropy.")
+    enable_liger_kernel: bool = Field(False, description="Use fused kernels: Liger's SwiGLU, RoPE and RMSNorm, "
+                                      "tunesmith's Triton RMSNorm on CUDA and linear + cross-entropy, and on the single "
+                                      "engine under bf16/fp16 autocast stacked q/k/v and gate/up matmuls with Qwen3's "
+                                      "q/k norms and RoPE in one kernel ([training.md](training.md)).")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="Recompute activations in the backward pass (less memory, about 30% slower): true = "
         "every layer, false = none, auto = decided per run from the memory estimate: off when the run fits with a "

@@ -20,13 +20,18 @@ reading the q/k heads where the matmul wrote them, then the model's attention im
 calls it.
 
 Installed by the single-device engine for the dense decoder layers of models/norms.PRE_NORM_LAYERS, where the
-projections are plain nn.Linear (frozen weights are stacked without gradients; where LoRA wraps q, k or v
-afterwards, the plain layer underneath stays stacked, while a wrapped gate or up runs the MLP apart). Anything else, or weights that differ in dtype or trainability, takes the layers'
-own forwards, as does a forward under torch.compile's tracing.
+projections are plain nn.Linear. Stacking runs under autocast over weights of another dtype (fp32 masters under
+bf16), where the stacked copy replaces the casts; without autocast (pure bf16, fp32) it would be an extra copy of
+the weights, kept for the backward, so the layers run apart. Frozen weights are stacked without gradients; where
+LoRA wraps q, k or v afterwards the layers' own forwards run (the engines apply LoRA first, so LoRA targets are
+never stacked). Anything else (weights that differ in dtype or trainability, a forward under torch.compile's
+tracing) takes the layers' own forwards. The stacked forwards call no hooks of the modules they stand in for
+(Qwen3's q/k/v and q/k norms), and q/k/v's outputs are views of one tensor, not to be changed in place.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 
@@ -70,8 +75,6 @@ class _StackedLinear(torch.autograd.Function):
 
 def _stack(weights, dtype: torch.dtype) -> torch.Tensor:
     """The weights one above the other in `dtype`: one copy kernel per weight (the casts a linear each makes)."""
-    if all(w.dtype == dtype for w in weights):
-        return torch.cat(weights)
     stacked = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=dtype,
                           device=weights[0].device)
     start = 0
@@ -91,11 +94,15 @@ def stacked_linear(x: torch.Tensor, linears, dtype: torch.dtype) -> torch.Tensor
 
 
 def compute_dtype(linears, x: torch.Tensor) -> torch.dtype | None:
-    """The dtype a stacked matmul of `linears` on `x` computes in (autocast's, else the weights'), or None where
-    they must run apart: weights of different dtypes, devices or trainability, a bias on some only, weights
-    sharded (FSDP2's DTensor, ZeRO-3's partitions), or torch.compile tracing the forward."""
+    """The dtype a stacked matmul of `linears` on `x` computes in (autocast's), or None where they run apart:
+    without autocast or with weights already in its dtype (pure bf16, fp32: the stacked copy would be a new copy,
+    kept for the backward, where each linear keeps a reference to its weight), weights of different dtypes,
+    devices or trainability, a bias on some only, weights sharded (FSDP2's DTensor, ZeRO-3's partitions), or
+    torch.compile tracing the forward."""
     first = linears[0].weight
-    if torch.compiler.is_compiling() or not first.is_floating_point():
+    device = x.device.type
+    if (torch.compiler.is_compiling() or not first.is_floating_point() or not torch.is_autocast_enabled(device)
+            or torch.get_autocast_dtype(device) == first.dtype):
         return None
     for m in linears:
         w = m.weight
@@ -103,10 +110,7 @@ def compute_dtype(linears, x: torch.Tensor) -> torch.dtype | None:
                 or w.shape[1] != first.shape[1] or (m.bias is None) != (linears[0].bias is None)
                 or hasattr(w, "ds_id") or not _plain(w)):
             return None
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return first.dtype
+    return torch.get_autocast_dtype(device)
 
 
 def _plain(weight: torch.Tensor) -> bool:
@@ -123,8 +127,15 @@ class _SameInputGroup:
     def __init__(self, linears):
         self.linears = linears
         self.forwards = [m.forward for m in linears]
-        self.source: tuple[torch.Tensor, int] | None = None
+        self.source: tuple[torch.Tensor, int | None] | None = None
         self.kept: dict[int, torch.Tensor] = {}
+
+    def __deepcopy__(self, memo):
+        """A copy of the model (DPO's frozen reference) gets a group over its own layers, with nothing kept."""
+        copied = memo[id(self)] = _SameInputGroup.__new__(_SameInputGroup)
+        copied.linears, copied.forwards = copy.deepcopy(self.linears, memo), copy.deepcopy(self.forwards, memo)
+        copied.source, copied.kept = None, {}
+        return copied
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if index == 0:
@@ -132,15 +143,20 @@ class _SameInputGroup:
             dtype = compute_dtype(self.linears, x)
             if dtype is not None:
                 outputs = stacked_linear(x, self.linears, dtype).split([m.out_features for m in self.linears], -1)
-                self.source, self.kept = (x, x._version), dict(enumerate(outputs[1:], start=1))
+                self.source, self.kept = (x, _version(x)), dict(enumerate(outputs[1:], start=1))
                 return outputs[0]
-        elif self.source is not None and self.source[0] is x and self.source[1] == x._version:
+        elif self.source is not None and self.source[0] is x and self.source[1] == _version(x):
             out = self.kept.pop(index, None)
             if not self.kept:
                 self.source = None
             if out is not None:
                 return out
         return self.forwards[index](x)
+
+
+def _version(x: torch.Tensor) -> int | None:
+    """x's in-place version; None for an inference tensor (torch.inference_mode), which keeps none."""
+    return None if x.is_inference() else x._version
 
 
 def _still_plain(module: torch.nn.Module, names, linears) -> bool:
@@ -164,6 +180,7 @@ def _gated_mlp_forward(mlp: torch.nn.Module, x: torch.Tensor, *, pair, plain) ->
     return mlp.down_proj(F.silu(gate) * up)
 
 
+STACKED = "_tunesmith_stacked"  # a decoder layer's attribute: fuse_projections has been through it
 _OWN_ARGUMENTS = ("hidden_states", "position_embeddings", "attention_mask", "past_key_values", "cache")
 
 
@@ -190,7 +207,7 @@ def _qwen3_attention_forward(attention: torch.nn.Module, *args, linears, plain, 
     heads, kv_heads = linears[0].out_features // dim, linears[1].out_features // dim
     batch_shape = hidden.shape[:-1]
     qk, v = stacked_linear(hidden, linears, dtype).split([(heads + kv_heads) * dim, kv_heads * dim], -1)
-    cos, sin = (t.expand(*batch_shape, dim) for t in kwargs["position_embeddings"])
+    cos, sin = kwargs["position_embeddings"]  # [B or 1, T, D]: the kernel reads a batch's shared rows in place
     q, k = qk_norm_rope(qk.reshape(-1, heads + kv_heads, dim), attention.q_norm.weight, attention.k_norm.weight,
                         cos, sin, heads, attention.q_norm.variance_epsilon)
     q, k, v = (t.view(*batch_shape, -1, dim).transpose(1, 2) for t in (q, k, v))
@@ -203,14 +220,15 @@ def _qwen3_attention_forward(attention: torch.nn.Module, *args, linears, plain, 
 
 
 def _norms_and_rope_fusable(attention: torch.nn.Module) -> bool:
-    """A Qwen3 attention whose q/k norms run models/norms' Llama-form kernels, with a head width the fused
-    kernel holds."""
+    """A Qwen3 attention whose q/k norms run models/norms' Llama-form kernels with one epsilon, with a head width
+    the fused kernel holds."""
     from .norms import norm_forward
     from .qk_norm_rope import supported
 
+    norms = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
     return (type(attention).__name__ == "Qwen3Attention" and supported(getattr(attention, "head_dim", 0))
-            and all(getattr(getattr(getattr(attention, name, None), "forward", None), "func", None) is norm_forward
-                    for name in ("q_norm", "k_norm")))
+            and all(getattr(getattr(n, "forward", None), "func", None) is norm_forward for n in norms)
+            and norms[0].variance_epsilon == norms[1].variance_epsilon)
 
 
 def _plain_linears(module: torch.nn.Module, names) -> list | None:
@@ -232,8 +250,9 @@ def fuse_projections(model: torch.nn.Module) -> int:
 
     fused = 0
     for layer in model.modules():
-        if type(layer).__name__ not in PRE_NORM_LAYERS:
+        if type(layer).__name__ not in PRE_NORM_LAYERS or getattr(layer, STACKED, False):
             continue
+        setattr(layer, STACKED, True)
         attention = getattr(layer, "self_attn", None)
         qkv = _plain_linears(attention, ("q_proj", "k_proj", "v_proj")) if attention is not None else None
         if qkv is not None and len({m.in_features for m in qkv}) == 1:

@@ -30,12 +30,15 @@ def _rows(r, heads, q_heads, kv_heads, token_stride, HEAD_DIM: tl.constexpr):
     t = r // heads
     j = r % heads
     is_q = j < q_heads
-    return is_q, t, t * token_stride + j * HEAD_DIM, (t * q_heads + j) * HEAD_DIM, (t * kv_heads + j - q_heads) * HEAD_DIM
+    q_row = (t * q_heads + j) * HEAD_DIM
+    k_row = (t * kv_heads + j - q_heads) * HEAD_DIM
+    return is_q, t, t * token_stride + j * HEAD_DIM, q_row, k_row
 
 
 @triton.jit
 def _forward_kernel(x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, rows, heads, q_heads, kv_heads,
-                    token_stride, eps, HALF: tl.constexpr, BLOCK_R: tl.constexpr, ROUND_NORMED: tl.constexpr):
+                    token_stride, angle_rows, eps, HALF: tl.constexpr, BLOCK_R: tl.constexpr,
+                    ROUND_NORMED: tl.constexpr):
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = r < rows
     is_q, t, x_row, q_row, k_row = _rows(r, heads, q_heads, kv_heads, token_stride, 2 * HALF)
@@ -54,7 +57,7 @@ def _forward_kernel(x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, rows,
                   tl.load(kw_ptr + HALF + c)[None, :].to(tl.float32))
     y1 = (n1 * w1).to(q_ptr.dtype.element_ty).to(tl.float32)  # the norm's output
     y2 = (n2 * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
-    angle = t[:, None] * (2 * HALF) + c[None, :]
+    angle = (t % angle_rows)[:, None] * (2 * HALF) + c[None, :]
     cos1 = tl.load(cos_ptr + angle, mask=m, other=0.0).to(tl.float32)
     cos2 = tl.load(cos_ptr + angle + HALF, mask=m, other=0.0).to(tl.float32)
     sin1 = tl.load(sin_ptr + angle, mask=m, other=0.0).to(tl.float32)
@@ -70,8 +73,8 @@ def _forward_kernel(x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, rows,
 
 @triton.jit
 def _backward_kernel(dq_ptr, dk_ptr, x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, dx_ptr, dw_ptr, rows, heads, q_heads,
-                     kv_heads, token_stride, eps, tiles_per_program, HALF: tl.constexpr, BLOCK_R: tl.constexpr,
-                     ROUND_NORMED: tl.constexpr, WEIGHT_GRAD: tl.constexpr):
+                     kv_heads, token_stride, angle_rows, eps, tiles_per_program, HALF: tl.constexpr,
+                     BLOCK_R: tl.constexpr, ROUND_NORMED: tl.constexpr, WEIGHT_GRAD: tl.constexpr):
     program = tl.program_id(0)
     c = tl.arange(0, HALF)
     qw1 = tl.load(qw_ptr + c).to(tl.float32)
@@ -93,7 +96,7 @@ def _backward_kernel(dq_ptr, dk_ptr, x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, dx
                + tl.load(dk_ptr + k_row[:, None] + c[None, :], mask=from_k, other=0.0).to(tl.float32))
         do2 = (tl.load(dq_ptr + q_row[:, None] + HALF + c[None, :], mask=from_q, other=0.0).to(tl.float32)
                + tl.load(dk_ptr + k_row[:, None] + HALF + c[None, :], mask=from_k, other=0.0).to(tl.float32))
-        angle = t[:, None] * (2 * HALF) + c[None, :]
+        angle = (t % angle_rows)[:, None] * (2 * HALF) + c[None, :]
         cos1 = tl.load(cos_ptr + angle, mask=m, other=0.0).to(tl.float32)
         cos2 = tl.load(cos_ptr + angle + HALF, mask=m, other=0.0).to(tl.float32)
         sin1 = tl.load(sin_ptr + angle, mask=m, other=0.0).to(tl.float32)
@@ -144,12 +147,15 @@ class _QKNormRope(torch.autograd.Function):
         kv_heads = heads - q_heads
         q = torch.empty((tokens, q_heads, dim), dtype=qk.dtype, device=qk.device)
         k = torch.empty((tokens, kv_heads, dim), dtype=qk.dtype, device=qk.device)
-        cos, sin = cos.reshape(tokens, dim).contiguous(), sin.reshape(tokens, dim).contiguous()
+        cos, sin = cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous()
+        if tokens % cos.shape[0]:
+            raise ValueError(f"qk_norm_rope: {tokens} tokens are not a whole number of the {cos.shape[0]} rotary rows")
         rows = tokens * heads
         round_normed = qk.dtype != torch.float32
         if rows:
             _forward_kernel[(triton.cdiv(rows, ROWS),)](qk, q_weight, k_weight, cos, sin, q, k, rows, heads, q_heads,
-                                                       kv_heads, qk.stride(0), eps, HALF=dim // 2, BLOCK_R=ROWS,
+                                                       kv_heads, qk.stride(0), cos.shape[0], eps, HALF=dim // 2,
+                                                       BLOCK_R=ROWS,
                                                        ROUND_NORMED=round_normed, num_warps=4)
         ctx.save_for_backward(qk, q_weight, k_weight, cos, sin)
         ctx.q_heads, ctx.eps, ctx.round_normed = q_heads, eps, round_normed
@@ -171,7 +177,8 @@ class _QKNormRope(torch.autograd.Function):
                                                           dtype=torch.float32, device=qk.device)
         if rows:
             _backward_kernel[(programs,)](dq, dk, qk, q_weight, k_weight, cos, sin, dx, partial, rows, heads, q_heads,
-                                          heads - q_heads, qk.stride(0), ctx.eps, per_program, HALF=dim // 2,
+                                          heads - q_heads, qk.stride(0), cos.shape[0], ctx.eps, per_program,
+                                          HALF=dim // 2,
                                           BLOCK_R=ROWS, ROUND_NORMED=ctx.round_normed, WEIGHT_GRAD=weight_grad,
                                           num_warps=4)
         dq_w = dk_w = None
@@ -182,15 +189,19 @@ class _QKNormRope(torch.autograd.Function):
 
 
 def supported(head_dim: int) -> bool:
-    """The kernels hold each half of a head in one block: a power of two."""
+    """The kernels hold each half of a head in one block (a power of two), and round the normalised values as the
+    q/k norms do for heads narrower than models/norms.NARROWEST."""
+    from .norms import NARROWEST
+
     half = head_dim // 2
-    return head_dim % 2 == 0 and half >= 1 and half & (half - 1) == 0
+    return head_dim % 2 == 0 and half >= 1 and half & (half - 1) == 0 and head_dim < NARROWEST
 
 
 def qk_norm_rope(qk: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, q_heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """qk [tokens, q_heads + kv_heads, D] (its heads adjacent and each contiguous; tokens may be any stride apart,
-    as in a stacked q/k/v output), cos/sin [tokens, D] (or [1, tokens, D]) -> (q [tokens, q_heads, D],
+    as in a stacked q/k/v output), cos/sin [tokens, D], or the rows of one sequence that a batch of them
+    shares ([1, T, D] for tokens = B x T) -> (q [tokens, q_heads, D],
     k [tokens, kv_heads, D]): each head RMS-normalised with its norm's weight (Llama's form) and rotated (RoPE, the
     halves rotated against each other), in qk's dtype (module docstring)."""
     if qk.stride(2) != 1 or qk.stride(1) != qk.shape[2] or not supported(qk.shape[2]):

@@ -31,8 +31,8 @@ def test_stacked_linear_equals_the_separate_linears(autocast, bias):
         for m in linears:
             m.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            if stacked:
-                outs = stacked_linear(x, linears, compute_dtype(linears, x)).split([32, 16, 16], -1)
+            if stacked:  # stacked_linear computes in any dtype; the models stack only under autocast
+                outs = stacked_linear(x, linears, torch.bfloat16 if autocast else torch.float32).split([32, 16, 16], -1)
             else:
                 outs = [m(x) for m in linears]
         torch.autograd.backward(outs, [dy.to(outs[0].dtype) for dy in dys])
@@ -52,14 +52,19 @@ def test_frozen_weights_are_stacked_without_gradients_and_mixed_ones_are_not():
     for m in linears:
         m.requires_grad_(False)
     x = torch.randn(3, 24, requires_grad=True)
-    out = stacked_linear(x, linears, compute_dtype(linears, x))
-    out.sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compute_dtype(linears, x) == torch.bfloat16
+        out = stacked_linear(x, linears, compute_dtype(linears, x))
+    out.float().sum().backward()
     assert all(m.weight.grad is None for m in linears)
-    torch.testing.assert_close(x.grad, sum(m.weight.sum(0) for m in linears).expand(3, 24))
-    linears[0].weight.requires_grad_(True)
-    assert compute_dtype(linears, x) is None
-    assert compute_dtype(_linears((8,)) + _linears((8,), dtype=torch.bfloat16), x) is None
-    assert compute_dtype(_linears((8,)) + _linears((8,), bias=True), x) is None
+    torch.testing.assert_close(x.grad, sum(m.weight.sum(0) for m in linears).expand(3, 24), rtol=2e-2, atol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compute_dtype(_linears((8,)) + _linears((8,), dtype=torch.bfloat16), x) is None
+        assert compute_dtype(_linears((8,)) + _linears((8,), bias=True), x) is None
+        assert compute_dtype(_linears((8, 8), dtype=torch.bfloat16), x) is None  # pure bf16: nothing to cast
+        linears[0].weight.requires_grad_(True)
+        assert compute_dtype(linears, x) is None
+    assert compute_dtype(_linears((8, 8)), x) is None  # no autocast: the stacked copy would be an extra one
 
 
 def _tiny(model_type: str):
@@ -86,6 +91,7 @@ def _loss_and_grads(model, ids, autocast: bool):
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_a_model_with_stacked_projections_trains_as_before(model_type, autocast, monkeypatch):
+    """Under autocast each layer's q/k/v and gate/up run stacked; without it (nothing to cast) apart."""
     plain, fused = _tiny(model_type), _tiny(model_type)
     for model in (plain, fused):
         use_autocast_linears(model)
@@ -96,7 +102,7 @@ def test_a_model_with_stacked_projections_trains_as_before(model_type, autocast,
     ids = torch.randint(0, 50, (2, 11))
     want = _loss_and_grads(plain, ids, autocast)
     got = _loss_and_grads(fused, ids, autocast)
-    assert len(calls) == 2 * 2  # each layer's q/k/v and gate/up went through one stacked matmul
+    assert len(calls) == (2 * 2 if autocast else 0)  # each layer's q/k/v and gate/up: one stacked matmul
     tol = 2e-2 if autocast else 1e-5
     torch.testing.assert_close(got[0], want[0], rtol=tol, atol=tol)
     assert got[1].keys() == want[1].keys()
@@ -125,11 +131,12 @@ def test_lora_over_stacked_projections_matches_lora_over_plain_ones(monkeypatch)
         torch.manual_seed(1)
         models.append(peft.get_peft_model(model, config))
     ids = torch.randint(0, 50, (2, 9))
-    want, got = (_loss_and_grads(m, ids, autocast=False) for m in models)
-    torch.testing.assert_close(got[0], want[0])
+    want, got = (_loss_and_grads(m, ids, autocast=True) for m in models)
+    torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
     assert got[1].keys() == want[1].keys() and all("lora_" in name for name in want[1])
     for name, grad in want[1].items():
-        torch.testing.assert_close(got[1][name], grad, rtol=1e-4, atol=1e-6)
+        error = float((got[1][name] - grad).norm() / grad.norm().clamp_min(1e-12))
+        assert error < 5e-2, (name, error)
 
 
 def test_a_call_on_another_input_runs_the_layer_itself():
@@ -189,12 +196,27 @@ def test_a_deep_copy_stacks_its_own_weights():
 
     model = _tiny("qwen3")
     fuse_projections(model)
-    frozen = copy.deepcopy(model).requires_grad_(False)
     ids = torch.randint(0, 50, (1, 7))
-    want = frozen(input_ids=ids).logits
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for linear in (layer.self_attn.q_proj, layer.self_attn.v_proj, layer.mlp.up_proj):
-                linear.weight.mul_(3.0)
-    torch.testing.assert_close(frozen(input_ids=ids).logits, want)
-    assert not torch.allclose(model(input_ids=ids).logits, want)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids).logits.float().sum().backward()  # leaves nothing behind in the groups to copy
+        frozen = copy.deepcopy(model).requires_grad_(False)
+        want = frozen(input_ids=ids).logits
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for linear in (layer.self_attn.q_proj, layer.self_attn.v_proj, layer.mlp.up_proj):
+                    linear.weight.mul_(3.0)
+        torch.testing.assert_close(frozen(input_ids=ids).logits, want)
+        assert not torch.allclose(model(input_ids=ids).logits, want)
+
+
+def test_inference_mode_and_a_second_install():
+    """Inference tensors keep no version counter (the group compares versions); installing twice changes nothing."""
+    model = _tiny("qwen2")
+    assert fuse_projections(model) == 2 * 2
+    assert fuse_projections(model) == 0
+    ids = torch.randint(0, 50, (1, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(input_ids=ids).logits
+        with torch.inference_mode():
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, want)

@@ -71,3 +71,67 @@ def test_qk_norm_rope_matches_transformers_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+ATTENTION_CHECK = textwrap.dedent("""
+    import functools, os
+    import torch, transformers
+    from tunesmith.models import norms, qk_norm_rope
+    from tunesmith.models.fused_projections import fuse_projections
+
+    device = os.environ.get("CHECK_DEVICE", "cpu")
+    norms._on_triton = lambda hidden: True  # the interpreter stands in for CUDA
+
+    def tiny(**extra):
+        config = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=50,
+                                          use_cache=False, **extra)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+        for layer in model.model.layers:  # q/k norms as models/norms.use_fused_rms_norms leaves them
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(layer.self_attn, name)
+                with torch.no_grad():
+                    norm.weight.add_(torch.randn(16, device=device) * 0.3)
+                norm.forward = functools.partial(norms.norm_forward, norm, fallback=type(norm).forward.__get__(norm),
+                                                 half_output=False)
+        return model
+
+    def loss_and_grads(model, ids, mask, positions):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = model(input_ids=ids, attention_mask=mask, position_ids=positions, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+
+    calls, kernel = [], qk_norm_rope.qk_norm_rope
+    qk_norm_rope.qk_norm_rope = lambda *a: calls.append(a[3].shape[0]) or kernel(*a)
+    ids = torch.randint(0, 50, (2, 9), device=device)
+    mask = torch.ones(2, 9, dtype=torch.long, device=device)
+    mask[1, :3] = 0  # a left-padded row
+    per_row = (mask.cumsum(-1) - 1).clamp_min(0)
+    shared = torch.arange(9, device=device)[None]  # one row of positions for the batch: cos/sin [1, T, D]
+    for extra in ({}, {"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0}):
+        plain, fused = tiny(**extra), tiny(**extra)
+        assert fuse_projections(fused) == 2 * 2
+        for positions in (per_row, shared):
+            calls.clear()
+            want, got = loss_and_grads(plain, ids, mask, positions), loss_and_grads(fused, ids, mask, positions)
+            assert calls == [positions.shape[0]] * 2, calls  # each layer's q/k through the one kernel
+            torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+            assert got[1].keys() == want[1].keys()
+            for name, grad in want[1].items():
+                error = float((got[1][name] - grad).norm() / grad.norm().clamp_min(1e-12))
+                assert error < 5e-2, (extra, name, error)
+    print("ok")
+""")
+
+
+def test_the_qwen3_attention_with_stacked_qkv_and_one_qk_kernel_trains_as_before():
+    """models/fused_projections' Qwen3 attention forward (stacked q/k/v, the one q/k norm + RoPE kernel, then
+    transformers' attention) against transformers' own, under bf16 autocast: a batch of two rows, one left-padded,
+    with positions per row and shared by the batch, with and without sliding-window layers."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", ATTENTION_CHECK], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
