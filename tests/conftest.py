@@ -27,6 +27,18 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
 
 
+def run_interpreted(script: str, timeout: int = 600) -> None:
+    """Run `script` in a new Python with TRITON_INTERPRET=1 (set before Triton is imported): Triton kernels on the
+    CPU. It must print "ok" last."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.stdout + done.stderr)[-6000:]
+
+
 def load_script(name: str):
     """scripts/<name>.py as a module (the demo-data generators are scripts, not package modules)."""
     import importlib.util

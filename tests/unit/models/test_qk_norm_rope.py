@@ -4,10 +4,9 @@ forward and backward, with the q/k heads read from a stacked q/k/v output. Run o
 interpreter (TRITON_INTERPRET=1, set before Triton is imported, hence a subprocess); tests/gpu/test_step_sync_gpu.py
 runs the compiled kernels."""
 
-import os
-import subprocess
-import sys
 import textwrap
+
+from conftest import run_interpreted
 
 CHECK = textwrap.dedent("""
     import os
@@ -68,9 +67,7 @@ CHECK = textwrap.dedent("""
 
 
 def test_qk_norm_rope_matches_transformers_in_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    run_interpreted(CHECK)
 
 
 ATTENTION_CHECK = textwrap.dedent("""
@@ -131,7 +128,4 @@ def test_the_qwen3_attention_with_stacked_qkv_and_one_qk_kernel_trains_as_before
     """models/fused_projections' Qwen3 attention forward (stacked q/k/v, the one q/k norm + RoPE kernel, then
     transformers' attention) against transformers' own, under bf16 autocast: a batch of two rows, one left-padded,
     with positions per row and shared by the batch, with and without sliding-window layers."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", ATTENTION_CHECK], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    run_interpreted(ATTENTION_CHECK)

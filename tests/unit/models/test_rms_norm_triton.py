@@ -3,10 +3,9 @@ for the dtypes a run meets, and the fused residual add + RMSNorm equals the add 
 layer forward equals transformers' layer. Run on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set before Triton is
 imported, hence a subprocess); tests/gpu/test_step_sync_gpu.py runs the compiled kernels against it on a GPU."""
 
-import os
-import subprocess
-import sys
 import textwrap
+
+from conftest import run_interpreted
 
 CHECK = textwrap.dedent("""
     import torch
@@ -89,9 +88,7 @@ CHECK = textwrap.dedent("""
 
 
 def test_triton_rms_norm_matches_transformers_in_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    run_interpreted(CHECK)
 
 
 LAYER_CHECK = textwrap.dedent("""
@@ -181,6 +178,4 @@ LAYER_CHECK = textwrap.dedent("""
 def test_the_fused_decoder_layer_gives_transformers_layer_in_the_interpreter():
     """norms.use_fused_rms_norms on a Qwen3 model (transformers' RMSNorm standing in for Liger's): every norm and
     every layer's forward replaced, and under bf16 autocast the loss and every gradient those of the model without."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", LAYER_CHECK], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    run_interpreted(LAYER_CHECK, timeout=900)

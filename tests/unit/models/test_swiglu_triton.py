@@ -3,10 +3,9 @@ the dtypes a run meets and widths that do and do not fill the kernel's block. Ru
 interpreter (TRITON_INTERPRET=1, set before Triton is imported, hence a subprocess);
 tests/gpu/test_megatron_fused_gpu.py runs the compiled kernels on a GPU."""
 
-import os
-import subprocess
-import sys
 import textwrap
+
+from conftest import run_interpreted
 
 CHECK = textwrap.dedent("""
     import torch
@@ -37,6 +36,4 @@ CHECK = textwrap.dedent("""
 
 
 def test_triton_swiglu_matches_pytorch_in_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    run_interpreted(CHECK)
