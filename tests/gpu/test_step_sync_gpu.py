@@ -199,6 +199,12 @@ def test_the_fused_decoder_layers_give_transformers_layers_on_cuda():
     _run_unit_check("test_rms_norm_triton.py", "LAYER_CHECK")
 
 
+def test_the_triton_rms_norm_checks_pass_on_cuda():
+    """tests/unit/models/test_rms_norm_triton.py's kernel check compiled: the dtypes a run meets, heads read in place
+    from a stacked q/k/v output (the other families' q/k norms), the residual add with its norm."""
+    _run_unit_check("test_rms_norm_triton.py", "CHECK")
+
+
 def test_qk_norm_rope_matches_transformers_on_cuda():
     """tests/unit/models/test_qk_norm_rope.py's check with the kernels compiled."""
     _run_unit_check("test_qk_norm_rope.py", "CHECK")

@@ -8,9 +8,12 @@ import textwrap
 from conftest import run_interpreted
 
 CHECK = textwrap.dedent("""
+    import os
     import torch
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
     from tunesmith.models.rms_norm_triton import _rows_in_place, rms_norm
+
+    torch.set_default_device(os.environ.get("CHECK_DEVICE", "cpu"))  # tests/gpu/test_step_sync_gpu.py: cuda
 
     def case(rows, cols, x_dtype, w_dtype, out_dtype, round_normed, train_weight=True):
         torch.manual_seed(cols + rows)
