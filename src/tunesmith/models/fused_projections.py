@@ -39,6 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from .autocast_linear import mm_out_dtype
+from .kernels import tensor_version
 
 
 class _StackedLinear(torch.autograd.Function):
@@ -143,20 +144,15 @@ class _SameInputGroup:
             dtype = compute_dtype(self.linears, x)
             if dtype is not None:
                 outputs = stacked_linear(x, self.linears, dtype).split([m.out_features for m in self.linears], -1)
-                self.source, self.kept = (x, _version(x)), dict(enumerate(outputs[1:], start=1))
+                self.source, self.kept = (x, tensor_version(x)), dict(enumerate(outputs[1:], start=1))
                 return outputs[0]
-        elif self.source is not None and self.source[0] is x and self.source[1] == _version(x):
+        elif self.source is not None and self.source[0] is x and self.source[1] == tensor_version(x):
             out = self.kept.pop(index, None)
             if not self.kept:
                 self.source = None
             if out is not None:
                 return out
         return self.forwards[index](x)
-
-
-def _version(x: torch.Tensor) -> int | None:
-    """x's in-place version; None for an inference tensor (torch.inference_mode), which keeps none."""
-    return None if x.is_inference() else x._version
 
 
 def _still_plain(module: torch.nn.Module, names, linears) -> bool:

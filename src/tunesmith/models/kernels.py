@@ -68,6 +68,11 @@ def linearize_patch_embeds(model) -> int:
     return swapped
 
 
+def tensor_version(x: torch.Tensor) -> int | None:
+    """x's in-place version counter; None for an inference tensor (torch.inference_mode), which keeps none."""
+    return None if x.is_inference() else x._version
+
+
 class _SharedInputCast:
     """Under autocast, every linear layer casts its fp32 input to the compute dtype itself, so q/k/v (and gate/up)
     each copy the same normed hidden states, and their backward converts three gradients to fp32 and adds them.
@@ -84,8 +89,8 @@ class _SharedInputCast:
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not torch.is_autocast_enabled(x.device.type):
             return None
-        if x is not self.source or x._version != self.version:
-            self.source, self.version = x, x._version
+        if x is not self.source or tensor_version(x) != self.version:
+            self.source, self.version = x, tensor_version(x)
             self.cast = x.to(torch.get_autocast_dtype(x.device.type))
         return (self.cast, *args[1:])
 

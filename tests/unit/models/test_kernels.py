@@ -121,3 +121,17 @@ def test_shared_input_casts_do_nothing_without_autocast():
         x.add_(1.0)  # an input changed in place is cast again
         torch.testing.assert_close(linear(x), torch.nn.functional.linear(x.bfloat16(), linear.weight.bfloat16(),
                                                                          linear.bias.bfloat16()))
+
+
+def test_shared_input_casts_under_inference_mode():
+    """Inference tensors keep no version counter: an fp32 input under autocast and torch.inference_mode is still
+    cast once and shared."""
+    torch.manual_seed(0)
+    linears = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    share_input_casts(linears)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        x = torch.randn(2, 4)
+        got = [m(x) for m in linears]
+    for m, out in zip(linears, got):
+        want = torch.nn.functional.linear(x.bfloat16(), m.weight.bfloat16(), m.bias.bfloat16())
+        torch.testing.assert_close(out, want)
