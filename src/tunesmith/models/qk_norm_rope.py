@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rms_norm_triton import backward_grid
+
 ROWS = 16  # head rows a program holds at once (x 128 features for Qwen3)
 
 
@@ -132,14 +134,6 @@ def _backward_kernel(dq_ptr, dk_ptr, x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, dx
         tl.store(row + 3 * HALF + c, dwk2)
 
 
-def _backward_grid(rows: int, device: torch.device) -> tuple[int, int]:
-    """(programs, tiles a program): a few programs per multiprocessor, so the partial weight rows stay few."""
-    tiles = triton.cdiv(rows, ROWS)
-    wanted = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    per_program = triton.cdiv(tiles, min(tiles, wanted))
-    return triton.cdiv(tiles, per_program), per_program
-
-
 class _QKNormRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qk, q_weight, k_weight, cos, sin, q_heads: int, eps: float):
@@ -155,8 +149,7 @@ class _QKNormRope(torch.autograd.Function):
         if rows:
             _forward_kernel[(triton.cdiv(rows, ROWS),)](qk, q_weight, k_weight, cos, sin, q, k, rows, heads, q_heads,
                                                        kv_heads, qk.stride(0), cos.shape[0], eps, HALF=dim // 2,
-                                                       BLOCK_R=ROWS,
-                                                       ROUND_NORMED=round_normed, num_warps=4)
+                                                       BLOCK_R=ROWS, ROUND_NORMED=round_normed, num_warps=4)
         ctx.save_for_backward(qk, q_weight, k_weight, cos, sin)
         ctx.q_heads, ctx.eps, ctx.round_normed = q_heads, eps, round_normed
         return q, k
@@ -172,7 +165,7 @@ class _QKNormRope(torch.autograd.Function):
         rows = tokens * heads
         weight_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         dx = torch.empty((tokens, heads, dim), dtype=qk.dtype, device=qk.device)
-        programs, per_program = _backward_grid(rows, qk.device) if rows else (0, 0)
+        programs, per_program = backward_grid(triton.cdiv(rows, ROWS), qk.device) if rows else (0, 0)
         partial = (torch.empty if rows else torch.zeros)((max(programs, 1), 2 * dim) if weight_grad else (1,),
                                                           dtype=torch.float32, device=qk.device)
         if rows:

@@ -123,13 +123,17 @@ def _programs(device_index: int) -> int:
     return 4 * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _backward_grid(rows: int, cols: int, device: torch.device) -> tuple[int, int]:
-    """(programs, tiles a program) for a backward kernel over `rows`."""
-    block_r = _blocks(cols)[0]
-    tiles = triton.cdiv(rows, block_r)
+def backward_grid(tiles: int, device: torch.device) -> tuple[int, int]:
+    """(programs, tiles a program) for a backward kernel over `tiles` tiles of rows that writes one partial
+    weight-gradient row per program (here, and in models/qk_norm_rope.py)."""
     wanted = _programs(device.index or 0) if device.type == "cuda" else 4
     per_program = triton.cdiv(tiles, min(tiles, wanted))
     return triton.cdiv(tiles, per_program), per_program
+
+
+def _backward_grid(rows: int, cols: int, device: torch.device) -> tuple[int, int]:
+    """(programs, tiles a program) for a backward kernel over `rows`."""
+    return backward_grid(triton.cdiv(rows, _blocks(cols)[0]), device)
 
 
 def _rows_in_place(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
