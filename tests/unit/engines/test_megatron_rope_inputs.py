@@ -4,12 +4,10 @@ attention, which calls it, a second time on the same inputs in backward. Liger's
 through Triton's interpreter (TRITON_INTERPRET=1, set before Triton is imported, hence a subprocess);
 tests/gpu/test_megatron_fused_gpu.py runs it compiled, against megatron-core's rotary."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_interpreted
 
 CHECK = textwrap.dedent("""
     import torch
@@ -32,6 +30,4 @@ CHECK = textwrap.dedent("""
 def test_rope_qk_leaves_its_inputs_unchanged():
     pytest.importorskip("liger_kernel")
     pytest.importorskip("megatron.core")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_interpreted(CHECK, timeout=300)

@@ -114,14 +114,10 @@ print("ok")
 def test_fused_row_kernel_matches_the_eager_path():
     """models/ce_rows.py's Triton kernel, run by Triton's interpreter on the CPU, gives the eager path's NLL and
     gradient (in place), for fp32 and bf16 logits and an uncounted row."""
-    import os
-    import subprocess
-    import sys
+    from conftest import run_interpreted
 
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_interpreted(_KERNEL_CHECK, timeout=300)
 
 
 def test_rows_found_by_the_collator_give_the_same_loss():
