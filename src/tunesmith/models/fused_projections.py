@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
 
 import torch
 from torch.nn import functional as F
 
+from . import norms
 from .autocast_linear import mm_out_dtype
 from .kernels import tensor_version
 
@@ -68,8 +68,8 @@ class _StackedLinear(torch.autograd.Function):
         if any(ctx.needs_input_grad[3:3 + count]):
             full = mm_out_dtype(rows.t(), x_cast.reshape(-1, x_cast.shape[-1]), ctx.w_dtype)
             weight_grads = list(full.split(ctx.widths, dim=0))
-        bias_grads = []
-        if ctx.b_dtype is not None:
+        bias_grads = [None] * (count if ctx.b_dtype is not None else 0)
+        if any(ctx.needs_input_grad[3 + count:]):
             bias_grads = list(rows.sum(0, dtype=ctx.b_dtype).split(ctx.widths))
         return (grad_x, None, None, *weight_grads, *bias_grads)
 
@@ -102,22 +102,18 @@ def compute_dtype(linears, x: torch.Tensor) -> torch.dtype | None:
     torch.compile tracing the forward."""
     first = linears[0].weight
     device = x.device.type
-    if (torch.compiler.is_compiling() or not first.is_floating_point() or not torch.is_autocast_enabled(device)
-            or torch.get_autocast_dtype(device) == first.dtype):
+    if torch.compiler.is_compiling() or not first.is_floating_point() or not torch.is_autocast_enabled(device):
+        return None
+    dtype = torch.get_autocast_dtype(device)
+    if dtype == first.dtype:
         return None
     for m in linears:
         w = m.weight
         if (w.dtype != first.dtype or w.device != first.device or w.requires_grad != first.requires_grad
                 or w.shape[1] != first.shape[1] or (m.bias is None) != (linears[0].bias is None)
-                or hasattr(w, "ds_id") or not _plain(w)):
+                or not norms.held_whole(w)):
             return None
-    return torch.get_autocast_dtype(device)
-
-
-def _plain(weight: torch.Tensor) -> bool:
-    """Not a DTensor (torch.distributed.tensor is not imported where there is none)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is None or not isinstance(weight, dtensor.DTensor)
+    return dtype
 
 
 class _SameInputGroup:
@@ -184,13 +180,12 @@ def _qwen3_attention_forward(attention: torch.nn.Module, *args, linears, plain, 
     """Qwen3's attention with q/k/v stacked and its q/k norms and RoPE in one kernel (models/qk_norm_rope.py),
     then the model's attention implementation as transformers calls it; `plain` (the layer's own forward) for a
     call with a KV cache, positional arguments, eager attention or weights that cannot be stacked."""
-    from .norms import _on_triton
-
     hidden = kwargs.get("hidden_states")
     implementation = attention.config._attn_implementation
     if (args or hidden is None or kwargs.get("position_embeddings") is None or implementation == "eager"
             or kwargs.get("past_key_values") is not None or kwargs.get("cache") is not None
-            or not _on_triton(hidden) or not _still_plain(attention, ("q_proj", "k_proj", "v_proj"), linears)):
+            or not norms._on_triton(hidden)
+            or not _still_plain(attention, ("q_proj", "k_proj", "v_proj"), linears)):
         return plain(*args, **kwargs)
     dtype = compute_dtype(linears, hidden)
     if dtype is None:
@@ -218,13 +213,12 @@ def _qwen3_attention_forward(attention: torch.nn.Module, *args, linears, plain, 
 def _norms_and_rope_fusable(attention: torch.nn.Module) -> bool:
     """A Qwen3 attention whose q/k norms run models/norms' Llama-form kernels with one epsilon, with a head width
     the fused kernel holds."""
-    from .norms import norm_forward
     from .qk_norm_rope import supported
 
-    norms = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+    pair = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
     return (type(attention).__name__ == "Qwen3Attention" and supported(getattr(attention, "head_dim", 0))
-            and all(getattr(getattr(n, "forward", None), "func", None) is norm_forward for n in norms)
-            and norms[0].variance_epsilon == norms[1].variance_epsilon)
+            and all(getattr(getattr(n, "forward", None), "func", None) is norms.norm_forward for n in pair)
+            and pair[0].variance_epsilon == pair[1].variance_epsilon)
 
 
 def _plain_linears(module: torch.nn.Module, names) -> list | None:
@@ -242,11 +236,9 @@ def _silu_gated(mlp: torch.nn.Module) -> bool:
 def fuse_projections(model: torch.nn.Module) -> int:
     """Stack q/k/v and gate/up of every dense decoder layer (models/norms.PRE_NORM_LAYERS) whose projections are
     plain nn.Linear; returns how many groups were stacked."""
-    from .norms import PRE_NORM_LAYERS
-
     fused = 0
     for layer in model.modules():
-        if type(layer).__name__ not in PRE_NORM_LAYERS or getattr(layer, STACKED, False):
+        if type(layer).__name__ not in norms.PRE_NORM_LAYERS or getattr(layer, STACKED, False):
             continue
         setattr(layer, STACKED, True)
         attention = getattr(layer, "self_attn", None)

@@ -118,7 +118,11 @@ def _may_hand_off(layer: torch.nn.Module, next_norm: torch.nn.Module, next_layer
     until its own layer runs; ZeRO-3 partitions it, keeping a `ds_id`)."""
     if any(getattr(l, "gradient_checkpointing", False) for l in (layer, next_layer) if l is not None):
         return False
-    weight = next_norm.weight
+    return held_whole(next_norm.weight)
+
+
+def held_whole(weight: torch.Tensor) -> bool:
+    """Whether this process holds all of `weight`: not an FSDP2 DTensor shard, not a ZeRO-3 partition (`ds_id`)."""
     dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor here (and no 0.5 s import)
     return not (dtensor is not None and isinstance(weight, dtensor.DTensor)) and not hasattr(weight, "ds_id")
 
