@@ -171,9 +171,8 @@ class _QKNormRope(torch.autograd.Function):
         if rows:
             _backward_kernel[(programs,)](dq, dk, qk, q_weight, k_weight, cos, sin, dx, partial, rows, heads, q_heads,
                                           heads - q_heads, qk.stride(0), cos.shape[0], ctx.eps, per_program,
-                                          HALF=dim // 2,
-                                          BLOCK_R=ROWS, ROUND_NORMED=ctx.round_normed, WEIGHT_GRAD=weight_grad,
-                                          num_warps=4)
+                                          HALF=dim // 2, BLOCK_R=ROWS, ROUND_NORMED=ctx.round_normed,
+                                          WEIGHT_GRAD=weight_grad, num_warps=4)
         dq_w = dk_w = None
         if weight_grad:
             both = partial.sum(0).view(2, dim)
