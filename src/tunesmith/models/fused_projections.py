@@ -252,8 +252,8 @@ def fuse_projections(model: torch.nn.Module) -> int:
                                                       plain=attention.forward)
             fused += 1
         mlp = getattr(layer, "mlp", None)
-        pair = _plain_linears(mlp, ("gate_proj", "up_proj", "down_proj")) if mlp is not None else None
+        pair = _plain_linears(mlp, ("gate_proj", "up_proj")) if hasattr(mlp, "down_proj") else None
         if pair is not None and _silu_gated(mlp) and pair[0].out_features == pair[1].out_features:
-            mlp.forward = functools.partial(_gated_mlp_forward, mlp, pair=tuple(pair[:2]), plain=mlp.forward)
+            mlp.forward = functools.partial(_gated_mlp_forward, mlp, pair=tuple(pair), plain=mlp.forward)
             fused += 1
     return fused

@@ -139,6 +139,32 @@ def test_lora_over_stacked_projections_matches_lora_over_plain_ones(monkeypatch)
         assert error < 5e-2, (name, error)
 
 
+def test_gate_and_up_are_stacked_whatever_down_proj_is(monkeypatch):
+    """down_proj reads the stacked pair's output as any input: a LoRA-wrapped down_proj (adapters applied before the
+    install) leaves gate/up stacked, and the adapter trains as over the plain model."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["down_proj"], init_lora_weights=False)
+    models = []
+    for stack in (False, True):
+        torch.manual_seed(1)
+        model = peft.get_peft_model(_tiny("qwen3"), config)
+        use_autocast_linears(model)
+        if stack:
+            assert fuse_projections(model) == 2 * 2
+        models.append(model)
+    calls = []
+    stack = fused_projections.stacked_linear
+    monkeypatch.setattr(fused_projections, "stacked_linear", lambda *a: calls.append(a) or stack(*a))
+    ids = torch.randint(0, 50, (2, 9))
+    want, got = (_loss_and_grads(m, ids, autocast=True) for m in models)
+    assert len(calls) == 2 * 2
+    torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+    assert got[1].keys() == want[1].keys() and all("lora_" in name for name in want[1])
+    for name, grad in want[1].items():
+        error = float((got[1][name] - grad).norm() / grad.norm().clamp_min(1e-12))
+        assert error < 5e-2, (name, error)
+
+
 def test_a_call_on_another_input_runs_the_layer_itself():
     model = _tiny("qwen3")
     fuse_projections(model)
