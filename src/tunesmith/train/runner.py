@@ -207,8 +207,10 @@ class Runner:
                                                queued.number, queued.step.epoch_ended, last)
 
     def _save_due(self, queued: "_Queued") -> bool:
+        """As the Hugging Face Trainer: every save_steps steps (or epoch) and at the last step, so a run extended
+        later (max_steps raised, resumed) goes on from where it ended, not from an earlier checkpoint."""
         return self._due(self.cfg.output.save_strategy, self.cfg.output.save_steps, queued.number,
-                         queued.step.epoch_ended, last=False)
+                         queued.step.epoch_ended, last=queued.number == self.total_steps)
 
     def _evaluates(self) -> bool:
         return self.cfg.train.eval_strategy != "no"

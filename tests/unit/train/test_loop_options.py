@@ -38,6 +38,17 @@ def test_save_total_limit_keeps_newest(tmp_path):
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-4", "checkpoint-6"]
 
 
+def test_the_last_step_is_saved_so_an_extended_run_goes_on_from_it(tmp_path):
+    """As the Hugging Face Trainer: a checkpoint at the last step too, so raising max_steps and resuming continues
+    from step 5, not from checkpoint-4 (which would overwrite step 5's model with a retrained one)."""
+    out = tmp_path / "o"
+    first = train(run_config(out, max_steps=5, save_strategy="steps", save_steps=4))
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-4", "checkpoint-5"]
+    extended = train(run_config(out, max_steps=7, save_strategy="steps", save_steps=4, resume_from_checkpoint=True))
+    assert first.global_step == 5 and extended.global_step == 7
+    assert len(extended.step_losses) == 2  # steps 6 and 7 only
+
+
 def test_save_only_model_checkpoint_cannot_be_resumed(tmp_path):
     out = tmp_path / "o"
     train(run_config(out, max_steps=2, save_strategy="steps", save_steps=2, save_only_model=True))
