@@ -34,6 +34,14 @@ _ONLY_FOR = {
     "freeze": ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
 }
 
+# Method keys and the stages they apply to (and, for two of dpo's, the pref_loss values that read them)
+_STAGE_ONLY = {"pref_beta": ("dpo", "kto"), "pref_loss": ("dpo",), "pref_ftx": ("dpo",),
+               "pref_label_smoothing": ("dpo",), "simpo_gamma": ("dpo",), "kto_chosen_weight": ("kto",),
+               "kto_rejected_weight": ("kto",), "reward_center_coef": ("rm",)}
+_LOSS_ONLY = {"simpo_gamma": ("simpo",), "pref_label_smoothing": ("sigmoid", "robust")}
+# online-RL keys that LLaMA-Factory YAMLs also set for generation (predict, chat): no warning for them
+_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_new_tokens"}
+
 KEY_TO_GROUP: dict[str, str] = {key: group for group, cls in GROUPS.items() for key in cls.model_fields}
 
 
@@ -231,6 +239,17 @@ def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
         idle = sorted(given & set(keys))
         if idle and cfg.finetune.finetuning_type != ftype:
             log.warning("%s only apply to finetuning_type: %s; they have no effect here", idle, ftype)
+    stage = cfg.finetune.stage
+    idle = sorted(k for k, stages in _STAGE_ONLY.items() if k in given and stage not in stages)
+    if not STAGES[stage].is_online_rl:
+        idle += sorted(k for k in given & set(GROUPS["rl"].model_fields) - _SAMPLING_KEYS)
+    if idle:
+        log.warning("%s do not apply to stage: %s; they have no effect here", idle, stage)
+    if stage == "dpo":
+        loss = cfg.finetune.pref_loss
+        unread = sorted(k for k, losses in _LOSS_ONLY.items() if k in given and loss not in losses)
+        if unread:
+            log.warning("%s do not apply to pref_loss: %s; they have no effect here", unread, loss)
     if "swanlab_api_key" in given:
         log.warning("swanlab_api_key is set in the config; prefer the SWANLAB_API_KEY environment variable")
 

@@ -54,6 +54,8 @@ def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
         changes["rl"]["reward_funcs"] = _reward_funcs(cfg)
         changes["rl"]["rollout_backend"] = resolve_rollout_backend(cfg.rl.rollout_backend, facts)
     resolved = cfg.replace(**{k: v for k, v in changes.items() if v})
+    if stage.is_online_rl:
+        check_online_rl(resolved)
     reference = resolve_reference(resolved)
     if reference != resolved.finetune.pref_reference:
         resolved = resolved.replace(finetune={"pref_reference": reference})
@@ -111,6 +113,28 @@ def resolve_reference(cfg: RunConfig) -> str:
         raise ConfigError(["pref_reference: precomputed does not apply to online RL (responses are new each step); "
                            "use auto, copy or none"])
     return mode
+
+
+def check_online_rl(cfg: RunConfig) -> None:
+    """Settings under which online RL cannot learn, refused before anything runs: every advantage is relative to
+    the prompt's group, so a group of one or of identical (greedy) responses never moves the policy, and the
+    reinforce loss has no importance ratio, so it cannot take a second step on the same rollouts."""
+    rl, problems = cfg.rl, []
+    if rl.num_generations < 2:
+        problems.append(f"num_generations: {rl.num_generations}: each advantage is a response's reward against its "
+                        "group's (advantage: " + rl.advantage + "), so a group of one always gets 0 and nothing "
+                        "trains; use num_generations: 2 or more (8 is the default)")
+    elif rl.temperature == 0:
+        problems.append(f"temperature: 0 is greedy, so the num_generations={rl.num_generations} responses of a prompt "
+                        "are the same text, every advantage is 0 and nothing trains; sample with temperature > 0 "
+                        "(1.0 is the default; evaluation is greedy anyway)")
+    updates = rl.ppo_epochs * rl.num_mini_batches
+    if rl.policy_loss == "reinforce" and updates > 1:
+        problems.append(f"policy_loss: reinforce (-A*logp, no importance ratio) is strictly on-policy, but "
+                        f"ppo_epochs: {rl.ppo_epochs} x num_mini_batches: {rl.num_mini_batches} would take {updates} "
+                        "optimiser steps per rollout batch; set both to 1, or use policy_loss: ppo_clip (stage: grpo)")
+    if problems:
+        raise ConfigError(problems)
 
 
 def _reward_funcs(cfg: RunConfig) -> list[dict]:

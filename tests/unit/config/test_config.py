@@ -133,3 +133,45 @@ def test_torch_compile_with_liger_is_accepted(monkeypatch):
     monkeypatch.setattr(load, "_check_liger", lambda: [])  # liger-kernel itself is not needed to validate
     cfg = build_config(None, {"dataset": "x", "enable_liger_kernel": True, "torch_compile": True})
     assert cfg.train.torch_compile and cfg.model.enable_liger_kernel
+
+
+@pytest.mark.parametrize("settings, fragment", [
+    ({"num_generations": 1}, "a group of one always gets 0"),
+    ({"temperature": 0}, "temperature: 0 is greedy"),
+    ({"stage": "reinforce", "ppo_epochs": 2}, "strictly on-policy"),
+    ({"policy_loss": "reinforce", "num_mini_batches": 2}, "strictly on-policy"),
+])
+def test_online_rl_settings_that_cannot_train_are_refused(settings, fragment):
+    from tunesmith.config.resolve import resolve
+
+    cfg = build_config(None, {"dataset": "x", "stage": "grpo", **settings})
+    with pytest.raises(ConfigError, match=fragment):
+        resolve(cfg)
+
+
+def test_online_rl_sampling_that_trains_is_accepted():
+    from tunesmith.config.resolve import resolve
+
+    resolved = resolve(build_config(None, {"dataset": "x", "stage": "reinforce", "num_generations": 2}))
+    assert resolved.rl.ppo_epochs == 1 and resolved.rl.policy_loss == "reinforce"
+
+
+@pytest.mark.parametrize("settings, warned", [
+    ({"stage": "dpo", "kto_chosen_weight": 2.0, "num_generations": 4}, "['kto_chosen_weight', 'num_generations'] do "
+     "not apply to stage: dpo"),
+    ({"stage": "sft", "pref_beta": 0.2, "temperature": 0.95}, "['pref_beta'] do not apply to stage: sft"),
+    ({"stage": "dpo", "pref_loss": "hinge", "pref_label_smoothing": 0.1, "simpo_gamma": 1.0},
+     "['pref_label_smoothing', 'simpo_gamma'] do not apply to pref_loss: hinge"),
+])
+def test_keys_of_another_stage_or_loss_are_named_as_having_no_effect(settings, warned, caplog):
+    with caplog.at_level("WARNING", logger="tunesmith"):
+        build_config(None, {"dataset": "x", **settings})
+    assert warned in caplog.text
+    assert "temperature" not in caplog.text  # LLaMA-Factory YAMLs set the sampling keys for generation too
+
+
+def test_keys_of_the_runs_own_stage_and_loss_raise_no_warning(caplog):
+    with caplog.at_level("WARNING", logger="tunesmith"):
+        build_config(None, {"dataset": "x", "stage": "dpo", "pref_loss": "simpo", "simpo_gamma": 1.0, "pref_beta": 2})
+        build_config(None, {"dataset": "x", "stage": "grpo", "num_generations": 4, "kl_coef": 0.1})
+    assert "no effect" not in caplog.text
