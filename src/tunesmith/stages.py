@@ -31,6 +31,8 @@ class Stage:
     # Settings the named algorithm implies unless the YAML sets them (online RL presets).
     preset: dict = field(default_factory=dict)
     reward_head: bool = False  # the model is a sequence classifier with one output (a reward model)
+    # The method keys (FinetuneConfig) this stage's loss reads; config/load.py warns when another stage's are given.
+    method_keys: tuple[str, ...] = ()
 
     def build_method(self, cfg):
         module, _, name = self.method.partition(":")
@@ -58,9 +60,11 @@ _ALL = [
     Stage("pt", "continued pretraining on plain text", "text", "sft:SFTMethod", "sequence"),
     Stage("sft", "supervised fine-tuning on conversations", "conversations", "sft:SFTMethod", "sequence"),
     Stage("rm", "reward model (Bradley-Terry on chosen/rejected pairs)", "pairs", "rm:RewardModelMethod", "sequence",
-          reward_head=True),
-    Stage("dpo", "preference optimisation (see pref_loss)", "pairs", "dpo:DPOMethod", "sequence"),
-    Stage("kto", "Kahneman-Tversky optimisation on unpaired examples", "unpaired", "kto:KTOMethod", "sequence"),
+          reward_head=True, method_keys=("reward_center_coef",)),
+    Stage("dpo", "preference optimisation (see pref_loss)", "pairs", "dpo:DPOMethod", "sequence",
+          method_keys=("pref_beta", "pref_loss", "pref_ftx", "pref_label_smoothing", "simpo_gamma")),
+    Stage("kto", "Kahneman-Tversky optimisation on unpaired examples", "unpaired", "kto:KTOMethod", "sequence",
+          method_keys=("pref_beta", "kto_chosen_weight", "kto_rejected_weight")),
     _rl("grpo", "online RL, group-relative advantages"),
     _rl("dr_grpo", "online RL, GRPO done right (no std, no length bias)",
         advantage="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm"),

@@ -34,10 +34,8 @@ _ONLY_FOR = {
     "freeze": ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
 }
 
-# Method keys and the stages they apply to (and, for two of dpo's, the pref_loss values that read them)
-_STAGE_ONLY = {"pref_beta": ("dpo", "kto"), "pref_loss": ("dpo",), "pref_ftx": ("dpo",),
-               "pref_label_smoothing": ("dpo",), "simpo_gamma": ("dpo",), "kto_chosen_weight": ("kto",),
-               "kto_rejected_weight": ("kto",), "reward_center_coef": ("rm",)}
+# Method keys that some stage's loss reads (stages.Stage.method_keys); two of them only for some pref_loss values
+_METHOD_KEYS = frozenset(key for stage in STAGES.values() for key in stage.method_keys)
 _LOSS_ONLY = {"simpo_gamma": ("simpo",), "pref_label_smoothing": ("sigmoid", "robust")}
 # online-RL keys that LLaMA-Factory YAMLs also set for generation (predict, chat): no warning for them
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_new_tokens"}
@@ -239,13 +237,13 @@ def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
         idle = sorted(given & set(keys))
         if idle and cfg.finetune.finetuning_type != ftype:
             log.warning("%s only apply to finetuning_type: %s; they have no effect here", idle, ftype)
-    stage = cfg.finetune.stage
-    idle = sorted(k for k, stages in _STAGE_ONLY.items() if k in given and stage not in stages)
-    if not STAGES[stage].is_online_rl:
-        idle += sorted(k for k in given & set(GROUPS["rl"].model_fields) - _SAMPLING_KEYS)
+    stage = STAGES[cfg.finetune.stage]
+    idle = sorted(given & _METHOD_KEYS - set(stage.method_keys))
+    if not stage.is_online_rl:
+        idle += sorted(given & set(GROUPS["rl"].model_fields) - _SAMPLING_KEYS)
     if idle:
-        log.warning("%s do not apply to stage: %s; they have no effect here", idle, stage)
-    if stage == "dpo":
+        log.warning("%s do not apply to stage: %s; they have no effect here", idle, stage.name)
+    if "pref_loss" in stage.method_keys:
         loss = cfg.finetune.pref_loss
         unread = sorted(k for k, losses in _LOSS_ONLY.items() if k in given and loss not in losses)
         if unread:

@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from conftest import run_config
+from tunesmith.errors import TunesmithError
 from tunesmith.rollout.rewards import build_rewards
 from tunesmith.rollout.rewards.user import RewardError, call_style
 from tunesmith.train.setup import train
@@ -51,6 +52,7 @@ def test_the_signature_is_told_from_the_parameter_names():
 
 
 def test_errors_name_the_file_and_the_function(tmp_path):
+    """Each a TunesmithError too: the CLI prints it as one line, without a traceback."""
     path = _file(tmp_path, """
         def broken(prompts, completions, **kw):
             raise KeyError("solution")
@@ -58,6 +60,8 @@ def test_errors_name_the_file_and_the_function(tmp_path):
             return [1.0]
         def words(prompts, completions, **kw):
             return ["good"] * len(completions)
+        def nan(prompts, completions, **kw):
+            return [1.0, float("nan")]
     """)
     with pytest.raises(RewardError, match=rf"reward '{path}:broken' \(trl signature\) raised KeyError: 'solution'"):
         build_rewards([f"{path}:broken"])(["", ""], ["a", "b"], ROWS)
@@ -65,10 +69,15 @@ def test_errors_name_the_file_and_the_function(tmp_path):
         build_rewards([f"{path}:short"])(["", ""], ["a", "b"], ROWS)
     with pytest.raises(RewardError, match=rf"reward '{path}:words' returned 'good' for response 0"):
         build_rewards([f"{path}:words"])(["", ""], ["a", "b"], ROWS)
-    with pytest.raises(RewardError, match=rf"{path} has no 'missing'; its callables: \['broken', 'short', 'words'\]"):
+    with pytest.raises(RewardError, match=rf"reward '{path}:nan' returned nan for response 1; every reward must be a "
+                                          "finite number"):
+        build_rewards([f"{path}:nan"])(["", ""], ["a", "b"], ROWS)
+    with pytest.raises(RewardError, match=rf"{path} has no 'missing'; its callables: \['broken', 'nan', 'short', "
+                                          "'words'\]"):
         build_rewards([f"{path}:missing"])
     with pytest.raises(RewardError, match=r"no file nowhere/r\.py \(looked for .*nowhere/r\.py"):
         build_rewards(["nowhere/r.py:f"])
+    assert issubclass(RewardError, TunesmithError)
     bad = _file(tmp_path, "def f(:\n", name="bad.py")
     with pytest.raises(RewardError, match=rf"loading {bad} raised SyntaxError"):
         build_rewards([f"{bad}:f"])

@@ -7,6 +7,7 @@ state) and list it in REWARDS below under the name configs use.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from .format import format_reward
 from .grounding import grounding
 from .length import length_penalty
 from .reward_model import RewardModelReward
-from .user import UserReward, resolve_reward  # noqa: F401  (resolve_reward: part of this module's API)
+from .user import RewardError, UserReward, resolve_reward  # noqa: F401  (resolve_reward: part of this module's API)
 
 RewardFn = Callable[..., list[float]]
 
@@ -92,6 +93,10 @@ class CombinedReward:
             values = [float(v) for v in values]
             if len(values) != len(responses):
                 raise ValueError(f"reward '{name}' returned {len(values)} values for {len(responses)} responses")
+            bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+            if bad is not None:
+                raise RewardError(f"reward '{name}' returned {values[bad]} for response {bad}; every reward must be "
+                                  "a finite number (a NaN or infinite one makes its group's advantages non-finite)")
             per_function[name] = values
             weight = self.weights[name]
             total = [t + weight * v for t, v in zip(total, values)]

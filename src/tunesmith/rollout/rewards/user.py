@@ -22,10 +22,11 @@ import inspect
 import sys
 from pathlib import Path
 
+from ...errors import TunesmithError
 from .rows import row_value
 
 
-class RewardError(ValueError):
+class RewardError(TunesmithError, ValueError):
     """A user's reward function could not be loaded, raised, or returned the wrong thing."""
 
 
