@@ -23,7 +23,7 @@ from .budget import char_budget
 from .loader import load_samples, split_eval
 from .pages import PageReleasing
 from .registry import get_spec
-from .prompts import render_prompt_batch
+from .prompts import render_prompt_batch, reward_columns
 from .render import IGNORE_INDEX, RenderOptions, render_batch, render_kto_batch, render_pair_batch
 from .templates import resolve
 
@@ -61,6 +61,7 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
         mask_history=cfg.data.mask_history,
         skip_bad_samples=cfg.data.skip_bad_samples,
         char_budget=char_budget(tokenizer, cfg.data.cutoff_len),
+        reward_columns=reward_columns(cfg.rl.reward_funcs) if STAGES[cfg.finetune.stage].is_online_rl else (),
     )
 
 

@@ -19,6 +19,28 @@ from .render import IGNORE_INDEX, RenderOptions, bad_record, message_budget, ren
 from .sample import where
 
 _COLUMNS = ("input_ids", "labels", "text", "mm_plan", "sample", "length", "num_truncated", "bad", "source")
+# The built-in rewards that read a column of every prompt row: name -> (the option naming it, its default)
+# (rollout/rewards/accuracy.py and grounding.py; a test keeps the two in step)
+READS_COLUMN = {"accuracy": ("answer_key", "answer"), "grounding": ("box_key", "target_box")}
+
+
+def reward_columns(reward_funcs) -> tuple:
+    """(column, reward, option) for each column that the configured rewards read from every prompt row."""
+    out = []
+    for func in reward_funcs:
+        if func.name in READS_COLUMN:
+            option, default = READS_COLUMN[func.name]
+            out.append((func.kwargs.get(option, default), func.name, option))
+    return tuple(out)
+
+
+def _check_reward_columns(sample: dict, extra: dict, opts: RenderOptions) -> None:
+    for column, reward, option in opts.reward_columns:
+        if extra.get(column) is None:
+            raise DataError(f"{where(sample)}: reward '{reward}' reads a '{column}' column from every prompt, and "
+                            f"this record has none (its columns: {sorted(extra) or 'only messages'}); add it to the "
+                            "record (or a final assistant turn, which counts as the answer), map it in "
+                            f"dataset_info.json's columns, or point the reward at another column with `{option}`")
 
 
 def render_prompt_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dict:
@@ -34,6 +56,7 @@ def render_prompt_batch(batch: dict, tokenizer, opts: RenderOptions, media=None)
         verl = extra.get("reward_model")  # verl's parquet prompt files keep the reference answer here
         if isinstance(verl, dict) and verl.get("ground_truth") is not None:
             extra.setdefault("answer", verl["ground_truth"])
+        _check_reward_columns(sample, extra, opts)
         try:
             prompt = _prompt_ids(sample, messages, tokenizer, opts, media)
         except DataError as err:

@@ -40,6 +40,8 @@ class RenderOptions:
     mask_history: bool = False
     skip_bad_samples: bool = False
     char_budget: int | None = None  # characters kept per message (data/budget.py); None: derived from cutoff_len
+    # online RL: (column, reward, option) for each column a configured reward reads from every prompt row
+    reward_columns: tuple = ()
 
 
 def message_budget(tokenizer, opts: RenderOptions) -> int:

@@ -99,3 +99,21 @@ def test_kl_in_reward_lowers_the_rewards_not_the_loss(tmp_path, monkeypatch):
     raw = step["reward_test_grpo_loop:varied_reward"]
     assert step["reward_mean"] == pytest.approx(raw - 0.5 * (float(torch.cat(seen["kl"]).mean()) + 1.0), abs=1e-4)
     assert "lr" in step and "grad_norm" in step
+
+
+def test_a_prompt_without_the_column_its_reward_reads_is_refused_before_any_step(tmp_path):
+    """accuracy reads `answer` from every prompt row: a record without one is named while the data is prepared (not
+    at the step that draws it), with the ways to fix it; answer_key points the reward at another column."""
+    from tunesmith.errors import DataError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"instruction": f"{i} + 1 =", "answer": str(i + 1)} for i in range(8)]
+    del rows[5]["answer"]
+    (data / "rl.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps(
+        {"rl": {"file_name": "rl.json", "columns": {"prompt": "instruction"}}}))
+    settings = {**RL, "dataset": "rl", "dataset_dir": str(data), "max_samples": None}
+    with pytest.raises(DataError, match=r"dataset 'rl', record 5: reward 'accuracy' reads a 'answer' column .*"
+                                        r"answer_key"):
+        train(run_config(tmp_path / "o", **settings))

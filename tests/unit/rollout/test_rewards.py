@@ -248,3 +248,14 @@ def test_columns_are_found_in_a_samples_extra_json():
     assert _call(accuracy, ["<answer>4</answer>"], [sample]) == [1.0]
     assert _call(grounding, ["(1, 1)"], [sample]) == [1.0]
     assert _call(accuracy, ["4"], [{"extra": {"answer": "4"}}]) == [1.0]
+
+
+def test_the_prompt_columns_the_data_checks_are_the_rewards_own_defaults():
+    """data/prompts.READS_COLUMN names each built-in reward's column option and default, as the reward has them."""
+    import inspect
+
+    from tunesmith.data.prompts import READS_COLUMN
+    from tunesmith.rollout.rewards import REWARDS
+
+    for name, (option, default) in READS_COLUMN.items():
+        assert inspect.signature(REWARDS[name]).parameters[option].default == default
