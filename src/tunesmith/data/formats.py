@@ -139,6 +139,10 @@ def check_columns(column_names: list[str], name: str, spec: DatasetSpec, stage: 
     """
     required = _required_fields(spec, stage)
     available = [c for c in column_names if c != ROW_INDEX]
+    if "response" in required and STAGES[stage].data_kind == "pairs":  # an unranked alpaca entry
+        raise DataError(f"dataset '{name}': stage '{stage}' trains on chosen/rejected pairs, and its dataset_info.json "
+                        "entry is not a preference dataset; mark it `ranking: true` and map its pairs with "
+                        f"\"columns\": {{\"chosen\": ..., \"rejected\": ...}}; the data has columns {available}.")
     for field, column in spec.columns.model_dump().items():
         if column is None:
             if field in required:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,21 +206,22 @@ class _ArrayReader:
 
 def rows_from_json_files(files: list[Path], work_dir: Path | None = None) -> datasets.Dataset:
     """One Dataset of every record of `files`, built a part at a time (see the module docstring)."""
-    parts, records, chars = [], [], 0
+    parts, records, chars, first = [], [], 0, 0
     for path in files:
         for record, size in iter_json_records(path):
             records.append(record)
             chars += size
             if len(records) >= _PART_RECORDS or chars >= _PART_CHARS:
-                parts.append(_part(records, files, work_dir, len(parts)))
-                records, chars = [], 0
+                parts.append(_part(records, files, work_dir, len(parts), first))
+                first, records, chars = first + len(records), [], 0
     if records or not parts:
-        parts.append(_part(records, files, work_dir, len(parts)))
+        parts.append(_part(records, files, work_dir, len(parts), first))
     return _concatenate(parts, files, work_dir)
 
 
-def rows_from_records(records: list[dict], files: list[Path]) -> datasets.Dataset:
-    """A Dataset from dicts whose keys may differ: a key a record lacks becomes None."""
+def rows_from_records(records: list[dict], files: list[Path], first: int = 0) -> datasets.Dataset:
+    """A Dataset from dicts whose keys may differ: a key a record lacks becomes None. `first`: the number of
+    records[0] in the files, for the error that names a record."""
     keys = list(dict.fromkeys(k for rec in records for k in rec))
     columns = {k: [rec.get(k) for rec in records] for k in keys}
     try:
@@ -232,14 +234,27 @@ def rows_from_records(records: list[dict], files: list[Path]) -> datasets.Datase
         except Exception as e:  # noqa: BLE001
             kinds = sorted({type(v).__name__ for v in values if v is not None})
             raise DataError(
-                f"{', '.join(map(str, files))}: field '{key}' has mixed types across records ({', '.join(kinds)}): {e}. "
-                f"Make it the same type in every record."
+                f"{', '.join(map(str, files))}: field '{key}' has mixed types across records ({', '.join(kinds)})"
+                f"{_first_odd_record(values, first) or f': {e}'}. Make it the same type in every record."
             ) from None
     raise DataError(f"{', '.join(map(str, files))}: could not build a table from the records.")
 
 
-def _part(records: list[dict], files, work_dir: Path | None, number: int) -> pa.Table | Path:
-    table = rows_from_records(records, files).data.table.replace_schema_metadata(None)
+def _first_odd_record(values: list, first: int) -> str:
+    """', record N is a <type>, where record M is a <type>': the first value not of the most common type, and the
+    first that is; "" when the types agree (the values differ in some other way, e.g. nested)."""
+    kinds = Counter(type(v) for v in values if v is not None)
+    if len(kinds) < 2:
+        return ""
+    common = kinds.most_common(1)[0][0]
+    odd = next(i for i, v in enumerate(values) if v is not None and type(v) is not common)
+    usual = next(i for i, v in enumerate(values) if type(v) is common)
+    return (f": record {first + odd} is a {type(values[odd]).__name__}, where record {first + usual} is a "
+            f"{common.__name__}")
+
+
+def _part(records: list[dict], files, work_dir: Path | None, number: int, first: int = 0) -> pa.Table | Path:
+    table = rows_from_records(records, files, first).data.table.replace_schema_metadata(None)
     if work_dir is None:
         return table
     path = Path(work_dir) / f"rows-{number:05d}.arrow"

@@ -335,7 +335,9 @@ def render_kto_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) ->
     out = {k: [] for k in _KTO_COLUMNS}
     for i, sample in enumerate(samples):
         if sample.get("kto_tag") is None:
-            raise DataError(f"{where(sample)}: stage kto needs a kto_tag (true/false) column in dataset_info.json")
+            raise DataError(f"{where(sample)}: stage kto needs each record's kto_tag (true: a desirable response, "
+                            "false: an undesirable one), and this record has none; give it one, or, where no column "
+                            "is mapped, map it with \"columns\": {\"kto_tag\": \"<column>\"} in dataset_info.json")
         other = samples[(i + 1) % len(samples)]
         try:
             row = _render_one(sample, tokenizer, opts, media)

@@ -135,6 +135,17 @@ def test_pt_text_column_needs_no_response():
         _convert([{"text": "plain words"}], columns={"prompt": "text"}, stage="sft")
 
 
+@pytest.mark.parametrize("stage", ["dpo", "rm"])
+def test_a_pair_stage_on_a_dataset_without_ranking_asks_for_ranking(stage):
+    """LLaMA-Factory marks preference data with "ranking": true; without it the fix is that key, not a column."""
+    records = [{"instruction": "q", "chosen": "good", "rejected": "bad"}]
+    with pytest.raises(DataError, match=rf"dataset 'demo': stage '{stage}' trains on chosen/rejected pairs, .* mark it "
+                                        r"`ranking: true`"):
+        _convert(records, stage=stage)
+    ds, _ = _convert(records, stage=stage, ranking=True, columns={"chosen": "chosen", "rejected": "rejected"})
+    assert len(ds) == 1
+
+
 @pytest.mark.parametrize("num_proc", [None, 2])
 def test_skip_bad_samples_counts_and_logs(num_proc, caplog, monkeypatch):
     monkeypatch.setattr(formats, "ROWS_PER_CONVERT_WORKER", 1)  # num_proc=2: two workers convert the six records

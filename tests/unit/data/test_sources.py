@@ -39,8 +39,18 @@ def test_jsonl_record_must_be_object(tmp_path):
 
 def test_mixed_types_name_the_field(tmp_path):
     (tmp_path / "m.jsonl").write_text('{"a": "text", "b": 1}\n{"a": "more", "b": [1, 2]}\n')
-    with pytest.raises(DataError, match="field 'b' has mixed types"):
+    with pytest.raises(DataError, match=r"field 'b' has mixed types across records \(int, list\): record 1 is a list, "
+                                        "where record 0 is a int"):
         load_rows("m", DatasetSpec(file_name="m.jsonl"), tmp_path)
+
+
+def test_mixed_types_in_a_later_part_name_the_record_in_the_file(tmp_path, monkeypatch):
+    _small_parts(monkeypatch)
+    records = [{"chosen": "a"}] * 6 + [{"chosen": 42}] + [{"chosen": "b"}] * 2
+    (tmp_path / "p.json").write_text(json.dumps(records))
+    with pytest.raises(DataError, match="field 'chosen' has mixed types across records \\(int, str\\): record 6 is a "
+                                        "int, where record 7 is a str"):
+        load_rows("p", DatasetSpec(file_name="p.json"), tmp_path)
 
 
 def test_folder_csv_and_parquet(tmp_path):
