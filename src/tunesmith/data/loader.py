@@ -19,6 +19,9 @@ from tunesmith.data.sources import load_rows
 from tunesmith.errors import DataError
 
 MIX_STRATEGIES = {"concat": None, "interleave_under": "first_exhausted", "interleave_over": "all_exhausted"}
+# The one dataset whose {{name}} and {{author}} are filled (identity_name, identity_author): LLaMA-Factory's
+# identity demo. Any other dataset keeps its text as written (code and templates use {{...}} of their own).
+IDENTITY = "identity"
 
 
 def load_samples(
@@ -53,7 +56,7 @@ def load_samples(
             rows = rows.select(range(max_samples))
         listed: list[dict] = []
         samples, skipped = convert_rows(
-            rows, name, spec, dataset_dir, stage=stage, placeholders=placeholders,
+            rows, name, spec, dataset_dir, stage=stage, placeholders=placeholders if name == IDENTITY else None,
             skip_bad_samples=skip_bad_samples, num_proc=num_proc, skipped_records=listed,
         )
         if len(samples) == 0:

@@ -91,6 +91,19 @@ def test_shipped_datasets_all_convert():
     assert len(pt) >= 200
 
 
+def test_only_the_identity_dataset_has_its_placeholders_filled(tmp_path):
+    """{{name}} in any other dataset (a Jinja or Handlebars snippet, a template) is data and stays as written."""
+    record = {"instruction": "greet", "output": "<p>Hello {{name}}, by {{author}}</p>"}
+    (tmp_path / "code.json").write_text(json.dumps([record]))
+    (tmp_path / "identity.json").write_text(json.dumps([{"instruction": "who?", "output": "I am {{name}}."}]))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"code": {"file_name": "code.json"},
+                                                            "identity": {"file_name": "identity.json"}}))
+    ds, _ = load_samples(["code", "identity"], dataset_dir=tmp_path, stage="sft",
+                         placeholders={"name": "Tuney", "author": "Ana"})
+    answers = [msgs[-1]["content"] for msgs in ds["messages"]]
+    assert answers == ["<p>Hello {{name}}, by {{author}}</p>", "I am Tuney."]
+
+
 def _generator():
     return load_script("make_demo_data")
 
