@@ -22,8 +22,11 @@ rounding and expandable segments (cuda_memory.py) it ran 2.4% faster on issue
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
 import signal
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -164,18 +167,43 @@ def micro_batch_loader(dataset, plan: EpochPlan, micro_batches: list, pad_id: in
         generator=torch.Generator().manual_seed(plan.seed + epoch),
         worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
     )
-    if num_workers == 0 or not hasattr(signal, "pthread_sigmask"):
+    if num_workers == 0:
         return iter(loader)
-    # The workers start (in iter) with the stop signals blocked, a mask they inherit: one that arrives before
-    # ignore_stop_signals runs is held, then discarded there. This process gets its copy when it unblocks.
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        return iter(loader)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    _stop_workers_at_exit()
+    if not hasattr(signal, "pthread_sigmask"):
+        iterator = iter(loader)
+    else:
+        # The workers start (in iter) with the stop signals blocked, a mask they inherit: one that arrives before
+        # ignore_stop_signals runs is held, then discarded there. This process gets its copy when it unblocks.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            iterator = iter(loader)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    _OPEN_ITERATORS.add(iterator)
+    return iterator
+
+
+_OPEN_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()  # loaders with workers, until they are collected
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@functools.cache
+def _stop_workers_at_exit() -> None:
+    """Registered once, after multiprocessing's own exit hook, so it runs before it (atexit runs last-in first).
+    That hook stops daemonic children with SIGTERM and then waits for them; DataLoader workers ignore SIGTERM
+    (ignore_stop_signals), so a loader still open at exit (a run that stopped mid-epoch at max_steps) kept the
+    process waiting forever after its final save. Here each open loader shuts its workers down as it does when
+    collected (torch's own shutdown: each worker is told to stop, then joined)."""
+    def stop_open_loaders():
+        for iterator in list(_OPEN_ITERATORS):
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
+    atexit.register(stop_open_loaders)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
