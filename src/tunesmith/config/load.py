@@ -168,6 +168,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if cfg.data.val_size and cfg.data.eval_dataset:
         problems.append("val_size and eval_dataset are both set: the held-out data would come from two places; keep "
                         "eval_dataset (evaluate on it) or val_size (split it from the training data), not both")
+    if cfg.data.mask_history and cfg.data.train_on_prompt:
+        problems.append("mask_history and train_on_prompt are both true: train_on_prompt supervises every token, so "
+                        "mask_history (supervise only the last turn) would have no effect; keep one")
     if cfg.data.interleave_probs and cfg.data.mix_strategy == "concat":
         problems.append("interleave_probs needs mix_strategy interleave_under or interleave_over")
     bad_sinks = [s for s in cfg.output.report_to if s not in ("none", "tensorboard", "wandb", "swanlab", "all")]

@@ -175,3 +175,9 @@ def test_keys_of_the_runs_own_stage_and_loss_raise_no_warning(caplog):
         build_config(None, {"dataset": "x", "stage": "dpo", "pref_loss": "simpo", "simpo_gamma": 1.0, "pref_beta": 2})
         build_config(None, {"dataset": "x", "stage": "grpo", "num_generations": 4, "kl_coef": 0.1})
     assert "no effect" not in caplog.text
+
+
+def test_mask_history_with_train_on_prompt_is_refused():
+    """As LLaMA-Factory: the two contradict each other."""
+    with pytest.raises(ConfigError, match="mask_history and train_on_prompt are both true"):
+        build_config(None, {"dataset": "x", "mask_history": True, "train_on_prompt": True})
