@@ -84,10 +84,34 @@ def cmd_train(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
         print(train_help())
         return 0
+    cfg = _config_from(items)
+    if cfg.data.tokenized_path and not _holds_files(cfg.data.tokenized_path):
+        return _tokenize_and_stop(cfg)
     from .train.setup import train
 
-    result = train(_config_from(items))
+    result = train(cfg)
     return 130 if result.interrupted else 0
+
+
+def _holds_files(folder: str) -> bool:
+    from pathlib import Path
+
+    path = Path(folder)
+    return path.is_dir() and any(path.iterdir())
+
+
+def _tokenize_and_stop(cfg) -> int:
+    """LLaMA-Factory's tokenized_path: a run whose folder is new or empty tokenizes, saves there and stops; the
+    next run with that tokenized_path loads it and trains."""
+    from .data.pipeline import prepare_data
+    from .models.load import load_preprocessing
+
+    tokenizer, _, media = load_preprocessing(cfg)
+    prepare_data(cfg, tokenizer, media)
+    logging.getLogger("tunesmith").info("tokenized data saved to %s; train on it by running again with tokenized_path: %s (as LLaMA-Factory, "
+             "a run with a new tokenized_path only prepares the data)", cfg.data.tokenized_path,
+             cfg.data.tokenized_path)
+    return 0
 
 
 def _pop_flag(items: list[str], flag: str, default):

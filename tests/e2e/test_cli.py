@@ -340,3 +340,14 @@ def test_data_marks_the_supervised_span_when_piped():
         marked.append(rest[:rest.index("]]")])
         rest = rest[rest.index("]]") + 2:]
     assert marked == expected
+
+
+def test_a_new_tokenized_path_only_prepares_the_data_then_a_run_trains_on_it(tmp_path):
+    """LLaMA-Factory's tokenized_path: the first run tokenizes, saves and stops; the next loads it and trains."""
+    saved, out = tmp_path / "tokenized", tmp_path / "out"
+    args = ["train", *BASE, "dataset=identity", f"tokenized_path={saved}", f"output_dir={out}", "max_steps=2"]
+    first = cli(*args)
+    assert "tokenized data saved to" in first.stdout + first.stderr
+    assert any(saved.iterdir()) and not (out / "train_summary.json").exists()
+    cli(*args)
+    assert json.loads((out / "train_summary.json").read_text())["global_step"] == 2
