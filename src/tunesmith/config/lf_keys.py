@@ -145,7 +145,9 @@ _MODEL = section("model", [
     honoured("video_min_pixels"),
     honoured("video_fps"),
     honoured("video_maxlen"),
-    honoured("use_audio_in_video"),
+    honoured("use_audio_in_video", "Qwen2.5-Omni; differs: tunesmith reads each video's own sound track (the record "
+             "lists no `audios`), where LLaMA-Factory takes one audio per video from the record's `audios`, so a "
+             "record whose video has no sound track is refused, naming the video ([multimodal.md](multimodal.md))"),
     honoured("audio_sampling_rate"),
     # export, vLLM, SGLang: read by LLaMA-Factory's export / chat / API commands, not by training
     *[idle(k, "export settings (`tunesmith export` takes its own options); not used in training")
