@@ -85,33 +85,30 @@ def cmd_train(items: list[str]) -> int:
         print(train_help())
         return 0
     cfg = _config_from(items)
-    if cfg.data.tokenized_path and not _holds_files(cfg.data.tokenized_path):
-        return _tokenize_and_stop(cfg)
+    if cfg.data.tokenized_path and not _tokenized_path_holds_data(cfg.data.tokenized_path):
+        _prepared_data(cfg)  # as LLaMA-Factory, a new tokenized_path only prepares the data (saved there)
+        logging.getLogger("tunesmith").info("tokenized data saved to %s; train on it by running again with "
+                                            "tokenized_path: %s", cfg.data.tokenized_path, cfg.data.tokenized_path)
+        return 0
     from .train.setup import train
 
     result = train(cfg)
     return 130 if result.interrupted else 0
 
 
-def _holds_files(folder: str) -> bool:
-    from pathlib import Path
+def _tokenized_path_holds_data(path: str) -> bool:
+    from .data.pipeline import tokenized_path_holds_data  # only where tokenized_path is set: not on start-up's path
 
-    path = Path(folder)
-    return path.is_dir() and any(path.iterdir())
+    return tokenized_path_holds_data(path)
 
 
-def _tokenize_and_stop(cfg) -> int:
-    """LLaMA-Factory's tokenized_path: a run whose folder is new or empty tokenizes, saves there and stops; the
-    next run with that tokenized_path loads it and trains."""
+def _prepared_data(cfg):
+    """(tokenizer, the prepared data) of a config, as training would prepare them."""
     from .data.pipeline import prepare_data
     from .models.load import load_preprocessing
 
     tokenizer, _, media = load_preprocessing(cfg)
-    prepare_data(cfg, tokenizer, media)
-    logging.getLogger("tunesmith").info("tokenized data saved to %s; train on it by running again with tokenized_path: %s (as LLaMA-Factory, "
-             "a run with a new tokenized_path only prepares the data)", cfg.data.tokenized_path,
-             cfg.data.tokenized_path)
-    return 0
+    return tokenizer, prepare_data(cfg, tokenizer, media)
 
 
 def _pop_flag(items: list[str], flag: str, default):
@@ -141,13 +138,9 @@ def cmd_data(items: list[str]) -> int:
     index, items = _pop_flag(items, "--index", "0")
     index = int(index)
     from .data.inspect import print_inspection
-    from .data.pipeline import prepare_data
-    from .models.load import load_preprocessing
     from .train.progress import console
 
-    cfg = _config_from(items)
-    tokenizer, _, media = load_preprocessing(cfg)
-    data = prepare_data(cfg, tokenizer, media)
+    tokenizer, data = _prepared_data(_config_from(items))
     print_inspection(console, data, data.report, tokenizer, index)
     return 0
 

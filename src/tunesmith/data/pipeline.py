@@ -200,13 +200,18 @@ def _save_tokenized_path(tokenized_path: str | None, key: str) -> None:
         cache.copy_entry(cache.tokenized_root() / key, path.name, path.parent)
 
 
+def tokenized_path_holds_data(tokenized_path: str | None) -> bool:
+    """Whether tokenized_path names a folder with something in it (as LLaMA-Factory: new or empty means not yet
+    saved)."""
+    path = Path(tokenized_path) if tokenized_path else None
+    return path is not None and path.is_dir() and any(path.iterdir())
+
+
 def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
     """LLaMA-Factory's tokenized_path: an existing one is loaded (not fingerprinted); a corrupt one is rebuilt."""
-    if not tokenized_path:
+    if not tokenized_path_holds_data(tokenized_path):
         return None
     path = Path(tokenized_path)
-    if not path.exists() or not any(path.iterdir()):
-        return None
     if not cache.is_entry(path):
         raise DataError(f"tokenized_path '{tokenized_path}' holds no tunesmith tokenized dataset; delete it or "
                         f"point tokenized_path at a new folder")
