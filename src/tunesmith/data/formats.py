@@ -23,7 +23,7 @@ from datasets import Features, List, Value
 
 from tunesmith.data.pages import PageReleasing
 from tunesmith.data.registry import DatasetSpec
-from tunesmith.data.sample import SAMPLE_COLUMNS, make_sample
+from tunesmith.data.sample import SAMPLE_COLUMNS, make_sample, tool_calls_text
 from tunesmith.data.sources import ROW_INDEX
 from tunesmith.errors import DataError
 from tunesmith.stages import STAGES
@@ -39,7 +39,7 @@ def _prompt_only(stage: str) -> bool:
 _MAX_LOGGED_SKIPS = 5
 _ERROR = "_error"
 
-_MESSAGE = {"role": Value("string"), "content": Value("string")}
+_MESSAGE = {"role": Value("string"), "content": Value("string"), "tool_calls": Value("string")}
 # Explicit types: a worker whose shard holds only bad records would otherwise
 # infer null-typed columns that cannot be concatenated with the other shards.
 SAMPLE_FEATURES = Features({
@@ -273,7 +273,13 @@ def _message(raw, roles: dict[str, str], spec: DatasetSpec, what: str, where: st
             f"Map it with \"tags\" in dataset_info.json (user_tag, assistant_tag, observation_tag, function_tag, "
             f"system_tag, role_tag, content_tag)"
         )
-    return {"role": roles[tag], "content": _text(raw.get(spec.tags.content_tag), f"{what}'s content", where)}
+    content = raw.get(spec.tags.content_tag)
+    if raw.get("tool_calls"):  # an OpenAI assistant message that calls tools; its content may be null
+        calls = tool_calls_text(raw["tool_calls"], what, where)
+        return {"role": roles[tag], "content": _text(content or "", f"{what}'s content", where), "tool_calls": calls}
+    if tag == spec.tags.function_tag:  # LLaMA-Factory's function_call turn: the content is the call
+        return {"role": "assistant", "content": "", "tool_calls": tool_calls_text(content, what, where)}
+    return {"role": roles[tag], "content": _text(content, f"{what}'s content", where)}
 
 
 def _chat_messages(row: dict, spec: DatasetSpec, where: str) -> tuple[list[dict], list[dict]]:

@@ -22,7 +22,7 @@ from ..stages import STAGES
 from ..errors import DataError
 from .budget import cut_messages
 from .media import check_plan
-from .sample import span_labels, where
+from .sample import span_labels, template_tools, where
 
 PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 _SPLIT = re.compile("(" + "|".join(re.escape(p) for p in PLACEHOLDERS.values()) + ")")
@@ -74,7 +74,7 @@ def to_content_parts(messages: list[dict]) -> list[dict]:
     for message in messages:
         content = message["content"]
         if not isinstance(content, str) or not _SPLIT.search(content):
-            out.append({"role": message["role"], "content": content})
+            out.append(message)
             continue
         parts = []
         for piece in _SPLIT.split(content):
@@ -82,7 +82,7 @@ def to_content_parts(messages: list[dict]) -> list[dict]:
                 parts.append({"type": _KIND[piece]})
             elif piece:
                 parts.append({"type": "text", "text": piece})
-        out.append({"role": message["role"], "content": parts})
+        out.append({**message, "content": parts})
     return out
 
 
@@ -209,7 +209,7 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         spans = [(0, len(text))]
     else:
         try:
-            text, spans = spans_fn(tokenizer, to_content_parts(messages), opts)
+            text, spans = spans_fn(tokenizer, to_content_parts(messages), opts, template_tools(sample))
         except DataError as err:
             raise in_record(sample, err) from None
     text, spans = collapse_markers(text, spans, getattr(media, "collapsed_markers", {}))

@@ -16,7 +16,7 @@ from .budget import cut_messages
 from .mm import (check_placeholders, collapse_markers, expand_in_text, expand_media_tokens, has_media, in_record,
                  plan_and_check, to_content_parts)
 from .render import IGNORE_INDEX, RenderOptions, bad_record, message_budget, render_text
-from .sample import where
+from .sample import template_tools, where
 
 _COLUMNS = ("input_ids", "labels", "text", "mm_plan", "sample", "length", "num_truncated", "bad", "source")
 # The built-in rewards that read a column of every prompt row: name -> (the option naming it, its default)
@@ -86,7 +86,8 @@ def _prompt_ids(sample: dict, messages: list[dict], tokenizer, opts: RenderOptio
         expansions, plan = plan_and_check(sample, media)
     cut_msgs, cut = cut_messages(messages, message_budget(tokenizer, opts))
     try:
-        text = render_text(tokenizer, to_content_parts(cut_msgs) if has else cut_msgs, opts, add_generation_prompt=True)
+        text = render_text(tokenizer, to_content_parts(cut_msgs) if has else cut_msgs, opts,
+                           tools=template_tools(sample), add_generation_prompt=True)
     except DataError as err:
         raise in_record(sample, err) from None
     collapsed = collapse_markers(text, [], getattr(media, "collapsed_markers", {}))[0] if has else text

@@ -23,7 +23,7 @@ from ..errors import DataError
 from ..stages import STAGES
 from .budget import char_budget, cut_messages
 from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
-from .sample import span_labels, where
+from .sample import span_labels, template_messages, template_tools, where
 
 IGNORE_INDEX = -100
 
@@ -66,7 +66,7 @@ def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_gen
     name is not the record's fault: its own error stands."""
     try:
         return tokenizer.apply_chat_template(
-            reasoning_as_thinking(messages, opts.chat_template),
+            reasoning_as_thinking(template_messages(messages), opts.chat_template),
             tools=tools,
             chat_template=opts.chat_template,
             tokenize=False,
@@ -98,8 +98,20 @@ def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -
                                                                                  tools, prefix)
         upto = render_text(tokenizer, messages[: k + 1], opts, tools=tools)
         end = len(upto) if full.startswith(upto) else _turn_end_in_history(tokenizer, full, start, upto, messages, k)
+        _check_calls_rendered(full[start:end], message, k)
         spans.append((start, end))
     return _close_last_answer(tokenizer, full, spans, messages)
+
+
+def _check_calls_rendered(turn: str, message: dict, k: int) -> None:
+    """A chat template that ignores a message's tool_calls would train the turn as an empty answer."""
+    calls = message.get("tool_calls")
+    names = [call["name"] for call in json.loads(calls)] if isinstance(calls, str) and calls else []
+    missing = [name for name in names if name not in turn]
+    if missing:
+        raise DataError(f"assistant turn {k} calls {missing[0]!r}, but the chat template does not render tool "
+                        "calls; use a template that does (template: qwen or qwen3, or the model's own if it has "
+                        "a tool format)")
 
 
 def _close_last_answer(tokenizer, full: str, spans: list, messages: list) -> tuple[str, list]:
@@ -150,8 +162,12 @@ def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: Rend
 def _turn_end_in_history(tokenizer, full: str, start: int, upto: str, messages: list, k: int) -> int:
     turn = upto[start:]
     text = _text_of(messages[k]["content"]).strip()
-    # Reasoning templates drop a history turn's think block: look for the answer part too.
-    for content in dict.fromkeys([text, text.split("</think>")[-1].strip()]):
+    # Reasoning templates drop a history turn's think block: look for the answer part too. A turn that calls tools
+    # is found by what the template wrote after its reasoning (the calls, and the answer before them).
+    candidates = [text, text.split("</think>")[-1].strip()]
+    if messages[k].get("tool_calls"):
+        candidates = [turn.split("</think>")[-1].strip()]
+    for content in dict.fromkeys(candidates):
         at = turn.rfind(content)
         end_marker = turn[at + len(content) :] if at >= 0 else ""
         pos = full.find(content, start)
@@ -213,9 +229,8 @@ def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     if not messages or messages[-1]["role"] != "assistant":
         raise DataError(f"{where(sample)}: the conversation must end with an assistant turn")
     messages, text_cut = cut_messages(messages, message_budget(tokenizer, opts))
-    tools = json.loads(sample["tools"]) if sample.get("tools") else None
     try:
-        text, spans = assistant_char_spans(tokenizer, messages, opts, tools)
+        text, spans = assistant_char_spans(tokenizer, messages, opts, template_tools(sample))
     except DataError as err:
         raise DataError(f"{where(sample)}: {err}") from None
     if opts.mask_history:

@@ -4,7 +4,7 @@ Every dataset format (alpaca, sharegpt, openai) is converted to this dict shape,
 which is what `datasets` stores between conversion and rendering:
 
     {
-      "messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...],
+      "messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str, "tool_calls": str}, ...],
       "tools":    str,            # JSON text of tool definitions, "" when none
       "images":   [str, ...],     # absolute media paths (rendered by the VLM issue)
       "videos":   [str, ...],
@@ -17,7 +17,10 @@ which is what `datasets` stores between conversion and rendering:
     }
 
 For sft the last message is an assistant turn. For pt the text is
-messages[0]["content"].
+messages[0]["content"]. An assistant turn that calls functions (sharegpt's function_call turn, an OpenAI
+message's tool_calls) has them in "tool_calls" as JSON text of [{"name", "arguments"}, ...] ("" for none):
+Arrow stores one shape for every message, and render_text hands them to the chat template as the
+OpenAI-shaped list (template_messages).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
+from tunesmith.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -45,17 +50,80 @@ def make_sample(
     extra: dict | None = None,
 ) -> dict:
     return {
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+        "messages": [_stored(m) for m in messages],
         "tools": tools or "",
         "images": list(images or []),
         "videos": list(videos or []),
         "audios": list(audios or []),
-        "rejected": [{"role": m["role"], "content": m["content"]} for m in (rejected or [])],
+        "rejected": [_stored(m) for m in (rejected or [])],
         "kto_tag": kto_tag,
         "source": source,
         "index": int(index),
         "extra": json.dumps(extra or {}, ensure_ascii=False, default=str),
     }
+
+
+def _stored(message: dict) -> dict:
+    calls = message.get("tool_calls") or ""
+    if not isinstance(calls, str):
+        calls = json.dumps(calls, ensure_ascii=False)
+    return {"role": message["role"], "content": message["content"], "tool_calls": calls}
+
+
+def tool_calls_text(calls, what: str, where: str) -> str:
+    """A function-call turn's calls as stored in a Sample: JSON text of [{"name", "arguments"}, ...].
+
+    `calls` is LLaMA-Factory's function_call content (JSON text of one call or of a list of calls) or an OpenAI
+    message's tool_calls list ({"function": {"name", "arguments"}} items). Arguments given as JSON text (the
+    OpenAI way) are parsed, so every template renders them alike."""
+    if isinstance(calls, str):
+        try:
+            calls = json.loads(calls)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: {what} is a function call but its content is not JSON ({err}); write it as "
+                            '{"name": "<function>", "arguments": {...}}, or a list of those') from None
+    calls = calls if isinstance(calls, list) else [calls]
+    out = []
+    for call in calls:
+        call = call.get("function", call) if isinstance(call, dict) else call
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            raise DataError(f"{where}: {what}: a function call must be an object with a 'name' and its "
+                            f"'arguments', got {str(call)[:80]}")
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass  # free text arguments stay text
+        out.append({"name": call["name"], "arguments": arguments})
+    if not out:
+        raise DataError(f"{where}: {what} is a function call turn without a call")
+    return json.dumps(out, ensure_ascii=False)
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates read them: stored tool calls (JSON text) become OpenAI's
+    [{"type": "function", "function": {"name", "arguments"}}] list; a message without calls has no such key."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, str):
+            message = {k: v for k, v in message.items() if k != "tool_calls"}
+            if calls:
+                message["tool_calls"] = [{"type": "function", "function": call} for call in json.loads(calls)]
+        out.append(message)
+    return out
+
+
+def template_tools(sample: dict) -> list | None:
+    """The sample's tool definitions as chat templates read them (OpenAI's shape): a bare function spec
+    ({"name", "description", "parameters"}, LLaMA-Factory's data) is wrapped as {"type": "function", "function":
+    spec}, as LLaMA-Factory and an OpenAI request to vLLM hand them to the model. None when it has none."""
+    tools = json.loads(sample["tools"]) if sample.get("tools") else None
+    if not tools:
+        return None
+    tools = tools if isinstance(tools, list) else [tools]
+    return [t if not isinstance(t, dict) or "function" in t else {"type": "function", "function": t} for t in tools]
 
 
 def where(sample: dict) -> str:

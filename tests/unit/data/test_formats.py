@@ -21,7 +21,7 @@ def _convert(records, stage="sft", dataset_dir="/data", skip=False, placeholders
 
 
 def _msgs(*pairs):
-    return [{"role": r, "content": c} for r, c in pairs]
+    return [{"role": r, "content": c, "tool_calls": ""} for r, c in pairs]
 
 
 def test_alpaca_with_history_system_and_query():
@@ -46,8 +46,9 @@ def test_sharegpt_tags_system_tool_and_function_call():
             {"from": "gpt", "value": "a"}]
     ds, _ = _convert([{"conversations": conv, "tools": [{"name": "f"}]}], formatting="sharegpt",
                      columns={"messages": "conversations", "tools": "tools"})
-    assert ds[0]["messages"] == _msgs(("system", "S"), ("user", "q"), ("assistant", '{"name": "f"}'),
-                                      ("tool", "42"), ("assistant", "a"))
+    calls = {"role": "assistant", "content": "", "tool_calls": '[{"name": "f", "arguments": {}}]'}
+    assert ds[0]["messages"] == _msgs(("system", "S"), ("user", "q")) + [calls] + _msgs(("tool", "42"),
+                                                                                        ("assistant", "a"))
     assert ds[0]["tools"] == '[{"name": "f"}]'
 
 
@@ -62,7 +63,7 @@ def test_openai_messages():
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
             {"role": "tool", "content": "t"}, {"role": "assistant", "content": "a"}]
     ds, _ = _convert([{"messages": msgs}], formatting="openai")
-    assert ds[0]["messages"] == msgs
+    assert ds[0]["messages"] == [{**m, "tool_calls": ""} for m in msgs]
 
 
 def test_placeholders_filled_everywhere():
@@ -125,7 +126,7 @@ def test_not_ending_with_assistant_fails_for_sft_but_pt_accepts():
     with pytest.raises(DataError, match="ends with a user turn"):
         _convert([{"conversations": conv}], formatting="sharegpt", stage="sft")
     ds, _ = _convert([{"conversations": conv}], formatting="sharegpt", stage="pt")
-    assert ds[0]["messages"][0] == {"role": "user", "content": "q"}
+    assert ds[0]["messages"][0] == {"role": "user", "content": "q", "tool_calls": ""}
 
 
 def test_pt_text_column_needs_no_response():

@@ -237,7 +237,8 @@ def test_builtin_llama3_differs_from_llama_3_2_only_by_the_date_header(conv, tok
 
 # --- Against LLaMA-Factory's own rendering (optional) -------------------------------------------------
 # LLaMA-Factory needs its own transformers (5.6), so it runs in a subprocess with its site folder first on
-# PYTHONPATH: TUNESMITH_LF_SITE, or /tmp/lfsite where it is installed. Not in CI. torchaudio, which its
+# PYTHONPATH: TUNESMITH_LF_SITE, or /tmp/lfsite where it is installed (`pip install --no-deps --target /tmp/lfsite
+# llamafactory==0.9.5 transformers==5.6.2`). Not in CI. torchaudio, which its
 # multimodal plugin imports but text templates never use, is stubbed when missing.
 _LF_ENCODE = r'''
 import importlib.machinery, importlib.util, json, sys, types
@@ -245,6 +246,7 @@ if importlib.util.find_spec("torchaudio") is None:
     stub = types.ModuleType("torchaudio")
     stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
     sys.modules["torchaudio"] = stub
+sys.modules["kernels"] = None  # hub kernels are unused here, and a newer kernels package breaks LF's transformers
 from transformers import AutoTokenizer
 from llamafactory.data.template import get_template_and_fix_tokenizer
 from llamafactory.hparams import DataArguments
@@ -255,7 +257,8 @@ for case in json.load(sys.stdin):
                                                                  enable_thinking=case["thinking"]))
     messages = case["messages"]
     system = messages[0]["content"] if messages[0]["role"] == "system" else None
-    pairs = template.encode_multiturn(tok, messages[1:] if system is not None else messages, system)
+    pairs = template.encode_multiturn(tok, messages[1:] if system is not None else messages, system,
+                                      case.get("tools"))
     out.append([[list(prompt), list(response)] for prompt, response in pairs])
 print(json.dumps(out))
 '''
@@ -264,6 +267,23 @@ print(json.dumps(out))
 LF_BUILTIN = {"chatml": "qwen3", "qwen": "qwen3", "qwen3": "qwen3", "qwen3_nothink": "qwen3",
               "qwen3_vl_nothink": "qwen3", "llama3": "llama"}
 LF_CASES = [(name, conv, thinking) for name in LF_BUILTIN for conv in CONVERSATIONS for thinking in (True, False)]
+
+
+# A function-call turn and its result (LF's function / observation roles), with the tools in the system turn.
+TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOL_CONVERSATION = [
+    SYSTEM, {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'},
+    {"role": "tool", "content": '{"temp": 21}'}, {"role": "assistant", "content": "It is 21 degrees."}]
+LF_TOOL_CASES = [(name, "tools", thinking) for name in ("qwen", "qwen3", "qwen3_nothink") for thinking in (True, False)]
+
+
+def _lf_messages(messages: list[dict]) -> list[dict]:
+    """tunesmith's messages as LLaMA-Factory's encode_multiturn takes them: calls as a function turn."""
+    roles = {"tool": "observation"}
+    return [{"role": "function", "content": m["tool_calls"]} if m.get("tool_calls")
+            else {"role": roles.get(m["role"], m["role"]), "content": m["content"]} for m in messages]
 
 
 def _lf_site() -> Path | None:
@@ -289,12 +309,15 @@ def lf_rendered(tmp_path_factory):
         build_tokenizer(ARCHS[arch]).save_pretrained(folder / arch)
     request = [{"tokenizer": str(folder / LF_BUILTIN[name]), "template": name, "thinking": thinking,
                 "messages": CONVERSATIONS[conv]} for name, conv, thinking in LF_CASES]
+    request += [{"tokenizer": str(folder / "qwen3"), "template": name, "thinking": thinking,
+                 "messages": _lf_messages(TOOL_CONVERSATION), "tools": json.dumps(TOOLS)}
+                for name, _, thinking in LF_TOOL_CASES]
     env = {**os.environ, "PYTHONPATH": str(site), "DISABLE_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", _LF_ENCODE], input=json.dumps(request), capture_output=True,
                           text=True, env=env, timeout=600)
     if done.returncode != 0:
         pytest.skip(f"LLaMA-Factory cannot be imported here: {done.stderr.strip().splitlines()[-1:]}")
-    return dict(zip(LF_CASES, json.loads(done.stdout.strip().splitlines()[-1])))
+    return dict(zip(LF_CASES + LF_TOOL_CASES, json.loads(done.stdout.strip().splitlines()[-1])))
 
 
 def _known_difference(name: str, conv: str, thinking: bool) -> str | None:
@@ -342,3 +365,25 @@ def test_builtin_templates_match_llamafactory(name, conv, thinking, lf_rendered)
     assert _normalised(tok.decode(row["input_ids"]), difference) == _normalised(tok.decode(lf_ids), difference)
     assert [_normalised(r, difference) for r in _supervised_runs(tok, row)] == \
         [_normalised(r, difference) for r in lf_runs]
+
+
+@pytest.mark.parametrize("name, conv, thinking", LF_TOOL_CASES)
+def test_tool_calls_match_llamafactory(name, conv, thinking, lf_rendered):
+    """A function-call turn and a tool result render and are supervised as LLaMA-Factory does it."""
+    import json
+
+    tok = build_tokenizer(ARCHS["qwen3"])
+    row = render_sft({"messages": TOOL_CONVERSATION, "tools": json.dumps(TOOLS)}, tok,
+                     _opts(tok, "qwen3", name, thinking))
+    pairs = lf_rendered[(name, conv, thinking)]
+    lf_ids = [i for prompt, response in pairs for i in prompt + response]
+    lf_runs = [tok.decode(response) for _, response in pairs]
+    if name == "qwen3":  # LF keeps empty think blocks on history turns; tunesmith (the real Qwen3) drops them
+        assert _normalised(tok.decode(row["input_ids"]), "think blocks") == \
+            _normalised(tok.decode(lf_ids), "think blocks")
+        assert [_normalised(r, "think blocks") for r in _supervised_runs(tok, row)] == \
+            [_normalised(r, "think blocks") for r in lf_runs]
+        return
+    assert tok.decode(row["input_ids"]) == tok.decode(lf_ids)
+    assert row["input_ids"] == lf_ids
+    assert _supervised_runs(tok, row) == lf_runs
