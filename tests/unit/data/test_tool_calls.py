@@ -137,3 +137,15 @@ def test_bare_function_specs_are_wrapped_as_openai_tools(tiny_qwen3):
     text = tok.decode(render_sft(ds[0], tok, _opts(tok, "qwen"))["input_ids"])
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     assert template_tools({"tools": json.dumps([tool])}) == [tool]
+
+
+def test_rl_prompts_render_the_tools_column(tiny_qwen3):
+    from tunesmith.data.prompts import render_prompt_batch
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    sample = make_sample([{"role": "user", "content": "Weather in Paris?"}], source="s", index=0,
+                         tools=SHAREGPT["tools"])
+    out = render_prompt_batch({k: [v] for k, v in sample.items()}, tok, RenderOptions(
+        stage="grpo", **dict(zip(("chat_template", "render_kwargs"), resolve(tok, "qwen")))))
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in out["text"][0]
+    assert out["text"][0].endswith("<|im_start|>assistant\n")
