@@ -223,8 +223,8 @@ def _text_of(content) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
-    """input_ids, labels (-100 outside supervised spans), truncated flag, text-cut flag."""
+def _render_sft_uncut(sample: dict, tokenizer, opts: RenderOptions) -> dict:
+    """input_ids and labels of the whole (character-budgeted) conversation, and the text-cut flag."""
     messages = sample["messages"]
     if not messages or messages[-1]["role"] != "assistant":
         raise DataError(f"{where(sample)}: the conversation must end with an assistant turn")
@@ -241,9 +241,15 @@ def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
         labels = list(ids)
     else:
         labels = span_labels(ids, enc["offset_mapping"], spans)
-    truncated = len(ids) > opts.cutoff_len
-    return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len], "num_truncated": int(truncated),
-            "num_text_cut": int(text_cut)}
+    return {"input_ids": ids, "labels": labels, "num_text_cut": int(text_cut)}
+
+
+def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
+    """input_ids, labels (-100 outside supervised spans), truncated flag, text-cut flag."""
+    row = _render_sft_uncut(sample, tokenizer, opts)
+    ids, labels = row["input_ids"], row["labels"]
+    return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len],
+            "num_truncated": int(len(ids) > opts.cutoff_len), "num_text_cut": row["num_text_cut"]}
 
 
 def render_pt(sample: dict, tokenizer, opts: RenderOptions) -> dict:
@@ -317,9 +323,8 @@ def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -
             raise DataError(f"{where(sample)}: stage rm/dpo needs pairs; mark the dataset `ranking: true` with "
                             "chosen and rejected columns in dataset_info.json")
         try:
-            chosen = _render_one(sample, tokenizer, opts, media)
-            rejected = _render_one({**sample, "messages": sample["messages"][:-1] + sample["rejected"]}, tokenizer,
-                                   opts, media)
+            chosen, rejected = _render_fitted(
+                [sample, {**sample, "messages": sample["messages"][:-1] + sample["rejected"]}], tokenizer, opts, media)
         except DataError as err:
             if not _skippable(sample, opts):
                 raise
@@ -336,6 +341,45 @@ def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -
         for key in _PAIR_COLUMNS:
             out[key].append(row[key])
     return out
+
+
+def _render_fitted(samples: list[dict], tokenizer, opts: RenderOptions, media) -> list[dict]:
+    """Rows of conversations that share their prompt (a pair's chosen and rejected). Text rows longer than
+    cutoff_len are shortened as LLaMA-Factory does it (its infer_seqlen: the prompt's head and each response's
+    head, the token budget split between them by pair_budget), all alike, so a long prompt costs prompt tokens
+    rather than the sample. Media rows are cut at cutoff_len, never inside their media tokens."""
+    if has_media(samples[0]):
+        return [_render_one(sample, tokenizer, opts, media) for sample in samples]
+    rows = [_render_sft_uncut(sample, tokenizer, opts) for sample in samples]
+    prompts = [_prompt_length(row["labels"]) for row in rows]
+    target = max(len(row["input_ids"]) - p for row, p in zip(rows, prompts))
+    cut = any(len(row["input_ids"]) > opts.cutoff_len for row in rows)
+    source_len, target_len = pair_budget(max(prompts), target, opts.cutoff_len)
+    out = []
+    for row, prompt in zip(rows, prompts):
+        def keep(seq: list) -> list:
+            return seq[:min(prompt, source_len)] + seq[prompt:prompt + target_len] if cut else seq
+        out.append({"input_ids": keep(row["input_ids"]), "labels": keep(row["labels"]), "num_truncated": int(cut),
+                    "num_text_cut": row["num_text_cut"]})
+    return out
+
+
+def _prompt_length(labels: list[int]) -> int:
+    return next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+
+
+def pair_budget(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:
+    """(prompt tokens, response tokens) to keep of a pair that does not fit, as LLaMA-Factory splits them: a
+    response shorter than half the budget is kept whole, a prompt shorter than half keeps it and the response takes
+    the rest, otherwise the budget is shared in proportion to their lengths."""
+    if target_len * 2 < cutoff_len:
+        max_target = cutoff_len
+    elif source_len * 2 < cutoff_len:
+        max_target = cutoff_len - source_len
+    else:
+        max_target = int(cutoff_len * (target_len / (source_len + target_len)))
+    new_target = min(max_target, target_len)
+    return min(max(cutoff_len - new_target, 0), source_len), new_target
 
 
 _KTO_COLUMNS = ("input_ids", "labels", "kl_input_ids", "kl_labels", "kto_tag", "length", "num_truncated",
@@ -355,9 +399,9 @@ def render_kto_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) ->
                             "is mapped, map it with \"columns\": {\"kto_tag\": \"<column>\"} in dataset_info.json")
         other = samples[(i + 1) % len(samples)]
         try:
-            row = _render_one(sample, tokenizer, opts, media)
-            kl = _render_one({**sample, "messages": sample["messages"][:-1] + other["messages"][-1:]}, tokenizer,
-                             opts, media)
+            (row,) = _render_fitted([sample], tokenizer, opts, media)
+            (kl,) = _render_fitted([{**sample, "messages": sample["messages"][:-1] + other["messages"][-1:]}],
+                                   tokenizer, opts, media)
         except DataError as err:
             if not _skippable(sample, opts):
                 raise
