@@ -43,9 +43,10 @@ def print_data_report(report: dict, cfg) -> None:
 
 
 class TrainProgress:
-    """The bar and metric lines, on the main rank only."""
+    """The bar and metric lines, on the main rank only. The bar shows one metric, named by `label` (the step
+    source's progress_key: loss, or online RL's reward_mean)."""
 
-    def __init__(self, total: int, done: int):
+    def __init__(self, total: int, done: int, label: str = "loss"):
         from .. import dist
 
         self.enabled = dist.is_main()
@@ -53,13 +54,13 @@ class TrainProgress:
             TextColumn("[bold]train"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}"),
+            TextColumn(f"{label} {{task.fields[value]:.4f}}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task("train", total=total, completed=done, loss=float("nan"))
+        self.task = self.progress.add_task("train", total=total, completed=done, value=float("nan"))
 
     def __enter__(self):
         if self.enabled:
@@ -70,9 +71,9 @@ class TrainProgress:
         if self.enabled:
             self.progress.stop()
 
-    def update(self, step: int, loss: float) -> None:
+    def update(self, step: int, value: float) -> None:
         if self.enabled:
-            self.progress.update(self.task, completed=step, loss=loss)
+            self.progress.update(self.task, completed=step, value=value)
 
     def print_metrics(self, step: int, metrics: dict) -> None:
         if not self.enabled:

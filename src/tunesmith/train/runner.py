@@ -65,7 +65,8 @@ class Runner:
         try:
             if self.source.eval_before_training and self.state["global_step"] == 0 and self._evaluates():
                 self._log_eval(sinks, None)
-            with StopFlag() as stop, TrainProgress(self.total_steps, self.state["global_step"]) as bar:
+            progress = TrainProgress(self.total_steps, self.state["global_step"], self.source.progress_key)
+            with StopFlag() as stop, progress as bar:
                 self._train_steps(stop, bar, sinks)
             seconds = time.perf_counter() - started
             tokens = self.state["tokens_seen"] - tokens_before
