@@ -41,6 +41,18 @@ def test_a_changed_training_setting_at_resume_is_refused_naming_it_unless_allowe
     assert "learning_rate: 0.002" in (out / "tunesmith_config.yaml").read_text()
 
 
+def test_a_resume_that_fails_to_restore_records_no_config_change(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=4, **SAVING))
+    checkpoint = out / "checkpoint-2"
+    weights = next(p for p in sorted(checkpoint.rglob("*.safetensors")))
+    weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
+    with pytest.raises(TunesmithError):
+        train(run_config(out, max_steps=4, learning_rate=2e-3, resume_from_checkpoint=str(checkpoint),
+                         resume_allow_changes=["learning_rate"]))
+    assert not (out / "config_changes.jsonl").exists()
+
+
 def test_harmless_changes_pass_without_a_word(tmp_path):
     out = tmp_path / "o"
     train(run_config(out, max_steps=4, **SAVING))

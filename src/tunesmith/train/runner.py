@@ -25,6 +25,7 @@ from ..engines.base import NonFiniteError, combine_sum
 from ..errors import TunesmithError
 from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss, write_results
+from .resume import record_changes
 from .progress import TrainProgress
 from .signals import StopFlag
 from .step_values import StepValues
@@ -54,6 +55,7 @@ class Runner:
         self.result = TrainResult(output_dir, 0)
         self.timing: dict = {}
         self.marks: dict[str, float] = {}  # wall-clock times of the run's phases (set_up sets the first ones)
+        self.config_changes: dict = {}  # resume: the accepted config changes, recorded once the restore succeeded
 
     def run(self) -> TrainResult:
         self.source.prepare(self.engine)
@@ -92,6 +94,8 @@ class Runner:
         self.saved_step = self.state["global_step"]
         self.result.global_step = self.state["global_step"]
         log.info("resumed from %s at step %d", path, self.state["global_step"])
+        if dist.is_main():
+            record_changes(self.output_dir, self.saved_step, self.config_changes)
 
     def _train_steps(self, stop: StopFlag, bar, sinks) -> None:
         """Queue step k, then read step k-1's values (step_values.py): while the host reads and logs, the GPU

@@ -41,7 +41,7 @@ from ..stages import STAGES
 from . import checkpoint as ckpt
 from .plan import UNPADDED_MULTIPLE, EpochPlan
 from .progress import print_data_report, status
-from .resume import check_config, clear_previous_run, find_resume, record_changes, step_of
+from .resume import check_config, clear_previous_run, find_resume
 from .runner import Runner, TrainResult
 
 log = logging.getLogger("tunesmith")
@@ -123,14 +123,13 @@ def set_up(cfg) -> Runner:
                if resume is not None else {})
     if dist.is_main():
         save_config(cfg, output_dir / "tunesmith_config.yaml")
-        if resume is not None:
-            record_changes(output_dir, step_of(resume), changes)
     method = stage.build_method(cfg)
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, layers, device)
     runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
     runner.marks.update(marks)
+    runner.config_changes = changes  # written to config_changes.jsonl once the checkpoint is restored
     collector.resume()
     return runner
 
