@@ -156,7 +156,8 @@ def test_records_skipped_while_reading_are_listed_too(tmp_path):
                           tok).report
     assert report["datasets"]["d"]["skipped"] == 1 and "skipped_records" not in report["datasets"]["d"]
     listed = [json.loads(line) for line in write_skipped_records(report, tmp_path / "o").read_text().splitlines()]
-    assert [(r["stage"], r["dataset"], r["index"]) for r in listed] == [("reading", "d", 1)]
+    assert [(r["stage"], r["dataset"], r["index"], r["file"]) for r in listed] == \
+        [("reading", "d", 1, str(data / "d.json"))]
 
 
 # ---------------------------------------------------------------- a huge record

@@ -41,7 +41,8 @@ def load_samples(
     """Load, convert and mix the named datasets (JSON rows and map outputs under `work_dir` when given).
 
     Returns (samples, report) where report is {name: {"rows": n, "skipped": k}}; with skip_bad_samples an entry
-    that skipped records also lists them under "skipped_records" ({"dataset", "index", "reason"}).
+    that skipped records also lists them under "skipped_records" ({"dataset", "index", "file", "reason"}: the file
+    is the dataset's data file or folder, or its hub id).
     """
     if not names:
         raise DataError("no dataset given. Set dataset: <name>[,<name>...] (names from dataset_info.json).")
@@ -64,8 +65,9 @@ def load_samples(
         entry = report.setdefault(name, {"rows": 0, "skipped": 0})  # a name may be listed twice
         entry["rows"] += len(samples)
         entry["skipped"] += skipped
-        if listed:
-            entry.setdefault("skipped_records", []).extend(listed)
+        if listed:  # the file (or hub dataset) the record is in, as the media stage names a bad medium's file
+            source = spec.hf_hub_url or str(Path(dataset_dir) / spec.file_name)
+            entry.setdefault("skipped_records", []).extend({**record, "file": source} for record in listed)
         parts.append(samples)
     return _mix(parts, mix_strategy, probs, seed), report
 
