@@ -22,7 +22,7 @@ from .. import dist
 from ..data.collate import collate_rows
 from ..data.mm import media_plans
 from ..data.render import IGNORE_INDEX
-from ..errors import TunesmithError
+from ..errors import ConfigError, TunesmithError
 from ..methods.advantages import ADVANTAGES, clip_advantages, zero_variance_groups
 from ..methods.base import PrePass
 from ..models.families import collation_pad_id
@@ -54,6 +54,11 @@ class RolloutSteps:
         if self.rl.prompts_per_step % dist.world():
             raise TunesmithError(f"prompts_per_step={self.rl.prompts_per_step} must be a multiple of the "
                                  f"{dist.world()} processes (each takes whole prompt groups)")
+        if self.rl.prompts_per_step > len(prompts):
+            raise ConfigError([f"prompts_per_step={self.rl.prompts_per_step} is more than the {len(prompts)} training "
+                               "prompts: every step would repeat prompts and an epoch would pass in a fraction of a "
+                               f"step. Set prompts_per_step to at most {len(prompts)} (num_generations sets the "
+                               "responses per prompt), or add prompts"])
         self.steps_per_epoch = math.ceil(len(prompts) / self.rl.prompts_per_step)
         self.sampling = Sampling(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, self.rl.top_k,
                                  stop_ids=tuple(stop_ids), pad_id=tokenizer.pad_token_id,

@@ -117,3 +117,10 @@ def test_a_prompt_without_the_column_its_reward_reads_is_refused_before_any_step
     with pytest.raises(DataError, match=r"dataset 'rl', record 5: reward 'accuracy' reads a 'answer' column .*"
                                         r"answer_key"):
         train(run_config(tmp_path / "o", **settings))
+
+
+def test_more_prompts_per_step_than_prompts_is_refused_naming_both(tmp_path):
+    from tunesmith.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"prompts_per_step=8 is more than the 3 training prompts.*at most 3"):
+        train(run_config(tmp_path / "g", **{**RL, "max_samples": 3, "prompts_per_step": 8}, reward_funcs=["accuracy"]))
