@@ -123,7 +123,7 @@ class FinetuneConfig(_Group):
     )
     finetuning_type: Literal["full", "freeze", "lora"] = Field("lora", description="Which parameters train.")
     freeze_trainable_layers: int = Field(
-        2, description="freeze: train the last N layers (negative: the first -N layers)."
+        2, description="freeze: train the last N layers (negative: the first -N layers); more than the model has: all."
     )
     freeze_trainable_modules: list[str] = Field(
         default_factory=lambda: ["all"], description="freeze: module names inside those layers that train, or all."

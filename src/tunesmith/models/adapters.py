@@ -93,8 +93,12 @@ def _apply_freeze(model, cfg: FinetuneConfig):
     allowed = _language_model_params(model)
     n = _num_layers(model, allowed)
     k = cfg.freeze_trainable_layers
-    if k == 0 or abs(k) > n:
-        raise ConfigError([f"freeze_trainable_layers: {k} must be between -{n} and {n} (not 0) for this {n}-layer model"])
+    if k == 0:
+        raise ConfigError([f"freeze_trainable_layers: 0 trains no layer; give the number of last layers to train "
+                           f"(or -N for the first N) of this {n}-layer model"])
+    if abs(k) > n:  # as LLaMA-Factory: more layers than the model has means all of them
+        log.warning("freeze_trainable_layers: %d is more than this model's %d layers: all %d are trained", k, n, n)
+        k = n if k > 0 else -n
     trainable_layers = set(range(n - k, n)) if k > 0 else set(range(-k))
     modules = cfg.freeze_trainable_modules
     matched_extra: set[str] = set()

@@ -1,0 +1,32 @@
+"""finetuning_type: freeze picks layers as LLaMA-Factory does: the last N (or first N for -N), all of them when N
+is more than the model has, and 0 is refused."""
+
+import logging
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from tunesmith.config.load import build_config
+from tunesmith.errors import ConfigError
+from tunesmith.models.adapters import apply_finetuning
+
+
+def _trained_layers(tiny_qwen3, layers: int) -> set[int]:
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3)
+    cfg = build_config(None, {"dataset": "x", "finetuning_type": "freeze", "freeze_trainable_layers": layers}).finetune
+    return {int(n.split(".layers.")[1].split(".")[0]) for n, p in apply_finetuning(model, cfg).named_parameters()
+            if p.requires_grad and ".layers." in n}
+
+
+def test_last_first_and_more_than_the_model_has(tiny_qwen3, caplog):
+    n = AutoModelForCausalLM.from_pretrained(tiny_qwen3).config.num_hidden_layers
+    assert _trained_layers(tiny_qwen3, 1) == {n - 1}
+    assert _trained_layers(tiny_qwen3, -1) == {0}
+    caplog.set_level(logging.WARNING, logger="tunesmith")
+    assert _trained_layers(tiny_qwen3, n + 6) == set(range(n)) == _trained_layers(tiny_qwen3, -(n + 6))
+    assert f"more than this model's {n} layers: all {n} are trained" in caplog.text
+
+
+def test_zero_layers_is_refused(tiny_qwen3):
+    with pytest.raises(ConfigError, match="freeze_trainable_layers: 0 trains no layer"):
+        _trained_layers(tiny_qwen3, 0)
