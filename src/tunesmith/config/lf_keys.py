@@ -282,7 +282,8 @@ _FINETUNING = section("finetuning", [
                                  "without a value model) or dpo"})),
     honoured("finetuning_type", "full, freeze, lora; oft is refused",
               check=RefuseValues({"oft": "OFT is not available; use finetuning_type: lora"})),
-    refused("use_llama_pro", "LLaMA Pro block expansion is not available; use finetuning_type: freeze"),
+    honoured("use_llama_pro", "the expanded blocks of a model LLaMA-Factory's scripts/llama_pro.py expanded train "
+             "(freeze: those layers; lora: adapters on them); full is refused, as in LLaMA-Factory"),
     refused("use_adam_mini", "Adam-mini is not available; tunesmith trains with AdamW"),
     mapped("use_mca", "backend", switch_key("backend", "megatron"),
             "true -> backend: megatron (the Megatron-Core engine, as USE_MCA=1)"),

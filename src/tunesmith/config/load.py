@@ -181,6 +181,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     template = LF_TEMPLATES.get(cfg.data.template)
     if template is not None and template.use == REFUSED:
         problems.append(f"template: {template.refusal()}")
+    if cfg.finetune.use_llama_pro and cfg.finetune.finetuning_type == "full":
+        problems.append("use_llama_pro: true trains the expanded blocks only, which finetuning_type: full cannot; "
+                        "use finetuning_type: freeze (or lora)")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
     problems.extend(_check_deepspeed(cfg))
@@ -237,7 +240,7 @@ def _check_liger() -> list[str]:
 
 def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
     for ftype, keys in _ONLY_FOR.items():
-        idle = sorted(given & set(keys))
+        idle = sorted(given & set(keys) - ({"freeze_trainable_layers"} if cfg.finetune.use_llama_pro else set()))
         if idle and cfg.finetune.finetuning_type != ftype:
             log.warning("%s only apply to finetuning_type: %s; they have no effect here", idle, ftype)
     stage = STAGES[cfg.finetune.stage]

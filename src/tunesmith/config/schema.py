@@ -128,6 +128,10 @@ class FinetuneConfig(_Group):
     freeze_trainable_modules: list[str] = Field(
         default_factory=lambda: ["all"], description="freeze: module names inside those layers that train, or all."
     )
+    use_llama_pro: bool = Field(
+        False, description="freeze / lora: train only the blocks a LLaMA Pro expansion added (every (layers / "
+        "freeze_trainable_layers)-th layer; the model expanded beforehand, e.g. by LLaMA-Factory's llama_pro.py)."
+    )
     freeze_extra_modules: list[str] = Field(
         default_factory=list, description="freeze: extra top-level modules that train (e.g. embed_tokens, lm_head)."
     )

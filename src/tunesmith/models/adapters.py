@@ -89,17 +89,34 @@ def _num_layers(model, allowed: set[str] | None) -> int:
     return max(layers) + 1
 
 
+def expanded_layers(n: int, k: int) -> list[int]:
+    """The blocks a LLaMA Pro expansion of k blocks added to a model that now has n layers: after each group of
+    n / k layers, the last layer of the group (LLaMA-Factory's llama_pro.py and use_llama_pro)."""
+    if k <= 0 or n % k:
+        raise ConfigError([f"use_llama_pro: the model's {n} layers must be a multiple of freeze_trainable_layers "
+                           f"({k}), the number of blocks the expansion added; set freeze_trainable_layers to it"])
+    stride = n // k
+    return list(range(stride - 1, n, stride))
+
+
 def _apply_freeze(model, cfg: FinetuneConfig):
     allowed = _language_model_params(model)
     n = _num_layers(model, allowed)
     k = cfg.freeze_trainable_layers
+    if cfg.use_llama_pro:
+        _train_layers(model, cfg, allowed, set(expanded_layers(n, k)))
+        return
     if k == 0:
         raise ConfigError([f"freeze_trainable_layers: 0 trains no layer; give the number of last layers to train "
                            f"(or -N for the first N) of this {n}-layer model"])
     if abs(k) > n:  # as LLaMA-Factory: more layers than the model has means all of them
         log.warning("freeze_trainable_layers: %d is more than this model's %d layers: all %d are trained", k, n, n)
         k = n if k > 0 else -n
-    trainable_layers = set(range(n - k, n)) if k > 0 else set(range(-k))
+    _train_layers(model, cfg, allowed, set(range(n - k, n)) if k > 0 else set(range(-k)))
+
+
+def _train_layers(model, cfg: FinetuneConfig, allowed: set[str] | None, trainable_layers: set[int]) -> None:
+    """Only those language-model layers (their freeze_trainable_modules) and freeze_extra_modules train."""
     modules = cfg.freeze_trainable_modules
     matched_extra: set[str] = set()
     for name, param in model.named_parameters():
@@ -112,11 +129,13 @@ def _apply_freeze(model, cfg: FinetuneConfig):
     missing = sorted(set(cfg.freeze_extra_modules) - matched_extra)
     if missing:
         raise ConfigError([f"freeze_extra_modules: {missing} match no module of this model"])
-    return model
 
 
 def _lora_targets(model, cfg: FinetuneConfig, frozen: set[str]):
-    """'all' = every linear layer outside the frozen parts (and outside the output head)."""
+    """'all' = every linear layer outside the frozen parts (and outside the output head); with use_llama_pro, only
+    those of the expanded blocks."""
+    if cfg.use_llama_pro:
+        return _expanded_targets(model, cfg, frozen)
     if "all" not in cfg.lora_target:
         return cfg.lora_target
     if not frozen and family_of(model.config) is None:
@@ -127,6 +146,21 @@ def _lora_targets(model, cfg: FinetuneConfig, frozen: set[str]):
     if not names:
         raise ConfigError(["lora_target: all found no linear layer outside the frozen parts; unfreeze one"])
     _check_towers_adapted(model, names, frozen)
+    return names
+
+
+def _expanded_targets(model, cfg: FinetuneConfig, frozen: set[str]) -> list[str]:
+    allowed = _language_model_params(model)
+    layers = set(expanded_layers(_num_layers(model, allowed), cfg.freeze_trainable_layers))
+    wanted = None if "all" in cfg.lora_target else cfg.lora_target
+    names = [name for name, module in model.named_modules()
+             if _plain_linear(module) and f"{name}.weight" not in frozen
+             and (allowed is None or f"{name}.weight" in allowed) and (m := _LAYER.search(f"{name}.weight"))
+             and int(m.group(1)) in layers and (wanted is None or name.split(".")[-1] in wanted)]
+    if not names:
+        raise ConfigError([f"use_llama_pro: lora_target {cfg.lora_target} matches no linear layer of the expanded "
+                           f"blocks {sorted(layers)}"])
+    log.info("use_llama_pro: LoRA on the expanded blocks %s", sorted(layers))
     return names
 
 
