@@ -25,8 +25,8 @@ from ..engines.base import NonFiniteError, combine_sum
 from ..errors import TunesmithError
 from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss, write_results
-from .resume import record_changes
 from .progress import TrainProgress
+from .resume import record_changes
 from .signals import StopFlag
 from .step_values import StepValues
 from .steps import Step, loss_fn, run_prepasses, step_stats
