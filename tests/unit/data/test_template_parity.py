@@ -247,6 +247,10 @@ if importlib.util.find_spec("torchaudio") is None:
     stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
     sys.modules["torchaudio"] = stub
 sys.modules["kernels"] = None  # hub kernels are unused here, and a newer kernels package breaks LF's transformers
+# LF's transformers pins tokenizers / huggingface-hub below this machine's; rendering templates needs neither pin
+checks = types.ModuleType("transformers.dependency_versions_check")
+checks.dep_version_check = lambda pkg, hint=None: None
+sys.modules["transformers.dependency_versions_check"] = checks
 from transformers import AutoTokenizer
 from llamafactory.data.template import get_template_and_fix_tokenizer
 from llamafactory.hparams import DataArguments
