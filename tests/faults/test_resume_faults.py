@@ -111,3 +111,28 @@ def test_a_run_with_skip_bad_samples_lists_the_skipped_records_in_its_output_dir
     train(run_config(out, dataset="d", dataset_dir=str(tmp_path), max_steps=1, skip_bad_samples=True))
     listed = [json.loads(line) for line in (out / "skipped_records.jsonl").read_text().splitlines()]
     assert len(listed) == 1 and listed[0]["dataset"] == "d" and listed[0]["index"] == 3
+
+
+@pytest.mark.parametrize("mistake", [dict(finetuning_type="freeze", freeze_trainable_layers=0),
+                                     dict(finetuning_type="freeze", use_llama_pro=True, freeze_trainable_layers=4)])
+def test_overwrite_output_dir_keeps_the_earlier_run_when_the_new_config_is_refused(tmp_path, mistake):
+    """The earlier run goes only once set-up has passed every check (some need the model or the data)."""
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=2, **SAVING))
+    before, saved = sorted(p.name for p in out.iterdir()), (out / "tunesmith_config.yaml").read_text()
+    with pytest.raises(ConfigError):
+        train(run_config(out, max_steps=2, overwrite_output_dir=True, **mistake))
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert (out / "tunesmith_config.yaml").read_text() == saved
+
+
+def test_a_failed_resume_leaves_the_saved_config_as_it_was(tmp_path):
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=4, **SAVING))
+    saved = (out / "tunesmith_config.yaml").read_text()
+    weights = next(p for p in sorted((out / "checkpoint-2").rglob("*.safetensors")))
+    weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
+    with pytest.raises(TunesmithError):
+        train(run_config(out, max_steps=4, learning_rate=2e-3, resume_from_checkpoint=str(out / "checkpoint-2"),
+                         resume_allow_changes=["learning_rate"]))
+    assert (out / "tunesmith_config.yaml").read_text() == saved

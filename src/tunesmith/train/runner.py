@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import dist
-from ..config.load import redacted
+from ..config.load import redacted, save_config
 from ..engines.base import NonFiniteError, combine_sum
 from ..errors import TunesmithError
 from . import checkpoint as ckpt
@@ -61,6 +61,10 @@ class Runner:
         self.source.prepare(self.engine)
         if self.resume is not None:
             self._restore(self.resume)
+        if dist.is_main():  # the config this run trains with; a resume's changes once its checkpoint is restored
+            save_config(self.cfg, self.output_dir / "tunesmith_config.yaml")
+            if self.resume is not None:
+                record_changes(self.output_dir, self.saved_step, self.config_changes)
         sinks = build_sinks(self.cfg, self.output_dir, self._resume_step()) if dist.is_main() else []
         started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
         self.marks["train_start"] = time.time()
@@ -94,8 +98,6 @@ class Runner:
         self.saved_step = self.state["global_step"]
         self.result.global_step = self.state["global_step"]
         log.info("resumed from %s at step %d", path, self.state["global_step"])
-        if dist.is_main():
-            record_changes(self.output_dir, self.saved_step, self.config_changes)
 
     def _train_steps(self, stop: StopFlag, bar, sinks) -> None:
         """Queue step k, then read step k-1's values (step_values.py): while the host reads and logs, the GPU

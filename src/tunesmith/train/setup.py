@@ -22,7 +22,7 @@ import torch
 from .. import collector, dist, prefetch
 from ..started import process_start
 from ..cuda_memory import use_expandable_segments
-from ..config.load import redacted, save_config
+from ..config.load import redacted
 from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.beside import PreparingData
 from ..data.pipeline import render_options, write_skipped_records
@@ -60,27 +60,30 @@ def run_facts(cfg) -> RunFacts:
                     has_vllm=importlib.util.find_spec("vllm") is not None)
 
 
-def prepare_output_dir(cfg) -> tuple[Path, Path | None]:
-    """The run's folder and the checkpoint it resumes (None for a new run). A folder holding an earlier run
-    is refused, continued (it holds checkpoints and resume is not turned off) or, with overwrite_output_dir,
-    cleared of that run's files."""
+def prepare_output_dir(cfg) -> tuple[Path, Path | None, bool]:
+    """The run's folder, the checkpoint it resumes (None for a new run), and whether an earlier run in it is to be
+    cleared. A folder holding an earlier run is refused, continued (it holds checkpoints and resume is not turned
+    off) or, with overwrite_output_dir, cleared of that run's files: by clear_earlier_run, once set-up has passed
+    every check, so a mistake in the config never costs the earlier run."""
     out = Path(cfg.output.output_dir)
     resume = find_resume(cfg)
     if resume is not None and cfg.output.resume_from_checkpoint is None:
         log.info("%s holds checkpoints: resuming from %s (overwrite_output_dir: true starts over, "
                  "resume_from_checkpoint: false refuses)", out, resume.name)
     holds_run = out.is_dir() and any((out / name).exists() for name in _RUN_MARKERS) or bool(ckpt.list_checkpoints(out))
-    if holds_run and resume is None:
-        if not cfg.output.overwrite_output_dir:
-            raise TunesmithError(
-                f"output_dir {out} already holds a run; set overwrite_output_dir: true to replace it, choose another "
-                "output_dir, or resume with resume_from_checkpoint: true")
-        if dist.is_main():
-            removed = clear_previous_run(out)
-            log.info("overwrite_output_dir: removed the earlier run's %d files and checkpoints from %s",
-                     len(removed), out)
+    if holds_run and resume is None and not cfg.output.overwrite_output_dir:
+        raise TunesmithError(
+            f"output_dir {out} already holds a run; set overwrite_output_dir: true to replace it, choose another "
+            "output_dir, or resume with resume_from_checkpoint: true")
     out.mkdir(parents=True, exist_ok=True)
-    return out, resume
+    return out, resume, holds_run and resume is None
+
+
+def clear_earlier_run(out: Path) -> None:
+    if dist.is_main():
+        removed = clear_previous_run(out)
+        log.info("overwrite_output_dir: removed the earlier run's %d files and checkpoints from %s", len(removed), out)
+    dist.barrier()
 
 
 def train(cfg) -> TrainResult:
@@ -93,7 +96,7 @@ def set_up(cfg) -> Runner:
     collector.freeze_imports()
     cfg = resolve(cfg, run_facts(cfg))
     dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
-    output_dir, resume = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
+    output_dir, resume, earlier_run = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
     dist.barrier()
     seed_everything(cfg.train.seed)
     device = pick_device()
@@ -114,15 +117,11 @@ def set_up(cfg) -> Runner:
             import_liger(cfg.model)
             data = preparing.result()
     marks["data_end"] = time.time()
-    if dist.is_main():
-        write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
     changes = (check_config(resume, redacted(cfg), cfg.output.resume_allow_changes,
                             data_parallel_size(cfg, dist.world()))
                if resume is not None else {})
-    if dist.is_main():
-        save_config(cfg, output_dir / "tunesmith_config.yaml")
     method = stage.build_method(cfg)
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
@@ -130,6 +129,10 @@ def set_up(cfg) -> Runner:
     runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
     runner.marks.update(marks)
     runner.config_changes = changes  # written to config_changes.jsonl once the checkpoint is restored
+    if earlier_run:  # every check has passed: only now does the earlier run go
+        clear_earlier_run(output_dir)
+    if dist.is_main():
+        write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     collector.resume()
     return runner
 

@@ -70,7 +70,8 @@ def test_the_saved_config_of_every_online_rl_preset_is_what_runs(tmp_path, stage
     from tunesmith.config.load import build_config
     from tunesmith.config.resolve import resolve, resolve_steps
 
-    runner = set_up(run_config(tmp_path / stage, stage=stage, **RL))
+    runner = set_up(run_config(tmp_path / stage, stage=stage, **{**RL, "max_steps": 1}))
+    runner.run()  # the run writes the config it trains with
     saved_path = tmp_path / stage / "tunesmith_config.yaml"
     saved = yaml.safe_load(saved_path.read_text())
     assert saved == runner.cfg.flat()
