@@ -329,9 +329,14 @@ def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, whe
 
 def _tools(row: dict, spec: DatasetSpec, where: str) -> str:
     tools = _value(row, spec, "tools", where)
-    if tools is None or isinstance(tools, str):
-        return tools or ""
-    return json.dumps(tools, ensure_ascii=False)
+    if not isinstance(tools, str):
+        return json.dumps(tools, ensure_ascii=False) if tools is not None else ""
+    try:
+        json.loads(tools or "[]")
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: the tools column is not JSON ({err}); write it as a JSON list of function "
+                        'specs, [{"name": ..., "description": ..., "parameters": {...}}]') from None
+    return tools
 
 
 def _media(row: dict, spec: DatasetSpec, field: str, where: str, media_dir: str) -> list[str]:

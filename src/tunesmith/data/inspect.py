@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -31,16 +33,13 @@ def marked_sample(tokenizer, input_ids: list[int], labels: list[int], plain: boo
     supervised tokens is also wrapped in [[ and ]], so the span stays visible when piped.
     """
     text = Text()
-    inside = False
-    for tok, label in zip(input_ids, labels):
-        supervised = label != IGNORE_INDEX
-        if plain and supervised != inside:
-            text.append(SPAN_OPEN if supervised else SPAN_CLOSE)
-            inside = supervised
-        piece = tokenizer.decode([tok])
+    # Decoded a run of same-kind tokens at a time: a character split over tokens (byte-level BPE's non-ASCII
+    # text) decodes whole only with its neighbours.
+    for supervised, run in groupby(zip(input_ids, labels), key=lambda pair: pair[1] != IGNORE_INDEX):
+        piece = tokenizer.decode([tok for tok, _ in run])
+        if plain and supervised:
+            piece = SPAN_OPEN + piece + SPAN_CLOSE
         text.append(piece, style="bold green" if supervised else "dim")
-    if plain and inside:
-        text.append(SPAN_CLOSE)
     return text
 
 

@@ -75,7 +75,7 @@ def tool_calls_text(calls, what: str, where: str) -> str:
 
     `calls` is LLaMA-Factory's function_call content (JSON text of one call or of a list of calls) or an OpenAI
     message's tool_calls list ({"function": {"name", "arguments"}} items). Arguments given as JSON text (the
-    OpenAI way) are parsed, so every template renders them alike."""
+    OpenAI way) are parsed, so every template renders them alike; text that is not JSON is refused."""
     if isinstance(calls, str):
         try:
             calls = json.loads(calls)
@@ -93,8 +93,9 @@ def tool_calls_text(calls, what: str, where: str) -> str:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass  # free text arguments stay text
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: {what}: the arguments of the call to {call['name']!r} are not JSON "
+                                f"({err}): {arguments[:80]}") from None
         out.append({"name": call["name"], "arguments": arguments})
     if not out:
         raise DataError(f"{where}: {what} is a function call turn without a call")

@@ -149,3 +149,18 @@ def test_rl_prompts_render_the_tools_column(tiny_qwen3):
         stage="grpo", **dict(zip(("chat_template", "render_kwargs"), resolve(tok, "qwen")))))
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in out["text"][0]
     assert out["text"][0].endswith("<|im_start|>assistant\n")
+
+
+def test_tools_or_arguments_that_are_not_json_name_the_record():
+    bad_tools = {**SHAREGPT, "tools": "not json ["}
+    with pytest.raises(DataError, match=r"record 0: the tools column is not JSON"):
+        _sharegpt([bad_tools])
+    ds, skipped = _sharegpt([bad_tools, SHAREGPT], skip=True)
+    assert skipped == 1 and len(ds) == 1
+    openai = {"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]},
+        {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(DataError, match=r"record 0: message 1: the arguments of the call to 'get_weather' are not"):
+        _convert([openai], formatting="openai")
