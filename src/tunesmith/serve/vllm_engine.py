@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 
 from ..errors import ConfigError, ModelError
-from ..infer.load import load_preprocessor
+from ..infer.load import load_preprocessor, refuse_reward_model
 from ..infer.options import ChatOptions
 from .engine import CancelToken, Engine, Finished, Prepared
 from .errors import RequestError
@@ -128,6 +128,7 @@ class VllmEngine(Engine):
         from vllm.lora.request import LoRARequest
 
         spec = options.model
+        refuse_reward_model(spec.model_name_or_path, spec.adapter_name_or_path)
         base, stacked, preprocessor = load_preprocessor(
             spec.model_name_or_path, spec.adapter_name_or_path, trust_remote_code=spec.trust_remote_code,
             cache_dir=spec.cache_dir, revision=spec.model_revision)

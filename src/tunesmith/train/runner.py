@@ -266,7 +266,9 @@ class Runner:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)
         if self.cfg.output.save_final_model:
-            log.info("model saved to %s; chat with it: tunesmith chat --model %s", self.output_dir, self.output_dir)
+            use = "score with it: tunesmith score --model {} --data <file.jsonl>" if self.cfg.finetune.stage == "rm" \
+                else "chat with it: tunesmith chat --model {}"
+            log.info("model saved to %s; %s", self.output_dir, use.format(self.output_dir))
 
 
     def _epoch(self) -> float:
