@@ -136,3 +136,16 @@ def test_a_failed_resume_leaves_the_saved_config_as_it_was(tmp_path):
         train(run_config(out, max_steps=4, learning_rate=2e-3, resume_from_checkpoint=str(out / "checkpoint-2"),
                          resume_allow_changes=["learning_rate"]))
     assert (out / "tunesmith_config.yaml").read_text() == saved
+
+
+def test_an_allowed_learning_rate_change_takes_effect_at_resume(tmp_path):
+    """The resumed steps follow the new rate's schedule (the checkpoint's schedule held the old base rate)."""
+    out, fresh = tmp_path / "o", tmp_path / "fresh"
+    common = dict(lr_scheduler_type="linear", max_steps=4)
+    train(run_config(out, learning_rate=1e-3, **common, **SAVING))
+    train(run_config(out, learning_rate=2e-3, resume_from_checkpoint=str(out / "checkpoint-2"),
+                     resume_allow_changes=["learning_rate"], **common))
+    train(run_config(fresh, learning_rate=2e-3, **common))
+    resumed = {r["step"]: r["lr"] for r in _rows(out) if "lr" in r}
+    straight = {r["step"]: r["lr"] for r in _rows(fresh) if "lr" in r}
+    assert [resumed[s] for s in (3, 4)] == pytest.approx([straight[s] for s in (3, 4)])

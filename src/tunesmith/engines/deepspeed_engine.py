@@ -29,7 +29,7 @@ from ..models.forward import run_forward
 from ..models.safetensors_write import save_weights
 from .base import (CheckpointError, LossFn, NonFiniteError, StepOutput, StepResult, eval_mode,
                    forward_module, nonfinite, schedule_at, switched_to_reference)
-from .optim import realign_schedule
+from .optim import keep_base_lrs
 from .reference import ReferenceView
 
 log = logging.getLogger("tunesmith")
@@ -193,12 +193,13 @@ class DeepSpeedEngine:
             raise CheckpointError(f"{Path(path) / _TAG} holds pickles DeepSpeed loads with weights_only=False and "
                                   "the checkpoint was not verified; it is loaded only through "
                                   "train/checkpoint.restore")
+        base_lrs = list(self.scheduler.base_lrs)  # this run's learning rate (resume_allow_changes may change it)
         loaded, _ = self.ds.load_checkpoint(str(path), tag=_TAG, load_optimizer_states=True,
                                             load_lr_scheduler_states=True)
         if loaded is None:
             raise ConfigError([f"resume: {path} holds no DeepSpeed state (saved by another backend?); resume it with "
                                "the backend that wrote it"])
-        realign_schedule(self.optimizer, self.scheduler)
+        keep_base_lrs(self.optimizer, self.scheduler, base_lrs)
 
     def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
                         trusted: bool = False) -> None:

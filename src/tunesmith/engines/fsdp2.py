@@ -32,7 +32,7 @@ from ..models.weights import weights_by_model_key
 from .blocks import compile_each, transformer_blocks
 from .base import (CheckpointError, LossFn, StepOutput, StepResult, read_torch_file, schedule_at,
                    switched_to_reference, write_torch_file)
-from .optim import realign_schedule
+from .optim import load_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
 
@@ -122,8 +122,7 @@ class FSDP2Engine:
         set_model_state_dict(self.model, state["model"])
         set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         saved = read_torch_file(Path(path) / "engine_state.pt")
-        self.scheduler.load_state_dict(saved["scheduler"])
-        realign_schedule(self.optimizer, self.scheduler)
+        load_schedule(self.optimizer, self.scheduler, saved["scheduler"])
 
     def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
                         trusted: bool = False) -> None:

@@ -65,6 +65,22 @@ def realign_schedule(optimizer, scheduler) -> None:
     scheduler._last_lr = values
 
 
+def load_schedule(optimizer, scheduler, state: dict) -> None:
+    """A checkpoint's schedule (its step) into this run's, keeping this run's base learning rates: a resume that
+    changes learning_rate (resume_allow_changes) goes on with the new rate on the same curve."""
+    base_lrs = list(scheduler.base_lrs)
+    scheduler.load_state_dict(state)
+    keep_base_lrs(optimizer, scheduler, base_lrs)
+
+
+def keep_base_lrs(optimizer, scheduler, base_lrs: list[float]) -> None:
+    """Put back the base learning rates a loaded schedule replaced, and the groups' rates at its step."""
+    scheduler.base_lrs = list(base_lrs)
+    for group, base in zip(optimizer.param_groups, base_lrs):
+        group["initial_lr"] = base
+    realign_schedule(optimizer, scheduler)
+
+
 def take_back_schedule_step(optimizer, scheduler) -> None:
     """Undo one scheduler.step(): the update it followed was skipped (found non-finite on the device), and the
     schedule counts applied updates. (Our schedules are LambdaLRs; another kind is left to move on.)"""

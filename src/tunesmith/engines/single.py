@@ -10,7 +10,7 @@ from ..models.safetensors_write import save_weights
 from ..models.weights import load_model_weights
 from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, read_torch_file, schedule_at,
                    switched_to_reference, write_torch_file)
-from .optim import realign_schedule
+from .optim import load_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
 
@@ -54,8 +54,7 @@ class SingleEngine:
         load_model_weights(self.model, Path(path))
         state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        realign_schedule(self.optimizer, self.scheduler)
+        load_schedule(self.optimizer, self.scheduler, state["scheduler"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 

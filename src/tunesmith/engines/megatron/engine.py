@@ -31,7 +31,7 @@ from ...models.weights import load_model_weights
 from ..base import (CheckpointError, LossFn, StepOutput, StepResult, eval_mode, load_matching_optimizer,
                     read_torch_file, schedule_at, switched_to_reference, write_torch_file)
 from ..local_step import step_of
-from ..optim import realign_schedule
+from ..optim import load_schedule
 from .host_template import in_turns, is_released, refill, release
 from .lora import (adapters_off, base_name, copy_lora, hf_lora_state, lora_state, lora_to_hf, lora_to_megatron,
                    lora_weight_name, tower_adapters)
@@ -205,8 +205,7 @@ class MegatronEngine:
         schedule = state["scheduler"]
         if hasattr(self.optimizer, "parts_schedule"):
             schedule = self.optimizer.parts_schedule(schedule)
-        self.scheduler.load_state_dict(schedule)
-        realign_schedule(self.optimizer, self.scheduler)
+        load_schedule(self.optimizer, self.scheduler, schedule)
 
     def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
                         trusted: bool = False) -> None:
