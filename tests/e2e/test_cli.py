@@ -167,6 +167,8 @@ def test_data_inspect_and_clean(tmp_path):
     proc = cli("data", *BASE, "dataset=sharegpt_demo", "--index", "3")
     text = proc.stdout + proc.stderr
     assert "sharegpt_demo" in text and "length histogram" in text and "supervised" in text
+    past = cli("data", *BASE, "dataset=sharegpt_demo", "max_samples=4", "--index", "25", check=False)
+    assert past.returncode != 0 and "--index 25: the training data has 4 samples; give 0 to 3" in past.stderr
     cleaned = cli("data", "clean").stdout
     assert "removed" in cleaned
 

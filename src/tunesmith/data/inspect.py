@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import DataError
 from .render import IGNORE_INDEX
 
 
@@ -69,12 +70,16 @@ def print_inspection(console: Console, data, report: dict, tokenizer, index: int
     console.print(hist)
     if data.eval is not None:
         console.print(f"eval: {len(data.eval)} samples")
-    row = train[index % len(train)]
+    if not -len(train) <= index < len(train):
+        raise DataError(f"--index {index}: the training data has {len(train)} samples; give 0 to {len(train) - 1} "
+                        "(or -1 for the last)")
+    index %= len(train)
+    row = train[index]
     num_labels = sum(1 for t in row["labels"] if t != IGNORE_INDEX)
     plain = not console.is_terminal
     how = (f"supervised tokens wrapped in {SPAN_OPEN} {SPAN_CLOSE}" if plain
            else "[bold green]supervised[/], [dim]not supervised[/]")
-    console.print(f"\nsample {index % len(train)}: {len(row['input_ids'])} tokens, {num_labels} supervised "
+    console.print(f"\nsample {index}: {len(row['input_ids'])} tokens, {num_labels} supervised "
                   f"({how}):", markup=not plain)
     # soft_wrap: no inserted line breaks, so the printed sample is exactly the decoded tokens (plus markers)
     console.print(marked_sample(tokenizer, row["input_ids"], row["labels"], plain=plain), soft_wrap=True)

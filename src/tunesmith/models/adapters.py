@@ -104,7 +104,9 @@ def _apply_freeze(model, cfg: FinetuneConfig):
     n = _num_layers(model, allowed)
     k = cfg.freeze_trainable_layers
     if cfg.use_llama_pro:
-        _train_layers(model, cfg, allowed, set(expanded_layers(n, k)))
+        layers = expanded_layers(n, k)
+        log.info("use_llama_pro: training the expanded blocks %s of %d layers", layers, n)
+        _train_layers(model, cfg, allowed, set(layers))
         return
     if k == 0:
         raise ConfigError([f"freeze_trainable_layers: 0 trains no layer; give the number of last layers to train "

@@ -58,7 +58,8 @@ class RolloutSteps:
             raise ConfigError([f"prompts_per_step={self.rl.prompts_per_step} is more than the {len(prompts)} training "
                                "prompts: every step would repeat prompts and an epoch would pass in a fraction of a "
                                f"step. Set prompts_per_step to at most {len(prompts)} (num_generations sets the "
-                               "responses per prompt), or add prompts"])
+                               "responses per prompt), or add prompts (max_samples, val_size and a dataset's "
+                               "num_samples set how many are used)"])
         self.steps_per_epoch = math.ceil(len(prompts) / self.rl.prompts_per_step)
         self.sampling = Sampling(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, self.rl.top_k,
                                  stop_ids=tuple(stop_ids), pad_id=tokenizer.pad_token_id,
