@@ -467,7 +467,12 @@ def run() -> None:
     """The `tunesmith` command: main(), then, after a training run that finished, exit_quickly (a failed one takes
     the usual way out: under torchrun a quick exit of one rank could end the others before they report)."""
     argv = sys.argv[1:]
-    code = main(argv)
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`tunesmith train --help | head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush is quiet too
+        sys.exit(1)
     if argv[:1] == ["train"] and code == 0:
         exit_quickly(code)
     sys.exit(code)

@@ -76,3 +76,17 @@ def test_chat_and_export_help_list_their_yaml_keys():
             for key, field in cls.model_fields.items():
                 line = next((ln for ln in text.splitlines() if ln.split()[:1] == [key]), None)
                 assert line is not None and field.description in line, f"{parser.prog}: {key}"
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`tunesmith train --help | head`: the reader leaves early; no BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, time; time.sleep(2); from tunesmith.cli import run; "
+            "sys.argv = ['tunesmith', 'train', '--help']; run()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc.stdout.close()  # before it writes
+    assert proc.stderr.read().decode() == "" and proc.wait() == 1
