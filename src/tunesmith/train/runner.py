@@ -23,6 +23,7 @@ from .. import dist
 from ..config.load import redacted, save_config
 from ..engines.base import NonFiniteError, combine_sum
 from ..errors import TunesmithError
+from ..stages import STAGES
 from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss, write_results
 from .progress import TrainProgress
@@ -266,8 +267,9 @@ class Runner:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)
         if self.cfg.output.save_final_model:
-            use = "score with it: tunesmith score --model {} --data <file.jsonl>" if self.cfg.finetune.stage == "rm" \
-                else "chat with it: tunesmith chat --model {}"
+            scores = STAGES[self.cfg.finetune.stage].reward_head  # a reward model scores, it does not chat
+            use = ("score with it: tunesmith score --model {} --data <file.jsonl>" if scores
+                   else "chat with it: tunesmith chat --model {}")
             log.info("model saved to %s; %s", self.output_dir, use.format(self.output_dir))
 
 
