@@ -64,9 +64,11 @@ def make_sample(
 
 
 def _stored(message: dict) -> dict:
+    """A message in the Sample's one shape; calls given as a list (OpenAI's, in code or a scored file) are stored
+    as the converter stores them (tool_calls_text)."""
     calls = message.get("tool_calls") or ""
     if not isinstance(calls, str):
-        calls = json.dumps(calls, ensure_ascii=False)
+        calls = tool_calls_text(calls, "a message", "a conversation")
     return {"role": message["role"], "content": message["content"], "tool_calls": calls}
 
 

@@ -164,3 +164,12 @@ def test_tools_or_arguments_that_are_not_json_name_the_record():
         {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}]}
     with pytest.raises(DataError, match=r"record 0: message 1: the arguments of the call to 'get_weather' are not"):
         _convert([openai], formatting="openai")
+
+
+def test_openai_shaped_calls_given_in_code_are_stored_as_the_converter_stores_them():
+    """A scored file's OpenAI messages ({"function": {...}} items, arguments as JSON text) reach the template once
+    wrapped, not twice."""
+    openai_call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    sample = make_sample([{"role": "user", "content": "q"},
+                          {"role": "assistant", "content": "", "tool_calls": [openai_call]}], source="s", index=0)
+    assert json.loads(sample["messages"][1]["tool_calls"]) == [CALL]
