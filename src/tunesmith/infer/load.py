@@ -46,7 +46,7 @@ def _model_class(config, path: str):
 def refuse_reward_model(path: str, adapters: list[str] | tuple[str, ...] = ()) -> None:
     """Chat and serving generate text; a `stage: rm` output scores it."""
     head = (list(adapters) or [path])[-1]
-    if _looks_local(head) and _is_reward_model(head):
+    if _is_reward_model(head):
         raise ModelError(f"{head} is a reward model (stage: rm): it scores answers and does not generate text; "
                          f"score with it: tunesmith score --model {head} --data <file.jsonl>")
 

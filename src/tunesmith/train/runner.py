@@ -46,9 +46,11 @@ class TrainResult:
 
 
 class Runner:
-    def __init__(self, cfg, engine, method, source, saver, output_dir: Path, resume: Path | None = None):
+    def __init__(self, cfg, engine, method, source, saver, output_dir: Path, resume: Path | None = None,
+                 config_changes: dict | None = None):
         self.cfg, self.engine, self.method, self.source = cfg, engine, method, source
         self.saver, self.output_dir, self.resume = saver, output_dir, resume
+        self.config_changes = config_changes or {}  # a resume's accepted changes, recorded once it is restored
         self.total_steps = cfg.train.num_total_steps
         self.state = {"global_step": 0, "num_skipped_steps": 0, "tokens_seen": 0}
         self.bad_streak = 0  # consecutive updates that were skipped or had a zero gradient
@@ -56,7 +58,6 @@ class Runner:
         self.result = TrainResult(output_dir, 0)
         self.timing: dict = {}
         self.marks: dict[str, float] = {}  # wall-clock times of the run's phases (set_up sets the first ones)
-        self.config_changes: dict = {}  # resume: the accepted config changes, recorded once the restore succeeded
 
     def run(self) -> TrainResult:
         self.source.prepare(self.engine)

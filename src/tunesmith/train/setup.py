@@ -126,9 +126,8 @@ def set_up(cfg) -> Runner:
     make_model = _model_factory(cfg, stage, method, tokenizer.pad_token_id, stop_ids, layers)
     engine = build_engine(cfg, make_model, device, cfg.train.num_total_steps * stage.updates_per_step(cfg))
     source = _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, layers, device)
-    runner = Runner(cfg, engine, method, source, saver, output_dir, resume)
+    runner = Runner(cfg, engine, method, source, saver, output_dir, resume, changes)
     runner.marks.update(marks)
-    runner.config_changes = changes  # written to config_changes.jsonl once the checkpoint is restored
     if earlier_run:  # every check has passed: only now does the earlier run go
         clear_earlier_run(output_dir)
     if dist.is_main():
