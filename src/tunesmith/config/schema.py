@@ -78,7 +78,8 @@ class DataConfig(_Group):
     media_dir: str | None = Field(None, description="Folder media paths are relative to (default: dataset_dir).")
     template: str = Field("auto", description="Chat template: auto (the tokenizer's own) or a name, see docs.")
     enable_thinking: bool = Field(True, description="For reasoning templates (qwen3): render thinking blocks.")
-    cutoff_len: int = Field(2048, ge=8, description="Maximum tokens per sample; longer samples are truncated.")
+    cutoff_len: int = Field(2048, ge=8, description="Maximum tokens per sample; longer samples are shortened turn by "
+                            "turn as in LLaMA-Factory (docs/data.md).")
     max_samples: int | None = Field(None, ge=1, description="Keep at most this many samples of each dataset.")
     val_size: float = Field(0.0, ge=0, description="Held-out eval share (<1) or count (>=1) of the training data.")
     packing: bool | None = Field(

@@ -1,10 +1,10 @@
 """Text cut to a character budget before tokenizing: the cost of a record is bounded by cutoff_len, not its size.
 
-Rendering keeps the head of a conversation: render_sft keeps ids[:cutoff_len] and a media sample is cut the same
-way (or dropped when the cut would fall inside its media tokens). So a message longer than the text that
-cutoff_len tokens can cover contributes nothing past that point, and tokenizing a 50 MB message only to keep its
-first 2,048 tokens would cost hundreds of MB (a Python int and an offset pair per token). Each message is cut
-first, to
+Rendering keeps heads: render_sft keeps the head of each turn's prompt and of its answer, at most cutoff_len
+tokens in all (render.fit_turns, LLaMA-Factory's cut), and a media sample keeps ids[:cutoff_len] (or is dropped
+when the cut would fall inside its media tokens). So a message longer than the text that cutoff_len tokens can
+cover contributes nothing past that point, and tokenizing a 50 MB message only to keep its first 2,048 tokens
+would cost hundreds of MB (a Python int and an offset pair per token). Each message is cut first, to
 
     budget = (cutoff_len + 64) x max(32, the longest token of the vocabulary, in characters)
 
@@ -18,7 +18,10 @@ Templates look at a message's content, not just its start: Qwen3 and DeepSeek-R1
 those markers, every piece longer than the budget keeps its head (`budget` characters) and its last 256 characters
 (for `endswith` tests), and the markers all stay. A template then renders the cut content the way it renders the
 whole one, up to past the kept tokens; tests/unit/data/test_render.py compares the ids of long records rendered both
-ways. Plain-text pretraining (stage pt) is never cut: it splits long texts into several rows and keeps every token.
+ways. One difference from cutting the whole text remains: where a turn's prompt and answer both need more than half
+of the budget left, the budget is split in proportion to their lengths, and a cut message counts with its cut
+length, so the split differs from LLaMA-Factory's (still heads of the same prompt and answer). Plain-text
+pretraining (stage pt) is never cut: it splits long texts into several rows and keeps every token.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from ..stages import STAGES
 from ..errors import DataError
 from .budget import cut_messages
 from .media import check_plan
-from .sample import span_labels, template_tools, where
+from .sample import template_tools, turn_labels, where
 
 PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 _SPLIT = re.compile("(" + "|".join(re.escape(p) for p in PLACEHOLDERS.values()) + ")")
@@ -221,7 +221,8 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
             raise in_record(sample, err) from None
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
-    labels = list(ids) if opts.train_on_prompt else span_labels(ids, enc["offset_mapping"], spans, ignore_index)
+    labels = turn_labels(ids, enc["offset_mapping"], spans, train_on_prompt=opts.train_on_prompt,
+                         mask_history=opts.mask_history, ignore_index=ignore_index)
     if in_text:  # media tokens are never labels
         never = set(media.token_ids.values()) | {e.token_id for e in expansions}
         labels = [ignore_index if t in never else label for t, label in zip(ids, labels)]

@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from jinja2 import TemplateError
 
 from ..errors import DataError
 from ..stages import STAGES
 from .budget import char_budget, cut_messages
 from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
-from .sample import span_labels, template_messages, template_tools, where
+from .sample import template_messages, template_tools, turn_labels, where
 
 IGNORE_INDEX = -100
 
@@ -81,7 +83,14 @@ def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_gen
 
 
 def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered text and the [start, end) character span of every assistant turn in it.
+    """The rendered text and the [start, end) character span of every assistant turn in it (conversation_spans)."""
+    text, spans, _ = conversation_spans(tokenizer, messages, opts, tools)
+    return text, spans
+
+
+def conversation_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list, bool]:
+    """The rendered text, the [start, end) character span of every assistant turn in it, and whether an
+    end-of-sequence token was appended after the last answer (_close_last_answer).
 
     A turn starts where the generation prompt before it ends and ends after the
     template's end-of-turn marker. Templates that render history differently from
@@ -114,17 +123,17 @@ def _check_calls_rendered(turn: str, message: dict, k: int) -> None:
                         "a tool format)")
 
 
-def _close_last_answer(tokenizer, full: str, spans: list, messages: list) -> tuple[str, list]:
+def _close_last_answer(tokenizer, full: str, spans: list, messages: list) -> tuple[str, list, bool]:
     """A template that writes nothing (or only whitespace) after the last answer (GLM-4.5/4.6: a turn ends where the
     next role token starts) would teach the model never to stop: the eos token is appended there and supervised, as
     LLaMA-Factory's `efficient_eos` templates do."""
     eos = tokenizer.eos_token
     if not spans or not eos or spans[-1][1] != len(full):
-        return full, spans
+        return full, spans, False
     answer = _text_of(messages[-1]["content"]).split("</think>")[-1].strip()
     if not answer or not full.rstrip().endswith(answer):
-        return full, spans
-    return full + eos, spans[:-1] + [(spans[-1][0], len(full) + len(eos))]
+        return full, spans, False
+    return full + eos, spans[:-1] + [(spans[-1][0], len(full) + len(eos))], True
 
 
 def _history_turn_start(tokenizer, full: str, messages: list, k: int, opts: RenderOptions, tools, prompt: str) -> int:
@@ -224,32 +233,63 @@ def _text_of(content) -> str:
 
 
 def _render_sft_uncut(sample: dict, tokenizer, opts: RenderOptions) -> dict:
-    """input_ids and labels of the whole (character-budgeted) conversation, and the text-cut flag."""
+    """input_ids and labels of the whole (character-budgeted) conversation, the [start, end) token range of every
+    assistant turn, whether the last token is an end-of-sequence token appended after the template's text, and the
+    text-cut flag."""
     messages = sample["messages"]
     if not messages or messages[-1]["role"] != "assistant":
         raise DataError(f"{where(sample)}: the conversation must end with an assistant turn")
     messages, text_cut = cut_messages(messages, message_budget(tokenizer, opts))
     try:
-        text, spans = assistant_char_spans(tokenizer, messages, opts, template_tools(sample))
+        text, spans, eos_appended = conversation_spans(tokenizer, messages, opts, template_tools(sample))
     except DataError as err:
         raise DataError(f"{where(sample)}: {err}") from None
-    if opts.mask_history:
-        spans = spans[-1:]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
-    if opts.train_on_prompt:
-        labels = list(ids)
-    else:
-        labels = span_labels(ids, enc["offset_mapping"], spans)
-    return {"input_ids": ids, "labels": labels, "num_text_cut": int(text_cut)}
+    labels = turn_labels(ids, enc["offset_mapping"], spans, train_on_prompt=opts.train_on_prompt,
+                         mask_history=opts.mask_history)
+    starts = np.fromiter((start for start, _ in enc["offset_mapping"]), dtype=np.int64, count=len(ids))
+    turns = [(int(np.searchsorted(starts, start)), int(np.searchsorted(starts, end))) for start, end in spans]
+    return {"input_ids": ids, "labels": labels, "turns": turns, "eos_appended": eos_appended,
+            "num_text_cut": int(text_cut)}
 
 
 def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
-    """input_ids, labels (-100 outside supervised spans), truncated flag, text-cut flag."""
+    """input_ids, labels (-100 outside supervised spans), truncated flag, text-cut flag. A conversation longer than
+    cutoff_len is shortened turn by turn as LLaMA-Factory does (fit_turns), so a long prompt keeps its answer."""
     row = _render_sft_uncut(sample, tokenizer, opts)
+    ids, labels = fit_turns(row, opts.cutoff_len, opts.mask_history)
+    return {"input_ids": ids, "labels": labels, "num_truncated": int(len(row["input_ids"]) > opts.cutoff_len),
+            "num_text_cut": row["num_text_cut"]}
+
+
+def fit_turns(row: dict, cutoff_len: int, mask_history: bool) -> tuple[list, list]:
+    """The ids and labels of a rendered conversation cut to cutoff_len the way LLaMA-Factory cuts one: each turn is
+    a prompt part (everything since the previous answer) and its answer; turns are taken in order (with
+    mask_history the last first, kept in place), each within the budget left, split between its prompt and answer
+    by pair_budget, both cut to their heads; a turn that finds no budget left is dropped. An end-of-sequence token
+    appended after the last answer (templates that write none) keeps its place at the end."""
     ids, labels = row["input_ids"], row["labels"]
-    return {"input_ids": ids[: opts.cutoff_len], "labels": labels[: opts.cutoff_len],
-            "num_truncated": int(len(ids) > opts.cutoff_len), "num_text_cut": row["num_text_cut"]}
+    if len(ids) <= cutoff_len:
+        return ids, labels
+    reserved = 1 if row["eos_appended"] else 0
+    end = len(ids) - reserved
+    bounds, previous = [], 0
+    for start, stop in row["turns"]:
+        bounds.append((previous, start, stop))
+        previous = stop
+    bounds[-1] = (*bounds[-1][:2], end)  # whatever the template writes after the last answer goes with it
+    kept, total = [], reserved
+    for source, target, stop in (reversed(bounds) if mask_history else bounds):
+        if total >= cutoff_len:
+            break
+        source_len, target_len = pair_budget(target - source, stop - target, cutoff_len - total)
+        kept.append([(source, source + source_len), (target, target + target_len)])
+        total += source_len + target_len
+    if mask_history:
+        kept.reverse()
+    ranges = [r for turn in kept for r in turn] + [(end, len(ids))]
+    return ([t for a, b in ranges for t in ids[a:b]], [t for a, b in ranges for t in labels[a:b]])
 
 
 def render_pt(sample: dict, tokenizer, opts: RenderOptions) -> dict:

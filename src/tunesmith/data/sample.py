@@ -134,6 +134,15 @@ def where(sample: dict) -> str:
     return f"dataset '{sample.get('source', '?')}', record {sample.get('index', '?')}"
 
 
+def turn_labels(ids: list[int], offsets, spans: list[tuple[int, int]], *, train_on_prompt: bool, mask_history: bool,
+                ignore_index: int = -100) -> list[int]:
+    """The labels of a conversation whose assistant turns cover `spans`: those turns, with mask_history the last
+    only; with train_on_prompt every token (the config refuses it together with mask_history, as LLaMA-Factory)."""
+    if train_on_prompt:
+        return list(ids)
+    return span_labels(ids, offsets, spans[-1:] if mask_history else spans, ignore_index)
+
+
 def span_labels(ids: list[int], offsets, spans: list[tuple[int, int]], ignore_index: int = -100) -> list[int]:
     """Each token's id where its first character (`offsets`: the tokenizer's offset mapping) lies inside one of
     the character spans, else ignore_index."""

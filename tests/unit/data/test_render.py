@@ -83,6 +83,43 @@ def test_truncation_flagged(tiny_qwen3):
     assert len(out["input_ids"]) == 10 and out["num_truncated"] == 1
 
 
+LONG_PROMPT = [{"role": "user", "content": "Summarise: " + " ".join(f"word{i}" for i in range(200))},
+               {"role": "assistant", "content": "Words."}]
+
+
+def test_a_long_prompt_keeps_its_answer(tiny_qwen3):
+    """As in LLaMA-Factory, a conversation past cutoff_len keeps each turn's answer and the head of its prompt
+    (tests/unit/data/test_template_parity.py compares the ids with LLaMA-Factory's own where it is installed)."""
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    out = render_sft(make_sample(LONG_PROMPT, source="t", index=0), tok, _opts(tok, "chatml", cutoff_len=32))
+    assert len(out["input_ids"]) == 32 and out["num_truncated"] == 1
+    assert _supervised_text(tok, out) == "Words.<|im_end|>\n"
+    assert tok.decode(out["input_ids"]).startswith("<|im_start|>user\nSummarise: word0")
+
+
+def test_mask_history_keeps_the_last_turn_first(tiny_qwen3):
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}] + LONG_PROMPT
+    for mask_history, kept in ((False, "Hello."), (True, "Words.")):
+        out = render_sft(make_sample(conversation, source="t", index=0), tok,
+                         _opts(tok, "chatml", cutoff_len=40, mask_history=mask_history))
+        assert kept in tok.decode(out["input_ids"]) and len(out["input_ids"]) <= 40
+    assert "Hello." not in tok.decode(out["input_ids"])  # the last turn took the budget; the first found none
+    assert _supervised_text(tok, out) == "Words.<|im_end|>\n"
+
+
+def test_an_appended_end_of_sequence_stays_last_when_cut(tiny_qwen3):
+    """A template that writes nothing after the last answer gets the eos token appended (_close_last_answer); a cut
+    conversation keeps it at its end, as LLaMA-Factory's efficient_eos templates do."""
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    out = render_sft(make_sample(LONG_PROMPT, source="t", index=0), tok, RenderOptions(chat_template=template,
+                                                                                        cutoff_len=24))
+    assert len(out["input_ids"]) == 24 and out["input_ids"][-1] == tok.eos_token_id
+    assert _supervised_text(tok, out) == "Words." + tok.eos_token
+
+
 def test_conversation_must_end_with_assistant(tiny_qwen3):
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
     with pytest.raises(DataError, match="dataset 'demo', record 7.*must end with an assistant turn"):
@@ -138,6 +175,13 @@ LONG = [  # (template, conversation): each has a message far longer than cutoff_
 ]
 
 
+SPLIT_BY_LENGTHS = 2
+
+
+def _first_label(row: dict) -> int:
+    return next(i for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
+
+
 @pytest.mark.parametrize("case", range(len(LONG)))
 def test_the_character_budget_changes_no_kept_token(tiny_qwen3, tiny_llama, case):
     from dataclasses import replace
@@ -150,6 +194,16 @@ def test_the_character_budget_changes_no_kept_token(tiny_qwen3, tiny_llama, case
     whole = render_sft(sample, tok, replace(opts, char_budget=10**12))
     assert cut["num_text_cut"] == 1 and whole["num_text_cut"] == 0
     assert cut["num_truncated"] == whole["num_truncated"] == 1
+    if case == SPLIT_BY_LENGTHS:
+        # both the prompt and the answer need more than half of cutoff_len: the budget is split in proportion to
+        # their lengths, and a message past the character budget counts only its cut length (data/budget.py), so
+        # the split differs; what is kept is still the head of the same prompt and of the same answer.
+        uncut = render_sft(sample, tok, replace(opts, char_budget=10**12, cutoff_len=10**6))
+        answer_at = _first_label(uncut)
+        prompt, answer = cut["input_ids"][:_first_label(cut)], cut["input_ids"][_first_label(cut):]
+        assert len(cut["input_ids"]) == 64 and prompt == uncut["input_ids"][:len(prompt)]
+        assert answer == uncut["input_ids"][answer_at:answer_at + len(answer)]
+        return
     assert cut["input_ids"] == whole["input_ids"] and cut["labels"] == whole["labels"]
 
 

@@ -165,6 +165,24 @@ def test_the_character_budget_keeps_media_and_changes_no_kept_token():
     assert render_batch(batch, processor.tokenizer, opts, media=mp)["too_long"] == [1]
 
 
+def test_mask_history_supervises_only_the_last_answer():
+    processor, mp = _media("qwen2_5_vl")
+    samples, _ = load_samples(["mllm_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=1)
+    sample = dict(samples[0])
+    sample["messages"] = sample["messages"][:2] + [{"role": "user", "content": "And now?"},
+                                                   {"role": "assistant", "content": "Still red."}]
+    batch = {k: [v] for k, v in sample.items()}
+    supervised = {}
+    for mask_history in (False, True):
+        opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=8192, mask_history=mask_history)
+        out = render_batch(batch, processor.tokenizer, opts, media=mp)
+        supervised[mask_history] = processor.tokenizer.decode(
+            [t for t, label in zip(out["input_ids"][0], out["labels"][0]) if label != -100])
+    first = sample["messages"][1]["content"]
+    assert first in supervised[False] and "Still red." in supervised[False]
+    assert first not in supervised[True] and supervised[True] == "Still red.<|im_end|>\n"
+
+
 def test_collapsed_markers_follow_the_installed_processor():
     """A marker is collapsed exactly when the installed processor's own text replacement collapses it (Qwen3-VL's
     video wrapper from transformers 5.25 on), and spans move with the text."""

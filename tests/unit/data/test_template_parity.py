@@ -261,8 +261,16 @@ for case in json.load(sys.stdin):
                                                                  enable_thinking=case["thinking"]))
     messages = case["messages"]
     system = messages[0]["content"] if messages[0]["role"] == "system" else None
-    pairs = template.encode_multiturn(tok, messages[1:] if system is not None else messages, system,
-                                      case.get("tools"))
+    turns = messages[1:] if system is not None else messages
+    if "cutoff_len" in case:  # LF's own SFT encoding, its cut to cutoff_len included
+        from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+        args = DataArguments(template=case["template"], cutoff_len=case["cutoff_len"],
+                             mask_history=case["mask_history"], train_on_prompt=case["train_on_prompt"])
+        processor = SupervisedDatasetProcessor(template=template, tokenizer=tok, processor=None, data_args=args)
+        ids, labels = processor._encode_data_example(turns[:-1], turns[-1:], system, None, [], [], [])
+        out.append([list(ids), list(labels)])
+        continue
+    pairs = template.encode_multiturn(tok, turns, system, case.get("tools"))
     out.append([[list(prompt), list(response)] for prompt, response in pairs])
 print(json.dumps(out))
 '''
@@ -281,6 +289,20 @@ TOOL_CONVERSATION = [
     {"role": "assistant", "content": "", "tool_calls": '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'},
     {"role": "tool", "content": '{"temp": 21}'}, {"role": "assistant", "content": "It is 21 degrees."}]
 LF_TOOL_CASES = [(name, "tools", thinking) for name in ("qwen", "qwen3", "qwen3_nothink") for thinking in (True, False)]
+
+
+# Conversations longer than cutoff_len, cut as LLaMA-Factory cuts them (each turn's prompt and answer heads).
+WORDS = " ".join(f"word{i}" for i in range(40))
+LONG_CONVERSATIONS = {
+    "long_prompt": [SYSTEM, {"role": "user", "content": f"Summarise: {WORDS}"}, {"role": "assistant", "content": "Short."}],
+    "long_answer": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": WORDS}],
+    "both_long": [{"role": "user", "content": WORDS}, {"role": "assistant", "content": WORDS[:150]}],
+    "multi_long": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5."},
+                   {"role": "user", "content": WORDS}, {"role": "assistant", "content": "Done."}],
+}
+LF_CUT_CASES = [(name, conv, cutoff, mask_history, train_on_prompt)
+                for name in ("chatml", "qwen3_nothink", "llama3") for conv in LONG_CONVERSATIONS
+                for cutoff in (24, 60) for mask_history, train_on_prompt in ((False, False), (True, False), (False, True))]
 
 
 def _lf_messages(messages: list[dict]) -> list[dict]:
@@ -316,12 +338,15 @@ def lf_rendered(tmp_path_factory):
     request += [{"tokenizer": str(folder / "qwen3"), "template": name, "thinking": thinking,
                  "messages": _lf_messages(TOOL_CONVERSATION), "tools": json.dumps(TOOLS)}
                 for name, _, thinking in LF_TOOL_CASES]
+    request += [{"tokenizer": str(folder / LF_BUILTIN[name]), "template": name, "thinking": True,
+                 "messages": LONG_CONVERSATIONS[conv], "cutoff_len": cutoff, "mask_history": mask_history,
+                 "train_on_prompt": train_on_prompt} for name, conv, cutoff, mask_history, train_on_prompt in LF_CUT_CASES]
     env = {**os.environ, "PYTHONPATH": str(site), "DISABLE_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", _LF_ENCODE], input=json.dumps(request), capture_output=True,
                           text=True, env=env, timeout=600)
     if done.returncode != 0:
         pytest.skip(f"LLaMA-Factory cannot be imported here: {done.stderr.strip().splitlines()[-1:]}")
-    return dict(zip(LF_CASES + LF_TOOL_CASES, json.loads(done.stdout.strip().splitlines()[-1])))
+    return dict(zip(LF_CASES + LF_TOOL_CASES + LF_CUT_CASES, json.loads(done.stdout.strip().splitlines()[-1])))
 
 
 def _known_difference(name: str, conv: str, thinking: bool) -> str | None:
@@ -391,3 +416,21 @@ def test_tool_calls_match_llamafactory(name, conv, thinking, lf_rendered):
     assert tok.decode(row["input_ids"]) == tok.decode(lf_ids)
     assert row["input_ids"] == lf_ids
     assert _supervised_runs(tok, row) == lf_runs
+
+
+@pytest.mark.parametrize("name, conv, cutoff, mask_history, train_on_prompt", LF_CUT_CASES)
+def test_long_conversations_are_cut_as_llamafactory_cuts_them(name, conv, cutoff, mask_history, train_on_prompt,
+                                                               lf_rendered):
+    """A conversation longer than cutoff_len keeps the same ids and labels as LLaMA-Factory's SFT encoding: each
+    turn's prompt and answer cut to their heads by its infer_seqlen split (the last turn first with mask_history)."""
+    from dataclasses import replace
+
+    arch = LF_BUILTIN[name]
+    tok = build_tokenizer(ARCHS[arch])
+    opts = replace(_opts(tok, arch, name, True), cutoff_len=cutoff, mask_history=mask_history,
+                   train_on_prompt=train_on_prompt)
+    row = render_sft({"messages": LONG_CONVERSATIONS[conv]}, tok, opts)
+    lf_ids, lf_labels = lf_rendered[(name, conv, cutoff, mask_history, train_on_prompt)]
+    assert row["num_truncated"] == 1 and len(row["input_ids"]) <= cutoff
+    assert row["input_ids"] == lf_ids
+    assert row["labels"] == lf_labels
