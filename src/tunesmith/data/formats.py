@@ -314,6 +314,7 @@ def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, whe
         if not messages[0]["content"].strip():
             raise DataError(f"{where}: empty text for stage pt")
         return
+    _check_turn_order(messages, where)
     if spec.ranking:
         prompt_last = turns[-2]["role"] if len(turns) >= 2 else None
         if prompt_last not in ("user", "tool"):
@@ -325,6 +326,23 @@ def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, whe
             f"{where}: conversation ends with a {turns[-1]['role']} turn, but stage '{stage}' trains on the final "
             f"assistant reply. Remove the trailing turn(s) or add the reply"
         )
+
+
+def _check_turn_order(messages: list[dict], where: str) -> None:
+    """After the system prompt, a prompt (a user turn, or tool results: several in a row count as one) and an
+    assistant answer alternate, a prompt first: LLaMA-Factory's rule (it drops other records with a warning)."""
+    turns = [m for m in messages if m["role"] != "system"]
+    previous = None
+    for n, message in enumerate(turns, start=1):
+        role = message["role"]
+        if role == previous == "tool":
+            continue
+        if (role == "assistant") == (previous in ("assistant", None)):
+            follows = f"after a {previous} turn" if previous else "first"
+            raise DataError(f"{where}: turn {n} ({role}: {message['content'][:40]!r}) comes {follows}; user (or "
+                            "tool) turns and assistant turns must alternate, a user turn first (LLaMA-Factory drops "
+                            "such records)")
+        previous = role
 
 
 def _tools(row: dict, spec: DatasetSpec, where: str) -> str:

@@ -60,10 +60,27 @@ def test_sharegpt_system_column_used_when_no_system_turn():
 
 
 def test_openai_messages():
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
-            {"role": "tool", "content": "t"}, {"role": "assistant", "content": "a"}]
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "c"},
+            {"role": "tool", "content": "t"}, {"role": "tool", "content": "u"}, {"role": "assistant", "content": "a"}]
     ds, _ = _convert([{"messages": msgs}], formatting="openai")
     assert ds[0]["messages"] == [{**m, "tool_calls": ""} for m in msgs]
+
+
+@pytest.mark.parametrize("roles, bad", [(("user", "user", "assistant"), "turn 2 (user: 'm1') comes after a user turn"),
+                                        (("assistant", "user", "assistant"), "turn 1 (assistant: 'm0') comes first"),
+                                        (("user", "assistant", "assistant"), "turn 3 .* after a assistant turn"),
+                                        (("user", "tool", "assistant"), "turn 2 (tool: 'm1') comes after a user")])
+def test_turns_that_do_not_alternate_name_the_record_and_can_be_skipped(roles, bad):
+    """LLaMA-Factory drops a conversation whose user and assistant turns do not alternate (with a warning): an error
+    naming the record and turn, or, with skip_bad_samples, a counted skip."""
+    import re
+
+    record = {"messages": [{"role": role, "content": f"m{i}"} for i, role in enumerate(roles)]}
+    with pytest.raises(DataError, match=r"record 0: " + (bad if "*" in bad else re.escape(bad))):
+        _convert([record], formatting="openai")
+    good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    ds, skipped = _convert([record, good], formatting="openai", skip=True)
+    assert skipped == 1 and len(ds) == 1
 
 
 def test_placeholders_filled_everywhere():
