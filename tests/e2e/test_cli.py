@@ -173,6 +173,18 @@ def test_data_inspect_and_clean(tmp_path):
     assert "removed" in cleaned
 
 
+def test_data_inspect_shows_both_sides_of_a_preference_sample():
+    def shown(*args):
+        proc = cli("data", *BASE, *args)
+        return proc.stdout + proc.stderr
+
+    pair = shown("stage=dpo", "dataset=dpo_en_demo", "max_samples=4", "--index", "1")
+    assert "tokens, chosen + rejected" in pair
+    assert "sample 1 (chosen):" in pair and "sample 1 (rejected):" in pair
+    kto = shown("stage=kto", "dataset=kto_en_demo", "max_samples=4", "--index", "0")
+    assert "tokens, sample + its KL sample" in kto and "sample 0 (kto_tag " in kto
+
+
 def test_env_and_help():
     env = cli("env").stdout
     assert "torch" in env and "transformers" in env and "liger-kernel" in env

@@ -44,6 +44,10 @@ def marked_sample(tokenizer, input_ids: list[int], labels: list[int], plain: boo
     return text
 
 
+# Rows of the preference stages hold two sequences; their `length` counts both.
+TWO_SIDED = {"rejected_input_ids": "chosen + rejected", "kl_input_ids": "sample + its KL sample"}
+
+
 def print_inspection(console: Console, data, report: dict, tokenizer, index: int) -> None:
     train = data.train
     table = Table(title="datasets")
@@ -53,14 +57,16 @@ def print_inspection(console: Console, data, report: dict, tokenizer, index: int
         table.add_row(name, str(info.get("rows")), str(info.get("skipped", 0)))
     console.print(table)
     lengths = data.train_lengths()
+    counted = next((what for column, what in TWO_SIDED.items() if column in train.column_names), None)
+    tokens = f"tokens, {counted}" if counted else "tokens"
     console.print(
-        f"{len(train)} samples, {sum(lengths):,} tokens (min {min(lengths)}, mean {sum(lengths) / len(lengths):.0f}, "
+        f"{len(train)} samples, {sum(lengths):,} {tokens} (min {min(lengths)}, mean {sum(lengths) / len(lengths):.0f}, "
         f"max {max(lengths)}); truncated: {report.get('num_truncated', 0)} (text cut to the character budget "
         f"first: {report.get('num_text_cut', 0)}); "
         f"dropped without supervised tokens: {report.get('num_dropped_no_labels', 0)}; "
         f"skipped (bad media): {report.get('num_skipped_bad_media', 0)}"
     )
-    hist = Table(title="length histogram (tokens)")
+    hist = Table(title=f"length histogram ({tokens})")
     hist.add_column("tokens")
     hist.add_column("samples", justify="right")
     hist.add_column("")
@@ -75,11 +81,22 @@ def print_inspection(console: Console, data, report: dict, tokenizer, index: int
                         "(or -1 for the last)")
     index %= len(train)
     row = train[index]
-    num_labels = sum(1 for t in row["labels"] if t != IGNORE_INDEX)
+    sides = [("", row["input_ids"], row["labels"])]
+    if "rejected_input_ids" in row:
+        sides = [("chosen", row["input_ids"], row["labels"]),
+                 ("rejected", row["rejected_input_ids"], row["rejected_labels"])]
+    elif "kto_tag" in row:
+        sides = [(f"kto_tag {str(row['kto_tag']).lower()}: {'desirable' if row['kto_tag'] else 'undesirable'}",
+                  row["input_ids"], row["labels"])]
+    for what, input_ids, labels in sides:
+        print_sample(console, tokenizer, f"sample {index} ({what})" if what else f"sample {index}", input_ids, labels)
+
+
+def print_sample(console: Console, tokenizer, title: str, input_ids: list[int], labels: list[int]) -> None:
+    num_labels = sum(1 for t in labels if t != IGNORE_INDEX)
     plain = not console.is_terminal
     how = (f"supervised tokens wrapped in {SPAN_OPEN} {SPAN_CLOSE}" if plain
            else "[bold green]supervised[/], [dim]not supervised[/]")
-    console.print(f"\nsample {index}: {len(row['input_ids'])} tokens, {num_labels} supervised "
-                  f"({how}):", markup=not plain)
+    console.print(f"\n{title}: {len(input_ids)} tokens, {num_labels} supervised ({how}):", markup=not plain)
     # soft_wrap: no inserted line breaks, so the printed sample is exactly the decoded tokens (plus markers)
-    console.print(marked_sample(tokenizer, row["input_ids"], row["labels"], plain=plain), soft_wrap=True)
+    console.print(marked_sample(tokenizer, input_ids, labels, plain=plain), soft_wrap=True)
