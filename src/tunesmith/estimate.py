@@ -162,11 +162,13 @@ def meta_model(hf_config):
 def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
     """(N, N_t) for the model and the config's finetuning settings (see the module docstring)."""
     from .models.adapters import apply_finetuning, frozen_parameters
+    from .quiet import held_back
 
     ft = cfg.finetune
     total = sum(p.numel() for p in model.parameters())
     if ft.finetuning_type != "lora":
-        apply_finetuning(model, ft)  # only sets requires_grad: works on meta tensors
+        with held_back():  # only sets requires_grad (works on meta tensors); the real model says what it notes
+            apply_finetuning(model, ft)
         return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = frozen_parameters(model, ft)
     output = model.get_output_embeddings()

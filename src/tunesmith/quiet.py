@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from contextlib import contextmanager
 
 _LIBRARIES = ("datasets", "transformers", "peft", "accelerate", "torch", "deepspeed", "httpx", "urllib3")
 
@@ -28,6 +29,19 @@ def quiet_libraries() -> None:
 
     datasets_logging.disable_progress_bar()  # tunesmith shows its own status while it prepares data
     hf_logging.disable_progress_bar()  # weight-loading bars; our own bar shows training
+
+
+@contextmanager
+def held_back(name: str = "tunesmith"):
+    """The logger's lines (below ERROR) dropped inside the block: for a dry run of a step the real run then takes and
+    reports itself (the memory estimate's pass over the fine-tuning settings)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _has_cuda() -> bool:

@@ -90,6 +90,17 @@ def test_freeze_trains_the_last_layers():
     assert r["trainable_params"] == pytest.approx(2 * per_layer)
 
 
+def test_the_estimate_leaves_the_fine_tuning_notes_to_the_real_model(caplog):
+    """A run estimates its memory before it builds the model: the freeze clamp's warning is said once, by the
+    model, not also by the estimate's dry run."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="tunesmith"):
+        r = est(finetuning_type="freeze", freeze_trainable_layers=99)
+        assert logging.getLogger("tunesmith").level == logging.INFO  # restored after the estimate
+    assert r["trainable_params"] > 0 and "more than this model's" not in caplog.text
+
+
 def test_gradient_checkpointing_lowers_the_activations():
     plain = est(finetuning_type="full", bf16=True, cutoff_len=4096, per_device_train_batch_size=4,
                 gradient_checkpointing=False)
