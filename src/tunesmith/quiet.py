@@ -18,15 +18,16 @@ def quiet_libraries() -> None:
     # the CPU accelerator is the right answer, so name it (a user's own DS_ACCELERATOR wins).
     if "DS_ACCELERATOR" not in os.environ and not _has_cuda():
         os.environ["DS_ACCELERATOR"] = "cpu"
+    # Imported first: transformers sets its loggers' level when its logging module first loads.
+    from datasets.utils import logging as datasets_logging
+    from transformers.utils import logging as hf_logging
+
     for name in _LIBRARIES:
         logging.getLogger(name).setLevel(logging.ERROR)
     # Deprecation notices are for the libraries' developers, not for someone training a model.
     for category in (FutureWarning, DeprecationWarning):
         for module in _LIBRARIES:
             warnings.filterwarnings("ignore", category=category, module=rf"{module}(\.|$)")
-    from datasets.utils import logging as datasets_logging
-    from transformers.utils import logging as hf_logging
-
     datasets_logging.disable_progress_bar()  # tunesmith shows its own status while it prepares data
     hf_logging.disable_progress_bar()  # weight-loading bars; our own bar shows training
 

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ModelError
 from ..models.families import family_of
-from ..models.load import auto_model_class, with_chat_template
+from ..models.load import auto_model_class, report_loading, with_chat_template
 from ..models.tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")
@@ -132,7 +132,9 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
         config = AutoConfig.from_pretrained(base, **hub)
         multimodal = family_of(config) is not None
         preprocessor = _load_preprocessor(list(reversed(adapters)) + [base], multimodal, **hub)
-        model = _model_class(config, head).from_pretrained(base, dtype=dtype, **_head_kwargs(head), **hub)
+        model = report_loading(*_model_class(config, head).from_pretrained(
+            base, dtype=dtype, output_loading_info=True, **_head_kwargs(head), **hub), base,
+            fresh_head=bool(adapters) and bool(_head_kwargs(head)))  # a reward adapter brings its score head
         for i, adapter in enumerate(adapters):
             from peft import PeftModel
 

@@ -22,19 +22,22 @@ def load_reward_model(path: str, device, base: str | None = None):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..infer.load import is_adapter
+    from ..models.load import report_loading
     from ..models.tiny import resolve_model_path
 
     if is_adapter(path) and base is not None:
         from peft import PeftModel
 
-        model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(base), num_labels=1)
+        model = report_loading(*AutoModelForSequenceClassification.from_pretrained(
+            resolve_model_path(base), num_labels=1, output_loading_info=True), base, fresh_head=True)
         model = PeftModel.from_pretrained(model, path).merge_and_unload()
     elif is_adapter(path):
         from peft import AutoPeftModelForSequenceClassification
 
         model = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        model = report_loading(*AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, output_loading_info=True), path)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(path)
 
 

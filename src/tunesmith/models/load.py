@@ -250,8 +250,10 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
             cache_dir=cfg.cache_dir,
             revision=cfg.model_revision,
             device_map=device if device.type == "cuda" else None,  # converted to fp32 on the GPU, not the CPU
+            output_loading_info=True,
             **extra,
         )
+        model = report_loading(*model, cfg.model_name_or_path, fresh_head=reward_head)
     except OSError as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
     except ImportError as err:
@@ -260,6 +262,31 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     if half is not None:
         upcast_loaded(model, lambda: _meta_model(model_class, config, dtype, cfg, device))
     return _finish_model(model, cfg, device, checkpoint_layers)
+
+
+# A reward model built on a language model's checkpoint: the score head starts fresh, the LM head goes unused.
+REWARD_HEAD_KEYS = ({"score.weight", "score.bias"}, {"lm_head.weight", "lm_head.bias"})
+
+
+def report_loading(model, info: dict, source: str, fresh_head: bool = False):
+    """transformers' loading info in tunesmith's words (transformers' own report is silenced with its logs): model
+    weights the checkpoint lacks start random, a warning that names them; checkpoint weights the model does not use
+    are a line. A reward model's fresh score head (fresh_head) and its unused LM head are what that stage expects."""
+    fresh, unused = REWARD_HEAD_KEYS if fresh_head else (set(), set())
+    missing = sorted(set(info.get("missing_keys") or ()) - fresh)
+    unexpected = sorted(set(info.get("unexpected_keys") or ()) - unused)
+    mismatched = [str(key) for key in info.get("mismatched_keys") or ()]
+    if missing or mismatched:
+        log.warning("%s: %d weight(s) of the model are not in the checkpoint (or have another shape) and start "
+                    "random: %s; check that model_name_or_path holds this architecture's weights", source,
+                    len(missing) + len(mismatched), ", ".join((missing + mismatched)[:5]) + (" ..." if
+                                                                                          len(missing) > 5 else ""))
+    if unexpected:
+        log.info("%s: %d weight(s) of the checkpoint are not used by the model: %s", source, len(unexpected),
+                 ", ".join(unexpected[:5]) + (" ..." if len(unexpected) > 5 else ""))
+    if fresh_head and set(info.get("missing_keys") or ()) & fresh:
+        log.info("stage rm: the reward head (score) starts fresh on %s", source)
+    return model
 
 
 def _meta_model(model_class, config, dtype, cfg: ModelConfig, device):
