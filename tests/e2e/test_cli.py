@@ -201,6 +201,7 @@ def test_env_and_help():
         (["dataset=identity", "template=qwen4"], "Unknown template 'qwen4'"),
         (["dataset=identity", "cutoff_len=abc"], "'cutoff_len' = 'abc'"),
         (["dataset=identity", "lora_rnk=8"], "did you mean 'lora_rank'"),
+        (["dataset=identity", "do_train=false"], "do_train: false (LLaMA-Factory's evaluation-only run) is not"),
     ],
 )
 def test_bad_input_gives_one_clear_error(tmp_path, args, expected):

@@ -486,7 +486,8 @@ _HF = section("hf", [
     honoured("deepspeed", "a DeepSpeed JSON, LLaMA-Factory's format with \"auto\" values"),
     idle("debug", "HF Trainer debug switches"),
     idle("skip_memory_metrics", "tunesmith writes the peak GPU memory to train_summary.json"),
-    honoured("do_train"),
+    honoured("do_train", "true trains; false, LLaMA-Factory's evaluation-only run, is refused by `tunesmith train` "
+             "(not available yet: evaluate while training with eval_strategy)"),
     refused("do_eval", "evaluation runs during training; set eval_strategy: steps or epoch (with val_size or "
              "eval_dataset)", accept=_eval_requested,
              accept_doc="`false`, and `true` when eval_strategy is steps or epoch"),

@@ -181,6 +181,14 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     template = LF_TEMPLATES.get(cfg.data.template)
     if template is not None and template.use == REFUSED:
         problems.append(f"template: {template.refusal()}")
+    if cfg.model.adapter_name_or_path and cfg.finetune.finetuning_type != "lora":
+        problems.append(f"adapter_name_or_path: an adapter is loaded only for finetuning_type: lora, not "
+                        f"{cfg.finetune.finetuning_type} (LLaMA-Factory refuses it too); merge it into the model "
+                        "first (tunesmith export) and train that, or use finetuning_type: lora")
+    set_labels = [key for key in ("train_on_prompt", "mask_history") if getattr(cfg.data, key)]
+    if set_labels and STAGES[cfg.finetune.stage].data_kind != "conversations":
+        problems.append(f"{' and '.join(set_labels)}: only the SFT stage chooses which turns are supervised (stage "
+                        f"{cfg.finetune.stage} decides that itself; LLaMA-Factory refuses it too); remove it")
     if cfg.finetune.use_llama_pro and cfg.finetune.finetuning_type == "full":
         problems.append("use_llama_pro: true trains the expanded blocks only, which finetuning_type: full cannot; "
                         "use finetuning_type: freeze (or lora)")

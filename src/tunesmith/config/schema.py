@@ -171,7 +171,8 @@ class FinetuneConfig(_Group):
 
 
 class TrainConfig(_Group):
-    do_train: bool = Field(True, description="Train (false: only prepare data and evaluate).")
+    do_train: bool = Field(True, description="Train; `tunesmith train` refuses false (LLaMA-Factory's "
+                           "evaluation-only run is not available yet).")
     per_device_train_batch_size: int = Field(1, ge=1, description="Rows per micro-batch on each device.")
     per_device_eval_batch_size: int = Field(1, ge=1, description="Rows per evaluation batch.")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimiser step.")

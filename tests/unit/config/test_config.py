@@ -50,6 +50,21 @@ def test_missing_dataset_and_eval_without_data():
     assert "no training data" in text and "needs val_size or eval_dataset" in text
 
 
+@pytest.mark.parametrize("overrides, problem", [
+    ({"finetuning_type": "full", "adapter_name_or_path": "/runs/lora"}, "an adapter is loaded only for finetuning_type: "
+                                                                         "lora, not full"),
+    ({"finetuning_type": "freeze", "adapter_name_or_path": "/runs/lora"}, "lora, not freeze"),
+    ({"stage": "pt", "train_on_prompt": True}, "train_on_prompt: only the SFT stage chooses"),
+    ({"stage": "dpo", "mask_history": True}, "mask_history: only the SFT stage chooses"),
+])
+def test_what_llamafactory_refuses_is_refused(overrides, problem):
+    """An adapter under full or freeze fine-tuning would be ignored, and label choices outside SFT do nothing:
+    LLaMA-Factory's parser refuses both, and so does tunesmith, naming the key."""
+    with pytest.raises(ConfigError, match=problem):
+        build_config(None, {"dataset": "x", **overrides})
+    assert build_config(None, {"dataset": "x", "adapter_name_or_path": "/runs/lora", "mask_history": True})
+
+
 def test_use_mca_env_selects_megatron(monkeypatch):
     monkeypatch.setenv("USE_MCA", "1")
     assert build_config(None, {"dataset": "x"}).train.backend == "megatron"  # LoRA, the default, runs there too
