@@ -179,7 +179,8 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if STAGES[cfg.finetune.stage].scores_whole_sequences and cfg.packing:
         problems.append(f"stage {cfg.finetune.stage} scores whole sequences and is not packed; remove packing")
     template = LF_TEMPLATES.get(cfg.data.template)
-    if template is not None and template.use == REFUSED:
+    renders_chat = STAGES[cfg.finetune.stage].data_kind != "text"  # pt renders plain text: no template is used
+    if template is not None and template.use == REFUSED and renders_chat:
         problems.append(f"template: {template.refusal()}")
     if cfg.model.adapter_name_or_path and cfg.finetune.finetuning_type != "lora":
         problems.append(f"adapter_name_or_path: an adapter is loaded only for finetuning_type: lora, not "

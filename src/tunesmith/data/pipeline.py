@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ..config.schema import RunConfig
 from ..durable import replace_whole
-from ..errors import DataError
+from ..errors import DataError, ModelError
 from .. import dist
 from ..stages import STAGES
 from . import cache
@@ -49,8 +49,22 @@ class PreparedData:
         return self._train_lengths
 
 
+def stage_template(cfg: RunConfig, tokenizer) -> str | None:
+    """The template a run renders with. Plain-text pretraining renders none: there a template the tokenizer cannot
+    give (a base model without a chat template; LLaMA-Factory's formats such as default or empty) is None, and the
+    saved tokenizer keeps its own (LLaMA-Factory falls back to its empty template)."""
+    if STAGES[cfg.finetune.stage].data_kind != "text":
+        return cfg.data.template
+    try:
+        resolve(tokenizer, cfg.data.template)
+    except ModelError:
+        return None
+    return cfg.data.template
+
+
 def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
-    chat_template, kwargs = resolve(tokenizer, cfg.data.template)
+    name = stage_template(cfg, tokenizer)
+    chat_template, kwargs = resolve(tokenizer, name) if name else (None, {})
     return RenderOptions(
         stage=cfg.finetune.stage,
         chat_template=chat_template,

@@ -25,7 +25,7 @@ from ..cuda_memory import use_expandable_segments
 from ..config.load import redacted
 from ..config.resolve import RunFacts, resolve, resolve_steps
 from ..data.beside import PreparingData
-from ..data.pipeline import render_options, write_skipped_records
+from ..data.pipeline import render_options, stage_template, write_skipped_records
 from ..data.prompts import prompt_records
 from ..data.templates import stop_tokens
 from ..engines import (build_engine, checkpoint_backend, data_parallel_size, needs_process_group,
@@ -104,7 +104,8 @@ def set_up(cfg) -> Runner:
     tokenizer, saver, media = load_preprocessing(cfg)
     marks["tokenizer_end"] = time.time()
     _use_chat_template(cfg, tokenizer, saver)
-    stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, cfg.data.template))
+    template = stage_template(cfg, tokenizer)
+    stop_ids = tokenizer.convert_tokens_to_ids(stop_tokens(tokenizer, template) if template else [tokenizer.eos_token])
     stage = STAGES[cfg.finetune.stage]
     prefetch.finish()  # before data preparation forks its workers
     if not stage.is_online_rl:  # vLLM's sleep mode cannot use them
@@ -151,6 +152,8 @@ def seed_everything(seed: int) -> None:
 def _use_chat_template(cfg, tokenizer, saver) -> None:
     """The resolved template is the one the saved tokenizer carries (chat, serving, vLLM use it)."""
     chat_template = render_options(cfg, tokenizer).chat_template
+    if chat_template is None:  # plain-text pretraining without a usable template: the tokenizer keeps its own
+        return
     tokenizer.chat_template = chat_template
     if saver is not tokenizer:
         saver.chat_template = chat_template

@@ -180,3 +180,23 @@ def test_serving_an_own_name_uses_the_adapters_template_and_forces_thinking_off(
     assert rendering.kwargs == {"enable_thinking": False}
     assert Rendering.of(tok, "qwen3_5", enable_thinking=False).kwargs == {"enable_thinking": False}
     assert Rendering.of(tok, "qwen3_5").chat_template is None  # the tokenizer's own
+
+
+def test_plain_text_pretraining_needs_no_chat_template(tiny_qwen3, tmp_path):
+    """stage pt renders text + eos: a base model without a chat template, or LLaMA-Factory's default/empty formats,
+    are fine there (LLaMA-Factory falls back to its empty template); sft still refuses them."""
+    from transformers import AutoTokenizer
+
+    from tunesmith.config.load import build_config
+    from tunesmith.data.pipeline import render_options, stage_template
+    from tunesmith.errors import ConfigError
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    tok.chat_template = None
+    for template in ("auto", "default", "empty"):
+        cfg = build_config(None, {"dataset": "c4_demo", "stage": "pt", "template": template})
+        assert stage_template(cfg, tok) is None and render_options(cfg, tok).chat_template is None
+    with pytest.raises(ConfigError, match="template: Template 'default'"):
+        build_config(None, {"dataset": "identity", "template": "default"})
+    with_own = AutoTokenizer.from_pretrained(tiny_qwen3)
+    assert stage_template(build_config(None, {"dataset": "c4_demo", "stage": "pt"}), with_own) == "auto"
