@@ -116,7 +116,7 @@ def test_auto_without_a_template_names_the_fix(tiny_qwen3):
 
 def test_qwen_adds_default_system_only_when_missing(qwen_tok):
     assert render(qwen_tok, "qwen", [{"role": "user", "content": "Hi"}], add_generation_prompt=True) == (
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
     assert "helpful" not in render(qwen_tok, "qwen", CONVERSATION)

@@ -238,7 +238,8 @@ _CHATML = _join(_QWEN_TEXT_MACRO, _NO_TOOLS.replace("@NAME@", "chatml"), _CHATML
 _LLAMA3 = _join(_TEXT_MACRO, _NO_TOOLS.replace("@NAME@", "llama3"), _LLAMA3_MESSAGES)
 _QWEN3 = _qwen(_QWEN3_ASSISTANT, _QWEN3_PROMPT)
 _QWEN3_NOTHINK = _qwen(_NOTHINK_ASSISTANT, _CHATML_PROMPT)
-_QWEN25 = _qwen(_PLAIN_ASSISTANT, _CHATML_PROMPT, default_system="'You are a helpful assistant.'")
+QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."  # Qwen2.5's and LF's
+_QWEN25 = _qwen(_PLAIN_ASSISTANT, _CHATML_PROMPT, default_system=repr(QWEN25_SYSTEM))
 
 _IM_END = ("<|im_end|>",)
 
@@ -248,8 +249,8 @@ TEMPLATES: dict[str, TemplateSpec] = {
         TemplateSpec("auto", None, "The tokenizer's own chat template (the default)."),
         TemplateSpec("chatml", _CHATML, "Plain ChatML: <|im_start|>role ... <|im_end|>, no default system, no tools.",
                      stop_words=_IM_END),
-        TemplateSpec("qwen", _QWEN25, "Qwen2.5: ChatML with Qwen tool calls and the default system prompt "
-                     "'You are a helpful assistant.'", stop_words=_IM_END),
+        TemplateSpec("qwen", _QWEN25, "Qwen2.5: ChatML with Qwen tool calls and Qwen2.5's default system prompt "
+                     f"'{QWEN25_SYSTEM}'", stop_words=_IM_END),
         TemplateSpec("qwen3", _QWEN3, "Qwen3 with reasoning: <think> kept after the last user query only; "
                      "enable_thinking=false closes an empty think block in the prompt.",
                      strip_think=True, stop_words=_IM_END),

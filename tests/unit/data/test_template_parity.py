@@ -353,8 +353,6 @@ def _known_difference(name: str, conv: str, thinking: bool) -> str | None:
     """Where tunesmith's built-in template renders differently from LLaMA-Factory's, on purpose."""
     if name == "qwen3" and conv == "reasoning" and not thinking:
         return "refused"  # reasoning after a closed-thinking prompt, as for the real template
-    if name == "qwen" and SYSTEM not in CONVERSATIONS[conv]:
-        return "default system"  # LF 0.9.5's is Qwen2.5's "You are Qwen, created by Alibaba Cloud. ..."
     if name == "qwen3" and sum(m["role"] == "assistant" for m in CONVERSATIONS[conv]) > 1:
         return "think blocks"  # LF keeps history reasoning and adds empty think blocks; the real Qwen3 drops them
     if name.endswith("_nothink") and conv == "reasoning":
@@ -365,9 +363,6 @@ def _known_difference(name: str, conv: str, thinking: bool) -> str | None:
 def _normalised(text: str, difference: str) -> str:
     import re
 
-    if difference == "default system":
-        return text.replace("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
-                            "You are a helpful assistant.")
     return re.sub(r"<think>.*?</think>\n\n", "", text, flags=re.S)
 
 
