@@ -92,6 +92,7 @@ def test_train_without_yaml_lora_then_export_loads_in_plain_transformers(tmp_pat
     cli("export", "--model", out, "--export_dir", merged, "--export_dtype", "float32")
     model = AutoModelForCausalLM.from_pretrained(merged)
     tok = AutoTokenizer.from_pretrained(merged)
+    assert tok.padding_side == "left"  # batched generation pads on the left, as LLaMA-Factory's export sets
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)
     from peft import PeftModel

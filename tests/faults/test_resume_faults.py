@@ -22,9 +22,11 @@ def test_overwrite_output_dir_leaves_nothing_of_the_old_run_to_resume(tmp_path):
     train(run_config(out, max_steps=8, **SAVING))
     assert ckpt.list_checkpoints(out)[-1].name == "checkpoint-8"
     (out / "notes.txt").write_text("mine")
+    (out / "README.md").write_text("---\nbase_model: tiny\nlibrary_name: peft\n---\n")  # a LoRA run's model card
     train(run_config(out, max_steps=2, overwrite_output_dir=True, **SAVING))
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2"]  # checkpoint-8 is gone
     assert (out / "notes.txt").read_text() == "mine"  # a file tunesmith did not write stays
+    assert not (out / "README.md").exists() or "peft" not in (out / "README.md").read_text()
     resumed = train(run_config(out, max_steps=4, resume_from_checkpoint=True, **SAVING))
     assert resumed.global_step == 4 and len(resumed.step_losses) == 2  # continued from this run's step 2
 

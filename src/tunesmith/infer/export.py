@@ -34,8 +34,16 @@ def export_model(model_path: str, export_dir: str, *, dtype: str = "bfloat16", m
     model = model.to(DTYPES[dtype])
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True, max_shard_size=max_shard_size)
+    _pad_left(getattr(preprocessor, "tokenizer", preprocessor))
     preprocessor.save_pretrained(str(out))
     return out
+
+
+def _pad_left(tokenizer) -> None:
+    """The exported tokenizer pads on the left, for batched generation, as LLaMA-Factory's export sets it (saved from
+    init_kwargs: transformers 5 writes those, not the attribute)."""
+    tokenizer.padding_side = "left"
+    tokenizer.init_kwargs["padding_side"] = "left"
 
 
 def _use_template(model, preprocessor, name: str) -> None:

@@ -37,7 +37,7 @@ _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train
               "adapter_model.safetensors", "adapter_config.json", "config.json", "generation_config.json",
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
               "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json", "vocab.json",
-              "merges.txt", "added_tokens.json", "runs")
+              "merges.txt", "added_tokens.json", "tokenizer.model", "trainer_state.json", "runs")
 
 
 def find_resume(cfg) -> Path | None:
@@ -55,12 +55,20 @@ def clear_previous_run(out: Path) -> list[str]:
     removed = []
     for path in sorted(out.iterdir()):
         ours = path.name in _RUN_FILES or path.name.startswith(("checkpoint-", ".tmp-checkpoint-"))
-        ours = ours or (path.suffix == ".safetensors" and path.name.startswith("model-"))
+        ours = ours or (path.suffix == ".safetensors" and path.name.startswith("model-")) or _peft_model_card(path)
         if not ours:
             continue
         shutil.rmtree(path) if path.is_dir() else path.unlink()
         removed.append(path.name)
     return removed
+
+
+def _peft_model_card(path: Path) -> bool:
+    """The README.md PEFT writes beside an adapter (its front matter names the library); a user's own README stays."""
+    if path.name != "README.md" or not path.is_file():
+        return False
+    head = path.read_text(encoding="utf-8", errors="replace")[:2000]
+    return head.startswith("---") and "library_name: peft" in head
 
 
 def step_of(checkpoint: Path) -> int:
