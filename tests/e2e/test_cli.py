@@ -1,6 +1,7 @@
 """The real CLI on tiny models and the shipped demo data."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -80,6 +81,19 @@ def test_lf_output_files_follow_llamafactory_formats(tmp_path):
     train_results = json.loads((out / "train_results.json").read_text())
     assert {"epoch", "train_loss", "train_runtime", "train_steps_per_second"} <= set(train_results)
     assert "eval_loss" in json.loads((out / "all_results.json").read_text())
+    state = json.loads((out / "trainer_state.json").read_text())  # the Trainer's save_state, log_history included
+    assert state["global_step"] == state["max_steps"] == 4
+    assert [r["step"] for r in state["log_history"] if "loss" in r] == [2, 4]
+    assert any("learning_rate" in r for r in state["log_history"])
+    assert "train_runtime" in state["log_history"][-1]
+
+
+def test_pt_evaluation_reports_perplexity(tmp_path):
+    out = tmp_path / "pt"
+    cli("train", *BASE, "stage=pt", "dataset=c4_demo", "max_steps=2", "val_size=4", "eval_strategy=steps",
+        "eval_steps=2", f"output_dir={out}")
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["eval_perplexity"] == pytest.approx(math.exp(results["eval_loss"]))  # as LLaMA-Factory's pt
 
 
 def test_train_without_yaml_lora_then_export_loads_in_plain_transformers(tmp_path):

@@ -76,6 +76,19 @@ def write_results(output_dir: Path, train: dict, evaluation: dict) -> None:
             (output_dir / name).write_text(json.dumps(values, indent=4, sort_keys=True), encoding="utf-8")
 
 
+_HF_NAMES = {"lr": "learning_rate"}  # metrics.jsonl's short names -> the Hugging Face Trainer's log keys
+
+
+def write_trainer_state(output_dir: Path, state: dict, max_steps: int, final: dict) -> None:
+    """trainer_state.json in output_dir, as the Hugging Face Trainer's save_state writes it at the end of a run
+    (LLaMA-Factory users' plotting scripts read its log_history): the logged rows of metrics.jsonl, then the run's
+    closing metrics."""
+    history = [{_HF_NAMES.get(k, k): v for k, v in row.items()} for row in read_metrics(output_dir / "metrics.jsonl")]
+    values = {"global_step": state.get("global_step", 0), "epoch": final.get("epoch"),
+              "max_steps": max_steps, "log_history": history + [{**final, "step": state.get("global_step", 0)}]}
+    (output_dir / "trainer_state.json").write_text(json.dumps(values, indent=2), encoding="utf-8")
+
+
 class TensorBoardSink:
     def __init__(self, logdir: Path):
         from torch.utils.tensorboard import SummaryWriter

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..engines.base import NonFiniteError, combine_sum
 from ..errors import TunesmithError
 from ..stages import STAGES
 from . import checkpoint as ckpt
-from .metrics import build_sinks, plot_loss, write_results
+from .metrics import build_sinks, plot_loss, write_results, write_trainer_state
 from .progress import TrainProgress
 from .resume import record_changes
 from .signals import StopFlag
@@ -264,6 +265,7 @@ class Runner:
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
         write_results(self.output_dir, self._train_results(), self._eval_results())
+        write_trainer_state(self.output_dir, self.state, self.total_steps, self._train_results())
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)
@@ -285,7 +287,13 @@ class Runner:
                 "train_tokens_per_second": self.timing.get("train_tokens_per_s", 0.0)}
 
     def _eval_results(self) -> dict:
-        return {"epoch": self._epoch(), **self.result.eval_metrics} if self.result.eval_metrics else {}
+        """The last evaluation's metrics; plain-text pretraining adds eval_perplexity, as LLaMA-Factory's pt does."""
+        metrics = dict(self.result.eval_metrics)
+        if not metrics:
+            return {}
+        if STAGES[self.cfg.finetune.stage].data_kind == "text" and "eval_loss" in metrics:
+            metrics["eval_perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 700 else math.inf
+        return {"epoch": self._epoch(), **metrics}
 
 
 class _Window:
