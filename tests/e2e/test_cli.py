@@ -381,3 +381,7 @@ def test_a_new_tokenized_path_only_prepares_the_data_then_a_run_trains_on_it(tmp
     assert any(saved.iterdir()) and not (out / "train_summary.json").exists()
     cli(*args)
     assert json.loads((out / "train_summary.json").read_text())["global_step"] == 2
+    other = cli(*[a for a in args if a != "dataset=identity"], "dataset=alpaca_demo", "overwrite_output_dir=true")
+    shown = " ".join((other.stdout + other.stderr).split())
+    assert "holds the datasets ['identity'] as they were prepared; this config's ['alpaca_demo']" in shown
+    assert "truncated to cutoff_len:" in shown  # the saved rows' cutoff, not this config's

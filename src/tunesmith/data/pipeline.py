@@ -163,7 +163,7 @@ def tokenize_datasets(cfg: RunConfig, tokenizer, opts: RenderOptions, names: lis
     hit = _load_known_entry(known)
     if hit is not None:
         return hit
-    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache)
+    hit = _load_tokenized_path(tokenized_path, cfg.data.overwrite_cache, names)
     if hit is not None:
         return hit[0], {**hit[1], "cache": "tokenized_path", "entry": str(Path(tokenized_path))}
     options, paths = _fingerprint_inputs(cfg, tokenizer, opts, names, media)
@@ -221,8 +221,9 @@ def tokenized_path_holds_data(tokenized_path: str | None) -> bool:
     return path is not None and path.is_dir() and any(path.iterdir())
 
 
-def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
-    """LLaMA-Factory's tokenized_path: an existing one is loaded (not fingerprinted); a corrupt one is rebuilt."""
+def _load_tokenized_path(tokenized_path: str | None, overwrite: bool, names: list[str]):
+    """LLaMA-Factory's tokenized_path: an existing one is loaded as it was saved (not fingerprinted: this config's
+    data settings do not apply to it, which a warning says where its datasets differ); a corrupt one is rebuilt."""
     if not tokenized_path_holds_data(tokenized_path):
         return None
     path = Path(tokenized_path)
@@ -234,6 +235,12 @@ def _load_tokenized_path(tokenized_path: str | None, overwrite: bool):
     hit = cache.load_cached(path.name, path.parent)
     if hit is not None:
         log.info("loaded tokenized data from tokenized_path %s", tokenized_path)
+        saved = list(hit[1].get("datasets", {}))
+        if saved and sorted(saved) != sorted(set(names)):
+            log.warning("tokenized_path %s holds the datasets %s as they were prepared; this config's %s and its "
+                        "other data settings (template, cutoff_len, ...) are not applied to them, as in "
+                        "LLaMA-Factory. Point tokenized_path at a new folder to prepare %s", tokenized_path, saved,
+                        names, names)
     return hit
 
 

@@ -32,7 +32,7 @@ def print_data_report(report: dict, cfg) -> None:
     console.print(table)
     console.print(
         f"{report.get('num_rows', 0)} samples, {report.get('num_tokens', 0):,} tokens; "
-        f"truncated to cutoff_len={cfg.data.cutoff_len}: {report.get('num_truncated', 0)}; "
+        f"truncated to cutoff_len{_cutoff(cfg, report)}: {report.get('num_truncated', 0)}; "
         f"dropped (no supervised token left): {report.get('num_dropped_no_labels', 0)}; "
         f"dropped (media past cutoff_len): {report.get('num_dropped_too_long', 0)}; "
         f"skipped (bad media): {report.get('num_skipped_bad_media', 0)}; text cut to the cutoff's character "
@@ -80,3 +80,8 @@ class TrainProgress:
             return
         parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()]
         self.progress.console.print(f"step {step}: " + "  ".join(parts))
+
+
+def _cutoff(cfg, report: dict) -> str:
+    """The cutoff the rows were cut at: this config's, unless they were loaded from tokenized_path as saved."""
+    return "" if report.get("cache") == "tokenized_path" else f"={cfg.data.cutoff_len}"
