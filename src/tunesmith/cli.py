@@ -214,9 +214,10 @@ def chat_parser() -> argparse.ArgumentParser:
                         "(or model_name_or_path in cfg.yaml)")
     parser.add_argument("--prompt", help="answer this one message and exit (default: interactive)")
     parser.add_argument("--system", help="system prompt (default: default_system)")
-    parser.add_argument("--max_new_tokens", type=int, help="longest answer in tokens (default: 256)")
+    parser.add_argument("--max_new_tokens", type=int, help="longest answer in tokens (default: 1024)")
     parser.add_argument("--temperature", type=float, help="0 = greedy (default), >0 samples")
-    parser.add_argument("--top_p", type=float, help="nucleus sampling when temperature > 0 (default: 0.9)")
+    parser.add_argument("--top_p", type=float, help="nucleus sampling when temperature > 0 (default: 0.7)")
+    parser.add_argument("--top_k", type=int, help="keep the k likeliest tokens when temperature > 0 (default: 50)")
     parser.add_argument("--image", action="append", default=[], help="an image for the first message (repeatable)")
     parser.add_argument("--video", action="append", default=[], help="a video for the first message (repeatable)")
     parser.add_argument("--audio", action="append", default=[], help="an audio clip for the first message (repeatable)")
@@ -224,7 +225,7 @@ def chat_parser() -> argparse.ArgumentParser:
 
 
 _CHAT_FLAGS = {"model": "model_name_or_path", "max_new_tokens": "max_new_tokens", "temperature": "temperature",
-               "top_p": "top_p"}
+               "top_p": "top_p", "top_k": "top_k"}
 
 
 def cmd_chat(argv: list[str]) -> int:

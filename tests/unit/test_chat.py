@@ -75,16 +75,19 @@ def test_generate_returns_an_unclosed_think_reply(tiny_qwen3):
     model = _StubModel(tokenizer(reply, add_special_tokens=False).input_ids)
     answer = generate(model, tokenizer, [{"role": "user", "content": "hi"}], generation=GenerationKeys())
     assert answer == reply
-    assert model.calls[0]["do_sample"] is False and model.calls[0]["max_new_tokens"] == 256
+    assert model.calls[0]["do_sample"] is False and model.calls[0]["max_new_tokens"] == 1024
 
 
 def test_generation_keys_map_to_generate_kwargs():
     from tunesmith.infer.options import GenerationKeys
 
-    assert GenerationKeys().generate_kwargs() == {"max_new_tokens": 256, "do_sample": False, "num_beams": 1}
+    assert GenerationKeys().generate_kwargs() == {"max_new_tokens": 1024, "do_sample": False, "num_beams": 1}
     sampled = GenerationKeys(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1).generate_kwargs()
-    assert sampled == {"max_new_tokens": 256, "do_sample": True, "num_beams": 1, "temperature": 0.7, "top_p": 0.8,
+    assert sampled == {"max_new_tokens": 1024, "do_sample": True, "num_beams": 1, "temperature": 0.7, "top_p": 0.8,
                        "top_k": 20, "repetition_penalty": 1.1}
     # LLaMA-Factory's do_sample: true without a temperature samples at its default 0.95
     assert GenerationKeys(do_sample=True).generate_kwargs()["temperature"] == 0.95
+    # ...and LLaMA-Factory's top_p and top_k when the YAML sets only a temperature
+    assert {k: v for k, v in GenerationKeys(temperature=0.7).generate_kwargs().items() if k.startswith("top")} == \
+        {"top_p": 0.7, "top_k": 50}
     assert GenerationKeys(temperature=0.7, do_sample=False).generate_kwargs()["do_sample"] is False

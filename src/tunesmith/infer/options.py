@@ -74,13 +74,15 @@ class ModelKeys(_Keys):
 
 
 class GenerationKeys(_Keys):
-    max_new_tokens: int = Field(256, ge=1, description="Longest answer in tokens.")
-    temperature: float = Field(0.0, ge=0, description="0 = greedy (the default), > 0 samples.")
+    max_new_tokens: int = Field(1024, ge=1, description="Longest answer in tokens (LLaMA-Factory's default).")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy (the default; LLaMA-Factory samples at 0.95 by "
+                               "default), > 0 samples.")
     do_sample: bool | None = Field(
         None, description="Sample (true) or decode greedily (false); default: sample when temperature > 0. "
         "do_sample: true without a temperature uses LLaMA-Factory's 0.95.")
-    top_p: float = Field(0.9, gt=0, le=1, description="Nucleus sampling when sampling.")
-    top_k: int | None = Field(None, ge=0, description="Keep the k likeliest tokens when sampling (default: off).")
+    top_p: float = Field(0.7, gt=0, le=1, description="Nucleus sampling when sampling (LLaMA-Factory's default).")
+    top_k: int | None = Field(50, ge=0, description="Keep the k likeliest tokens when sampling (LLaMA-Factory's "
+                              "default; 0 or null: off).")
     num_beams: int = Field(1, ge=1, description="Beam search width; 1 = no beam search.")
     repetition_penalty: float = Field(1.0, gt=0, description="1.0 = no penalty.")
     length_penalty: float = Field(1.0, description="Exponential length penalty of beam search.")
@@ -97,7 +99,7 @@ class GenerationKeys(_Keys):
         if sample:
             kwargs["temperature"] = self.temperature or 0.95
             kwargs["top_p"] = self.top_p
-            if self.top_k is not None:
+            if self.top_k:
                 kwargs["top_k"] = self.top_k
         if self.repetition_penalty != 1.0:
             kwargs["repetition_penalty"] = self.repetition_penalty
