@@ -91,3 +91,6 @@ def test_generation_keys_map_to_generate_kwargs():
     assert {k: v for k, v in GenerationKeys(temperature=0.7).generate_kwargs().items() if k.startswith("top")} == \
         {"top_p": 0.7, "top_k": 50}
     assert GenerationKeys(temperature=0.7, do_sample=False).generate_kwargs()["do_sample"] is False
+    # top_k 0 (or null) is passed as 0, off: left out, generate would take the model's generation_config top_k
+    assert GenerationKeys(temperature=0.7, top_k=0).generate_kwargs()["top_k"] == 0
+    assert GenerationKeys(temperature=0.7, top_k=None).generate_kwargs()["top_k"] == 0

@@ -332,3 +332,17 @@ def test_vllm_refuses_paligemma_whose_prompt_it_would_rewrite(tiny_cache):
     with pytest.raises(ConfigError, match="infer_backend: vllm is not tested with paligemma.*infer_backend: huggingface"):
         check_family(AutoConfig.from_pretrained(build_tiny("paligemma", tiny_cache)))
     check_family(AutoConfig.from_pretrained(build_tiny("qwen3_vl", tiny_cache)))  # the others pass
+
+
+def test_a_request_can_turn_top_k_off_over_the_yamls_default():
+    """vLLM's top_k -1 (or 0) means every token: it must not fall back to the YAML's top_k (50 by default)."""
+    from tunesmith.serve.protocol import ChatCompletionRequest
+    from tunesmith.serve.sampling import Sampling
+
+    for off in (-1, 0):
+        body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], temperature=1.0,
+                                     top_k=off)
+        sampling = Sampling.of(GenerationKeys()).with_request(temperature=body.temperature, top_k=body.top_k)
+        assert sampling.generation.generate_kwargs()["top_k"] == 0
+    unset = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], temperature=1.0)
+    assert Sampling.of(GenerationKeys()).with_request(temperature=1.0, top_k=unset.top_k).generation.top_k == 50

@@ -99,8 +99,7 @@ class GenerationKeys(_Keys):
         if sample:
             kwargs["temperature"] = self.temperature or 0.95
             kwargs["top_p"] = self.top_p
-            if self.top_k:
-                kwargs["top_k"] = self.top_k
+            kwargs["top_k"] = self.top_k or 0  # 0: off (not the model's generation_config value)
         if self.repetition_penalty != 1.0:
             kwargs["repetition_penalty"] = self.repetition_penalty
         if self.num_beams > 1 and self.length_penalty != 1.0:

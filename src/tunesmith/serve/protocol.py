@@ -110,7 +110,7 @@ class _Generation(_Body):
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, value):
-        return None if value in (-1, 0) else value  # vLLM's "all tokens"
+        return 0 if value in (-1, 0) else value  # vLLM's "all tokens": off (None would take the YAML's top_k)
 
     def stops(self) -> tuple[str, ...]:
         return tuple(self.stop or ())
