@@ -162,13 +162,11 @@ def meta_model(hf_config):
 def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
     """(N, N_t) for the model and the config's finetuning settings (see the module docstring)."""
     from .models.adapters import apply_finetuning, frozen_parameters
-    from .quiet import held_back
 
     ft = cfg.finetune
     total = sum(p.numel() for p in model.parameters())
     if ft.finetuning_type != "lora":
-        with held_back():  # only sets requires_grad (works on meta tensors); the real model says what it notes
-            apply_finetuning(model, ft)
+        apply_finetuning(model, ft)  # only sets requires_grad: works on meta tensors
         return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = frozen_parameters(model, ft)
     output = model.get_output_embeddings()
@@ -434,11 +432,14 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def merged_micro_batches(cfg: RunConfig, checkpointed: int, memory_gib: float, hf_config=None) -> tuple[int, str]:
+def merged_micro_batches(cfg: RunConfig, checkpointed: int, memory_gib: float, hf_config=None,
+                         media_share: float = 1.0) -> tuple[int, str]:
     """(m, why): how many of a step's micro-batches (per_device_train_batch_size x cutoff_len tokens each) one
     forward pass may hold, 1 to gradient_accumulation_steps: the most whose activations, with `checkpointed`
     layers checkpointed, fit next to the model states in AUTO_MARGIN of the memory. A vision tower's activations
-    count as if every token were an image token (the worst case); a media tower this does not know keeps m = 1."""
+    count for `media_share` of the pass's tokens: the largest share of image tokens in any one sample bounds the
+    share of a pass of them (1, every token an image token, where the data does not say); a media tower this does
+    not know keeps m = 1."""
     if hf_config is None:
         hf_config = model_config(cfg)
     accum = cfg.train.gradient_accumulation_steps
@@ -453,10 +454,12 @@ def merged_micro_batches(cfg: RunConfig, checkpointed: int, memory_gib: float, h
     budget = AUTO_MARGIN * memory_gib
 
     def total(m: int) -> float:
-        return states + sum(_activation_gib(cfg, dims, checkpointed, m)) + m * tokens * media / GIB
+        return states + sum(_activation_gib(cfg, dims, checkpointed, m)) + m * tokens * media * media_share / GIB
 
     m = next((m for m in range(accum, 1, -1) if total(m) <= budget), 1)
-    return m, f"{total(m):.1f} GiB estimated, budget {budget:.1f} GiB = {AUTO_MARGIN:.0%} of {memory_gib:.1f} GiB"
+    share = f", image tokens at most {media_share:.0%} of a sample's" if media and media_share < 1 else ""
+    return m, (f"{total(m):.1f} GiB estimated{share}, budget {budget:.1f} GiB = {AUTO_MARGIN:.0%} of "
+               f"{memory_gib:.1f} GiB")
 
 
 def _media_bytes_per_token(hf_config, k: int) -> float | None:

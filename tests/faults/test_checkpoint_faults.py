@@ -395,6 +395,7 @@ def test_a_hugging_face_trainer_checkpoint_resumes(tmp_path, caplog):
     train(run_config(tmp_path / "o", max_steps=4, **SAVING))
     hf = _as_hf_trainer(tmp_path / "o" / "checkpoint-2", tmp_path / "lf" / "checkpoint-2")
     assert ckpt.is_hf_trainer(hf) and ckpt.resolve_resume(tmp_path / "lf", True) == hf
+    assert not ckpt.is_hf_trainer(tmp_path / "o")  # a finished run's folder has a trainer_state.json too
     # Untrusted: weights, step and data position; the pickled optimizer is not read, so step 4 differs.
     plain = train(run_config(tmp_path / "a", max_steps=4, resume_from_checkpoint=str(hf)))
     assert plain.global_step == 4 and plain.step_losses[0] == pytest.approx(straight.step_losses[2], rel=1e-6)

@@ -90,15 +90,21 @@ def test_freeze_trains_the_last_layers():
     assert r["trainable_params"] == pytest.approx(2 * per_layer)
 
 
-def test_the_estimate_leaves_the_fine_tuning_notes_to_the_real_model(caplog):
-    """A run estimates its memory before it builds the model: the freeze clamp's warning is said once, by the
-    model, not also by the estimate's dry run."""
+def test_a_run_leaves_the_fine_tuning_notes_to_the_real_model(caplog):
+    """A run estimates its memory before it builds the model (held_back): the freeze clamp's warning is said once,
+    by the model; `tunesmith estimate`, which builds none, says it."""
     import logging
 
+    from tunesmith.quiet import held_back
+
     with caplog.at_level(logging.INFO, logger="tunesmith"):
-        r = est(finetuning_type="freeze", freeze_trainable_layers=99)
-        assert logging.getLogger("tunesmith").level == logging.INFO  # restored after the estimate
+        with held_back():
+            r = est(finetuning_type="freeze", freeze_trainable_layers=99)
+        assert logging.getLogger("tunesmith").level == logging.INFO  # restored after the block
     assert r["trainable_params"] > 0 and "more than this model's" not in caplog.text
+    with caplog.at_level(logging.INFO, logger="tunesmith"):
+        est(finetuning_type="freeze", freeze_trainable_layers=99)
+    assert "more than this model's" in caplog.text
 
 
 def test_gradient_checkpointing_lowers_the_activations():
@@ -260,14 +266,14 @@ def test_activations_are_16_bit_where_the_layers_compute_on_16_bit_weights():
 # ---------------------------------------------------------------- merged micro-batches
 
 
-def _merged(hf_config, memory=139.8, **overrides):
+def _merged(hf_config, memory=139.8, media_share=1.0, **overrides):
     """m for a Liger run (the fused head: no full logits) of batch 1 x accumulation 8 x cutoff 2048."""
     from tunesmith.estimate import merged_micro_batches
 
     plain = cfg(**{"finetuning_type": "full", "bf16": True, "cutoff_len": 2048, "per_device_train_batch_size": 1,
                    "gradient_accumulation_steps": 8, **overrides})
     liger = plain.model_copy(update={"model": plain.model.model_copy(update={"enable_liger_kernel": True})})
-    return merged_micro_batches(liger, 0, memory, hf_config=hf_config)[0]
+    return merged_micro_batches(liger, 0, memory, hf_config=hf_config, media_share=media_share)[0]
 
 
 def test_a_step_runs_in_as_few_passes_as_the_memory_allows():
@@ -287,3 +293,26 @@ def test_a_vision_tower_counts_as_if_every_token_were_an_image_token():
                                           spatial_merge_size=2, deepstack_visual_indexes=[5, 11, 17]))
     # per 2,048 tokens: 7.4 GiB in the language model, 12.8 GiB in the tower (4 patches a token, 24 layers)
     assert _merged(vl) == 4
+    # on an 80 GB card one micro-batch a pass, unless the data says at most 40% of a sample's tokens are image tokens
+    assert _merged(vl, memory=79.2) == 1 and _merged(vl, memory=79.2, media_share=0.4) == 2
+
+
+def test_the_image_token_share_comes_from_the_rows_media_plans():
+    """Each row's plan gives its images' patches; over the tower's merge (4 patches a token) that is its image
+    tokens, whose largest share of a row bounds a pass's. Videos (or no plan) leave the worst case, 1."""
+    import json
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from tunesmith.train.setup import image_token_share
+
+    config = SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=2))
+    plans = [json.dumps({"images": [{"patches": 400}], "videos": [], "audios": []}),  # 100 of 400 tokens
+             json.dumps({"images": [{"patches": 160}, {"patches": 160}], "videos": [], "audios": []})]  # 80 of 200
+    rows = Dataset.from_dict({"mm_plan": plans, "length": [400, 200]})
+    assert image_token_share(rows, config) == pytest.approx(0.4)
+    video = Dataset.from_dict({"mm_plan": plans + [json.dumps({"images": [], "videos": [{"patches": 9}]})],
+                               "length": [400, 200, 50]})
+    assert image_token_share(video, config) == 1.0
+    assert image_token_share(rows, SimpleNamespace()) == 1.0

@@ -25,7 +25,8 @@ from .pages import PageReleasing
 from .registry import get_spec
 from .prompts import render_prompt_batch, reward_columns
 from .render import IGNORE_INDEX, RenderOptions, render_batch, render_kto_batch, render_pair_batch
-from .templates import resolve
+from .lf_templates import LF_TEMPLATES, REFUSED
+from .templates import get_template, resolve
 
 log = logging.getLogger("tunesmith")
 
@@ -53,13 +54,18 @@ def stage_template(cfg: RunConfig, tokenizer) -> str | None:
     """The template a run renders with. Plain-text pretraining renders none: there a template the tokenizer cannot
     give (a base model without a chat template; LLaMA-Factory's formats such as default or empty) is None, and the
     saved tokenizer keeps its own (LLaMA-Factory falls back to its empty template)."""
+    name = cfg.data.template
     if STAGES[cfg.finetune.stage].data_kind != "text":
-        return cfg.data.template
-    try:
-        resolve(tokenizer, cfg.data.template)
-    except ModelError:
+        return name
+    row = LF_TEMPLATES.get(name)
+    if row is not None and row.use == REFUSED:
         return None
-    return cfg.data.template
+    get_template(name)  # an unknown name is still an error naming the closest one
+    try:
+        resolve(tokenizer, name)
+    except ModelError:  # no template of the tokenizer's own, or one of another family's
+        return None
+    return name
 
 
 def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:

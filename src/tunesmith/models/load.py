@@ -275,18 +275,21 @@ def report_loading(model, info: dict, source: str, fresh_head: bool = False):
     fresh, unused = REWARD_HEAD_KEYS if fresh_head else (set(), set())
     missing = sorted(set(info.get("missing_keys") or ()) - fresh)
     unexpected = sorted(set(info.get("unexpected_keys") or ()) - unused)
-    mismatched = [str(key) for key in info.get("mismatched_keys") or ()]
+    mismatched = [key[0] if isinstance(key, tuple) else str(key) for key in info.get("mismatched_keys") or ()]
     if missing or mismatched:
         log.warning("%s: %d weight(s) of the model are not in the checkpoint (or have another shape) and start "
                     "random: %s; check that model_name_or_path holds this architecture's weights", source,
-                    len(missing) + len(mismatched), ", ".join((missing + mismatched)[:5]) + (" ..." if
-                                                                                          len(missing) > 5 else ""))
+                    len(missing) + len(mismatched), _first_names(missing + mismatched))
     if unexpected:
         log.info("%s: %d weight(s) of the checkpoint are not used by the model: %s", source, len(unexpected),
-                 ", ".join(unexpected[:5]) + (" ..." if len(unexpected) > 5 else ""))
+                 _first_names(unexpected))
     if fresh_head and set(info.get("missing_keys") or ()) & fresh:
         log.info("stage rm: the reward head (score) starts fresh on %s", source)
     return model
+
+
+def _first_names(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")
 
 
 def _meta_model(model_class, config, dtype, cfg: ModelConfig, device):

@@ -298,8 +298,10 @@ def manifest_files(manifest) -> dict:
 
 
 def is_hf_trainer(path: Path) -> bool:
-    """A checkpoint-N of the Hugging Face Trainer / LLaMA-Factory: its trainer_state.json, none of our files."""
-    if (path / MANIFEST).exists() or (path / "engine_state.pt").exists() or (path / "dcp").exists():
+    """A checkpoint-N of the Hugging Face Trainer / LLaMA-Factory: its trainer_state.json, none of our files (a
+    finished tunesmith run's output_dir also holds a trainer_state.json, beside its config and summary)."""
+    ours = (MANIFEST, "engine_state.pt", "dcp", "tunesmith_config.yaml", "train_summary.json")
+    if any((path / name).exists() for name in ours):
         return False
     try:
         state = json.loads((path / "trainer_state.json").read_text())

@@ -77,11 +77,13 @@ class RolloutSteps:
         """vLLM's engine settings: the model folder, dtype, and its share of the GPU (what the trainer's states
         leave, from the memory estimate, unless rollout_gpu_memory_utilization is set)."""
         from ..estimate import estimate_memory
+        from ..quiet import held_back
         from ..rollout.vllm import memory_fraction
 
         share = self.rl.rollout_gpu_memory_utilization
         if share is None:
-            est = estimate_memory(self.cfg, num_gpus=dist.world())
+            with held_back():  # the estimate's dry run of the fine-tuning settings: the model has said its notes
+                est = estimate_memory(self.cfg, num_gpus=dist.world())
             states = est["weights"] + est["gradients"] + est["optimizer"] + est["gathered_params"] + est["overhead"]
             share = memory_fraction(states, est["gpu_gib"])
         m = self.cfg.model

@@ -11,6 +11,7 @@ builds the model -> the method and the step source -> a Runner.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .. import collector, dist, prefetch
+from ..quiet import held_back
 from ..started import process_start
 from ..cuda_memory import use_expandable_segments
 from ..config.load import redacted
@@ -180,7 +182,8 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, ch
 
     model_config = load_config(cfg.model)
     pad_id = collation_pad_id(getattr(saver, "tokenizer", saver), family_of(model_config))
-    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device),
+    share = image_token_share(data.train, model_config) if media is not None else 1.0
+    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device, share),
                  unpadded=unpadded_rows(cfg, method, model_config, media, device))
     if plan.unpadded:
         padding = 1 - sum(plan.lengths) / (len(plan.rows) * plan.cutoff_len)
@@ -188,6 +191,23 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, ch
                  "tokens, so the %.1f%% of padding in rows of cutoff_len is not computed (the same samples and loss); "
                  "merge_micro_batches: false keeps rows of cutoff_len", UNPADDED_MULTIPLE, 100 * padding)
     return SequenceSteps(cfg, data, plan, method, pad_id, media)
+
+
+def image_token_share(train, model_config) -> float:
+    """The largest share of image tokens in one training sample (from each row's media plan: an image's patches
+    over the tower's merge of patches into one token), which bounds their share of a forward pass; 1 where a row
+    holds videos or audio, or the model's tower does not say how it merges patches."""
+    merge = getattr(getattr(model_config, "vision_config", None), "spatial_merge_size", None)
+    if not merge or "mm_plan" not in train.column_names:
+        return 1.0
+    share = 0.0
+    for plan, length in zip(train["mm_plan"][:], train["length"][:]):
+        media = json.loads(plan) if plan else {}
+        if media.get("videos") or media.get("audios"):
+            return 1.0
+        image_tokens = sum(image["patches"] for image in media.get("images", [])) / merge ** 2
+        share = max(share, image_tokens / max(length, 1))
+    return min(share, 1.0)
 
 
 def unpadded_rows(cfg, method, model_config, media, device: torch.device) -> bool:
@@ -209,7 +229,7 @@ def _mergeable(cfg, method, model_config) -> bool:
             and packing_leak(model_config) is None)
 
 
-def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device) -> int:
+def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device, media_share: float = 1.0) -> int:
     """Tokens per forward pass when the samples of an optimiser step run packed (merge_micro_batches), or 0: the
     micro-batches run as they are. A pass holds up to m micro-batches' worth of tokens (per_device_train_batch_size
     x cutoff_len each, the micro-batch the checkpointing choice assumed), m from the memory estimate at this run's
@@ -232,7 +252,9 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
         micro_batches, why = 1, f"attention '{attention}' holds the row length squared: one micro-batch's tokens"
     else:
         try:
-            micro_batches, why = merged_micro_batches(cfg, checkpointed, _memory_gib(device), hf_config=model_config)
+            with held_back():  # the estimate's dry run of the fine-tuning settings: the model has said its notes
+                micro_batches, why = merged_micro_batches(cfg, checkpointed, _memory_gib(device),
+                                                          hf_config=model_config, media_share=media_share)
         except Exception as err:  # noqa: BLE001 - an estimate that cannot be made must not stop the run
             micro_batches, why = 1, f"the memory estimate failed: {err}"
     budget = micro_batches * train.per_device_train_batch_size * cfg.data.cutoff_len
@@ -269,7 +291,8 @@ def checkpoint_layers(cfg, device: torch.device) -> int:
         return EVERY_LAYER if setting else 0
     memory = _memory_gib(device)
     try:
-        plan = estimate_memory(cfg, num_gpus=dist.world(), gpu_gib=memory)
+        with held_back():  # the estimate's dry run of the fine-tuning settings: the model says its notes itself
+            plan = estimate_memory(cfg, num_gpus=dist.world(), gpu_gib=memory)
     except Exception as err:  # noqa: BLE001 - an estimate that cannot be made must not stop the run
         log.info("gradient checkpointing: every layer (auto, but the memory estimate failed: %s)", err)
         return EVERY_LAYER

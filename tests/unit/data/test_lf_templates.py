@@ -198,5 +198,9 @@ def test_plain_text_pretraining_needs_no_chat_template(tiny_qwen3, tmp_path):
         assert stage_template(cfg, tok) is None and render_options(cfg, tok).chat_template is None
     with pytest.raises(ConfigError, match="template: Template 'default'"):
         build_config(None, {"dataset": "identity", "template": "default"})
+    from tunesmith.errors import ModelError
+
+    with pytest.raises(ModelError, match="Did you mean 'qwen'"):  # a misspelt name is still an error for pt
+        stage_template(build_config(None, {"dataset": "c4_demo", "stage": "pt", "template": "qwne"}), tok)
     with_own = AutoTokenizer.from_pretrained(tiny_qwen3)
     assert stage_template(build_config(None, {"dataset": "c4_demo", "stage": "pt"}), with_own) == "auto"
