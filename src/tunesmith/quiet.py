@@ -10,7 +10,8 @@ import os
 import warnings
 from contextlib import contextmanager
 
-_LIBRARIES = ("datasets", "transformers", "peft", "accelerate", "torch", "deepspeed", "httpx", "urllib3", "liger_kernel")
+_LIBRARIES = ("datasets", "transformers", "peft", "accelerate", "torch", "deepspeed", "httpx", "urllib3",
+              "liger_kernel")
 
 
 def quiet_libraries() -> None:
