@@ -80,18 +80,15 @@ def _config_from(items: list[str]):
     return build_config(yaml_path, overrides)
 
 
-NO_EVAL_ONLY = ("do_train: false (LLaMA-Factory's evaluation-only run) is not available yet: tunesmith train always "
-                "trains. Evaluate while training instead (eval_strategy: steps with val_size or eval_dataset; "
-                "`tunesmith eval` for a reward model's pairwise accuracy), or remove do_train")
-
-
 def cmd_train(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
         print(train_help())
         return 0
     cfg = _config_from(items)
-    if not cfg.train.do_train:
-        raise ConfigError([NO_EVAL_ONLY])
+    from .config.load import train_command_problems
+
+    if problems := train_command_problems(cfg):
+        raise ConfigError(problems)
     if cfg.data.tokenized_path and not _tokenized_path_holds_data(cfg.data.tokenized_path):
         _prepared_data(cfg)  # as LLaMA-Factory, a new tokenized_path only prepares the data (saved there)
         logging.getLogger("tunesmith").info("tokenized data saved to %s; train on it by running again with "

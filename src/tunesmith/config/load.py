@@ -155,6 +155,17 @@ def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> 
     return RunConfig(**groups)
 
 
+NO_EVAL_ONLY = ("do_train: false (LLaMA-Factory's evaluation-only run) is not available yet: tunesmith train always "
+                "trains. Evaluate while training instead (eval_strategy: steps with val_size or eval_dataset; "
+                "`tunesmith eval` for a reward model's pairwise accuracy), or remove do_train")
+
+
+def train_command_problems(cfg: RunConfig) -> list[str]:
+    """What `tunesmith train` (and the web UI's check of a config it would launch) refuses beyond build_config's
+    checks, which other commands share (`tunesmith estimate` builds a config with do_train false)."""
+    return [] if cfg.train.do_train else [NO_EVAL_ONLY]
+
+
 def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     problems = []
     if cfg.model.bf16 and cfg.model.fp16:

@@ -19,9 +19,9 @@ import yaml
 
 from ..config.lf_keys import LF_KEYS
 from ..config.lf_translate import translate
-from ..config.load import KEY_TO_GROUP, build_config, parse_cli_items, read_yaml
+from ..config.load import KEY_TO_GROUP, build_config, parse_cli_items, read_yaml, train_command_problems
 from ..config.schema import GROUPS, SECRET_KEYS
-from ..errors import TunesmithError
+from ..errors import ConfigError, TunesmithError
 from .form import field_kind
 
 # Where a secret typed into the form goes instead of a file (the design: secrets come from the environment).
@@ -112,6 +112,8 @@ def validate(flat: dict[str, Any]) -> dict:
 
     try:
         cfg = build_config(None, flat)
+        if problems := train_command_problems(cfg):
+            raise ConfigError(problems)
         resolved = resolve(cfg, run_facts(cfg))
     except TunesmithError as err:
         messages = list(getattr(err, "problems", None) or [str(err)])
