@@ -311,8 +311,8 @@ def test_the_image_token_share_comes_from_the_rows_media_plans():
     plans = [json.dumps({"images": [{"patches": 400}], "videos": [], "audios": []}),  # 100 of 400 tokens
              json.dumps({"images": [{"patches": 160}, {"patches": 160}], "videos": [], "audios": []})]  # 80 of 200
     rows = Dataset.from_dict({"mm_plan": plans, "length": [400, 200]})
-    assert image_token_share(rows, config) == pytest.approx(0.4)
+    assert image_token_share(rows, rows["length"], config) == pytest.approx(0.4)
     video = Dataset.from_dict({"mm_plan": plans + [json.dumps({"images": [], "videos": [{"patches": 9}]})],
                                "length": [400, 200, 50]})
-    assert image_token_share(video, config) == 1.0
-    assert image_token_share(rows, SimpleNamespace()) == 1.0
+    assert image_token_share(video, video["length"], config) == 1.0
+    assert image_token_share(rows, rows["length"], SimpleNamespace()) == 1.0

@@ -314,7 +314,7 @@ def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, whe
         if not messages[0]["content"].strip():
             raise DataError(f"{where}: empty text for stage pt")
         return
-    _check_turn_order(messages, where)
+    _check_turn_order(turns, where)
     if spec.ranking:
         prompt_last = turns[-2]["role"] if len(turns) >= 2 else None
         if prompt_last not in ("user", "tool"):
@@ -328,10 +328,10 @@ def _check_conversation(messages: list[dict], spec: DatasetSpec, stage: str, whe
         )
 
 
-def _check_turn_order(messages: list[dict], where: str) -> None:
-    """After the system prompt, a prompt (a user turn, or tool results: several in a row count as one) and an
-    assistant answer alternate, a prompt first: LLaMA-Factory's rule (it drops other records with a warning)."""
-    turns = [m for m in messages if m["role"] != "system"]
+def _check_turn_order(turns: list[dict], where: str) -> None:
+    """After the system prompt (`turns` are the other messages), a prompt (a user turn, or tool results: several in
+    a row count as one) and an assistant answer alternate, a prompt first: LLaMA-Factory's rule (it drops other
+    records with a warning)."""
     previous = None
     for n, message in enumerate(turns, start=1):
         role = message["role"]

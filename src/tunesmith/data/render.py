@@ -234,7 +234,7 @@ def _text_of(content) -> str:
 
 def _render_sft_uncut(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     """input_ids and labels of the whole (character-budgeted) conversation, the [start, end) token range of every
-    assistant turn, whether the last token is an end-of-sequence token appended after the template's text, and the
+    assistant turn (for a conversation longer than cutoff_len, which fit_turns cuts), whether the last token is an end-of-sequence token appended after the template's text, and the
     text-cut flag."""
     messages = sample["messages"]
     if not messages or messages[-1]["role"] != "assistant":
@@ -248,10 +248,15 @@ def _render_sft_uncut(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     ids = list(enc["input_ids"])
     labels = turn_labels(ids, enc["offset_mapping"], spans, train_on_prompt=opts.train_on_prompt,
                          mask_history=opts.mask_history)
-    starts = np.fromiter((start for start, _ in enc["offset_mapping"]), dtype=np.int64, count=len(ids))
-    turns = [(int(np.searchsorted(starts, start)), int(np.searchsorted(starts, end))) for start, end in spans]
+    turns = _token_turns(enc["offset_mapping"], spans) if len(ids) > opts.cutoff_len else []  # fit_turns' input
     return {"input_ids": ids, "labels": labels, "turns": turns, "eos_appended": eos_appended,
             "num_text_cut": int(text_cut)}
+
+
+def _token_turns(offsets, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The [start, end) token range of each character span (a token belongs where its first character lies)."""
+    starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(offsets))
+    return [(int(np.searchsorted(starts, start)), int(np.searchsorted(starts, end))) for start, end in spans]
 
 
 def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:

@@ -132,9 +132,10 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
         config = AutoConfig.from_pretrained(base, **hub)
         multimodal = family_of(config) is not None
         preprocessor = _load_preprocessor(list(reversed(adapters)) + [base], multimodal, **hub)
+        head_kwargs = _head_kwargs(head)
         model = report_loading(*_model_class(config, head).from_pretrained(
-            base, dtype=dtype, output_loading_info=True, **_head_kwargs(head), **hub), base,
-            fresh_head=bool(adapters) and bool(_head_kwargs(head)))  # a reward adapter brings its score head
+            base, dtype=dtype, output_loading_info=True, **head_kwargs, **hub), base,
+            fresh_head=bool(adapters) and bool(head_kwargs))  # a reward adapter brings its score head
         for i, adapter in enumerate(adapters):
             from peft import PeftModel
 

@@ -273,7 +273,8 @@ def report_loading(model, info: dict, source: str, fresh_head: bool = False):
     weights the checkpoint lacks start random, a warning that names them; checkpoint weights the model does not use
     are a line. A reward model's fresh score head (fresh_head) and its unused LM head are what that stage expects."""
     fresh, unused = REWARD_HEAD_KEYS if fresh_head else (set(), set())
-    missing = sorted(set(info.get("missing_keys") or ()) - fresh)
+    all_missing = set(info.get("missing_keys") or ())
+    missing = sorted(all_missing - fresh)
     unexpected = sorted(set(info.get("unexpected_keys") or ()) - unused)
     mismatched = [key[0] if isinstance(key, tuple) else str(key) for key in info.get("mismatched_keys") or ()]
     if missing or mismatched:
@@ -283,7 +284,7 @@ def report_loading(model, info: dict, source: str, fresh_head: bool = False):
     if unexpected:
         log.info("%s: %d weight(s) of the checkpoint are not used by the model: %s", source, len(unexpected),
                  _first_names(unexpected))
-    if fresh_head and set(info.get("missing_keys") or ()) & fresh:
+    if fresh_head and all_missing & fresh:
         log.info("stage rm: the reward head (score) starts fresh on %s", source)
     return model
 

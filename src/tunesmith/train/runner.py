@@ -264,8 +264,9 @@ class Runner:
         if torch.cuda.is_available():
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
-        write_results(self.output_dir, self._train_results(), self._eval_results())
-        write_trainer_state(self.output_dir, self.state, self.total_steps, self._train_results())
+        train_results = self._train_results()
+        write_results(self.output_dir, train_results, self._eval_results())
+        write_trainer_state(self.output_dir, self.state, self.total_steps, train_results)
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir):
                 log.info("wrote %s", png)

@@ -182,8 +182,8 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, ch
 
     model_config = load_config(cfg.model)
     pad_id = collation_pad_id(getattr(saver, "tokenizer", saver), family_of(model_config))
-    share = image_token_share(data.train, model_config) if media is not None else 1.0
-    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device, share),
+    media_data = data if media is not None else None
+    plan = _plan(cfg, data, merge_tokens=merge_tokens(cfg, method, model_config, checkpointed, device, media_data),
                  unpadded=unpadded_rows(cfg, method, model_config, media, device))
     if plan.unpadded:
         padding = 1 - sum(plan.lengths) / (len(plan.rows) * plan.cutoff_len)
@@ -193,7 +193,7 @@ def _step_source(cfg, stage, data, method, tokenizer, saver, media, stop_ids, ch
     return SequenceSteps(cfg, data, plan, method, pad_id, media)
 
 
-def image_token_share(train, model_config) -> float:
+def image_token_share(train, lengths: list[int], model_config) -> float:
     """The largest share of image tokens in one training sample (from each row's media plan: an image's patches
     over the tower's merge of patches into one token), which bounds their share of a forward pass; 1 where a row
     holds videos or audio, or the model's tower does not say how it merges patches."""
@@ -201,7 +201,7 @@ def image_token_share(train, model_config) -> float:
     if not merge or "mm_plan" not in train.column_names:
         return 1.0
     share = 0.0
-    for plan, length in zip(train["mm_plan"][:], train["length"][:]):
+    for plan, length in zip(train["mm_plan"][:], lengths):
         media = json.loads(plan) if plan else {}
         if media.get("videos") or media.get("audios"):
             return 1.0
@@ -229,12 +229,13 @@ def _mergeable(cfg, method, model_config) -> bool:
             and packing_leak(model_config) is None)
 
 
-def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device, media_share: float = 1.0) -> int:
+def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device, media_data=None) -> int:
     """Tokens per forward pass when the samples of an optimiser step run packed (merge_micro_batches), or 0: the
     micro-batches run as they are. A pass holds up to m micro-batches' worth of tokens (per_device_train_batch_size
     x cutoff_len each, the micro-batch the checkpointing choice assumed), m from the memory estimate at this run's
     checkpointing (estimate.merged_micro_batches); packed rows stay rows of cutoff_len. Unpacked samples go into one
-    row a pass, so m > 1 needs attention that tells them apart by boundaries (varlen, flash-attention)."""
+    row a pass, so m > 1 needs attention that tells them apart by boundaries (varlen, flash-attention). media_data:
+    the PreparedData of media samples, whose largest image-token share bounds the tower's activations (None: text)."""
     from ..estimate import merged_micro_batches
 
     train = cfg.train
@@ -252,9 +253,11 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
         micro_batches, why = 1, f"attention '{attention}' holds the row length squared: one micro-batch's tokens"
     else:
         try:
+            share = (image_token_share(media_data.train, media_data.train_lengths(), model_config)
+                     if media_data is not None else 1.0)  # media samples' PreparedData: read only where estimated
             with held_back():  # the estimate's dry run of the fine-tuning settings: the model has said its notes
                 micro_batches, why = merged_micro_batches(cfg, checkpointed, _memory_gib(device),
-                                                          hf_config=model_config, media_share=media_share)
+                                                          hf_config=model_config, media_share=share)
         except Exception as err:  # noqa: BLE001 - an estimate that cannot be made must not stop the run
             micro_batches, why = 1, f"the memory estimate failed: {err}"
     budget = micro_batches * train.per_device_train_batch_size * cfg.data.cutoff_len
