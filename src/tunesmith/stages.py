@@ -33,6 +33,8 @@ class Stage:
     reward_head: bool = False  # the model is a sequence classifier with one output (a reward model)
     # The method keys (FinetuneConfig) this stage's loss reads; config/load.py warns when another stage's are given.
     method_keys: tuple[str, ...] = ()
+    # What plot_loss draws besides loss and eval_loss (LLaMA-Factory's choice for the stage).
+    plot_metrics: tuple[str, ...] = ()
 
     def build_method(self, cfg):
         module, _, name = self.method.partition(":")
@@ -53,18 +55,19 @@ class Stage:
 
 
 def _rl(name: str, summary: str, **preset) -> Stage:
-    return Stage(name, summary, "prompts", "grpo:GRPOMethod", "rollout", preset)
+    return Stage(name, summary, "prompts", "grpo:GRPOMethod", "rollout", preset, plot_metrics=("reward_mean",))
 
 
 _ALL = [
     Stage("pt", "continued pretraining on plain text", "text", "sft:SFTMethod", "sequence"),
     Stage("sft", "supervised fine-tuning on conversations", "conversations", "sft:SFTMethod", "sequence"),
     Stage("rm", "reward model (Bradley-Terry on chosen/rejected pairs)", "pairs", "rm:RewardModelMethod", "sequence",
-          reward_head=True, method_keys=("reward_center_coef",)),
+          reward_head=True, method_keys=("reward_center_coef",), plot_metrics=("eval_accuracy",)),
     Stage("dpo", "preference optimisation (see pref_loss)", "pairs", "dpo:DPOMethod", "sequence",
-          method_keys=("pref_beta", "pref_loss", "pref_ftx", "pref_label_smoothing", "simpo_gamma")),
+          method_keys=("pref_beta", "pref_loss", "pref_ftx", "pref_label_smoothing", "simpo_gamma"),
+          plot_metrics=("rewards/accuracies",)),
     Stage("kto", "Kahneman-Tversky optimisation on unpaired examples", "unpaired", "kto:KTOMethod", "sequence",
-          method_keys=("pref_beta", "kto_chosen_weight", "kto_rejected_weight")),
+          method_keys=("pref_beta", "kto_chosen_weight", "kto_rejected_weight"), plot_metrics=("rewards/chosen",)),
     _rl("grpo", "online RL, group-relative advantages"),
     _rl("dr_grpo", "online RL, GRPO done right (no std, no length bias)",
         advantage="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm"),

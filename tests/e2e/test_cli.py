@@ -259,12 +259,20 @@ def test_reward_model_score_and_eval_commands(tmp_path):
     assert "accuracy" in report and "pairs            40" in report
 
 
-@pytest.mark.parametrize("example", ["qwen3_dpo", "qwen3_kto"])
-def test_preference_examples_run(tmp_path, example):
+@pytest.mark.parametrize("example, plotted", [("qwen3_dpo", "rewards/accuracies"), ("qwen3_kto", "rewards/chosen")])
+def test_preference_examples_run_and_log_under_trl_names(tmp_path, example, plotted):
     out = tmp_path / example
     cli("train", f"examples/{example}.yaml", f"output_dir={out}", f"dataset_dir={DATA}", "max_steps=3",
         "eval_strategy=no", "val_size=0")
     assert (out / "model.safetensors").exists()
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"} <= set(row)
+    assert not any(key.startswith("count/") for key in row)  # KTO's per-class counts divide, they are not logged
+    # LLaMA-Factory plots the stage's metric (training_rewards_accuracies.png for dpo) and its trainer_log.jsonl
+    # carries rewards/accuracies as accuracy
+    assert (out / f"training_{plotted.replace('/', '_')}.png").exists()
+    log_row = json.loads((out / "trainer_log.jsonl").read_text().splitlines()[-1])
+    assert ("accuracy" in log_row) == (example == "qwen3_dpo")
 
 
 def test_export_of_a_lora_reward_model_keeps_its_score_head(tmp_path):

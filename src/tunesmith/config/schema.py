@@ -284,7 +284,8 @@ class OutputConfig(_Group):
     output_dir: str = Field("saves/run", description="Where checkpoints, logs and the final model go.")
     overwrite_output_dir: bool = Field(False, description="Allow writing into an output_dir that holds a run.")
     logging_steps: int = Field(10, ge=1, description="Log metrics every N steps.")
-    plot_loss: bool = Field(False, description="Write training_loss.png (and eval) to output_dir.")
+    plot_loss: bool = Field(False, description="Write training_loss.png, training_eval_loss.png and the stage's "
+                            "metric plot (training_rewards_accuracies.png for dpo, ...) to output_dir.")
     report_to: list[str] = Field(
         default_factory=lambda: ["none"], description="Metric sinks: none, tensorboard, wandb, swanlab."
     )

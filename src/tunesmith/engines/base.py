@@ -57,6 +57,28 @@ def combine_sum(key: str, total, value):
     return total + value
 
 
+def metric_means(sums: dict, count: int) -> dict:
+    """A method's metric sums as the means that are logged: each divided by the units it covers (`count`), except
+    `*_max` (kept), `nll` (the token loss, logged as loss) and the per-class counts `count/<class>`, which divide the
+    metrics of that class instead (KTO's rewards/chosen is a mean over the desirable examples, as TRL and
+    LLaMA-Factory log it; a class absent from the window logs nothing). rewards/margins follows from per-class
+    rewards when the method gives no per-pair margins."""
+    means = {}
+    for key, value in sums.items():
+        if key == "nll" or key.startswith("count/"):
+            continue
+        per_class = sums.get("count/" + key.rpartition("/")[2]) if "/" in key else None
+        if key.endswith("_max"):
+            means[key] = value
+        elif per_class is None:
+            means[key] = value / max(count, 1)
+        elif per_class > 0:
+            means[key] = value / per_class
+    if "rewards/margins" not in means and {"rewards/chosen", "rewards/rejected"} <= means.keys():
+        means["rewards/margins"] = means["rewards/chosen"] - means["rewards/rejected"]
+    return means
+
+
 @dataclass
 class StepOutput:
     """This rank's sums over the micro-batches of one forward_backward call.

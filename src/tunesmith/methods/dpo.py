@@ -45,6 +45,7 @@ class DPOMethod:
         policy = mean if self.average else total
         ref = reference_or_zeros(batch, policy)
         losses, metrics = self.loss_fn(policy[:n], policy[n:], ref[:n], ref[n:], **self.kwargs)
+        metrics.update({"logps/chosen": policy[:n].detach(), "logps/rejected": policy[n:].detach()})
         if self.ftx:
             sft = -total[:n] / counts[:n].clamp(min=1)
             losses = losses + self.ftx * sft

@@ -99,12 +99,14 @@ def _pref_loss(name: str, *, uses_average: bool, needs_reference: bool):
 
 
 def _pref_metrics(rewards_chosen_B: torch.Tensor, rewards_rejected_B: torch.Tensor, **extra) -> dict[str, torch.Tensor]:
+    """The pair metrics under TRL's and LLaMA-Factory's names (rewards/chosen, rewards/accuracies, ...), so
+    dashboards and plotting scripts written for them read tunesmith's logs unchanged."""
     rc, rr = rewards_chosen_B.detach(), rewards_rejected_B.detach()
     metrics = {
-        "rewards_chosen": rc,
-        "rewards_rejected": rr,
-        "margin": rc - rr,
-        "accuracy": (rc > rr).float(),
+        "rewards/chosen": rc,
+        "rewards/rejected": rr,
+        "rewards/margins": rc - rr,
+        "rewards/accuracies": (rc > rr).float(),
     }
     metrics.update({k: v.detach() for k, v in extra.items()})
     return metrics
@@ -204,8 +206,10 @@ def orpo(policy_chosen_B, policy_rejected_B, ref_chosen_B=None, ref_rejected_B=N
     pc, pr = policy_chosen_B.float(), policy_rejected_B.float()
     log_odds_B = (pc - pr) - (_log1mexp(pc.clamp(max=-1e-6)) - _log1mexp(pr.clamp(max=-1e-6)))
     nll_B = -pc
-    losses_B = nll_B + beta * -F.logsigmoid(log_odds_B)
-    return losses_B, _pref_metrics(beta * pc, beta * pr, log_odds=log_odds_B, nll=nll_B)
+    odds_ratio_loss_B = -F.logsigmoid(log_odds_B)
+    losses_B = nll_B + beta * odds_ratio_loss_B
+    return losses_B, _pref_metrics(beta * pc, beta * pr, sft_loss=nll_B, odds_ratio_loss=odds_ratio_loss_B,
+                                   log_odds_ratio=log_odds_B)
 
 
 # --------------------------------------------------------------------------------------
@@ -224,8 +228,8 @@ def bradley_terry(
     """Pairwise Bradley–Terry reward-model loss (InstructGPT; Llama-2 margin; TRL centering).
 
     loss = −logσ(rc − rr − m) + c·(rc + rr)²,  m = ``margin_B`` (0 if None), c = ``center_coef``.
-    Metrics: rewards_chosen, rewards_rejected, margin = rc − rr, accuracy = (rc > rr)
-    (a tie counts as wrong).
+    Metrics (TRL's RewardTrainer names): accuracy = (rc > rr) (a tie counts as wrong), margin = rc − rr,
+    rewards/chosen, rewards/rejected.
     """
     rc, rr = reward_chosen_B.float(), reward_rejected_B.float()
     diff = rc - rr
@@ -234,7 +238,8 @@ def bradley_terry(
     losses_B = -F.logsigmoid(diff)
     if center_coef:
         losses_B = losses_B + center_coef * (rc + rr) ** 2
-    return losses_B, _pref_metrics(rc, rr)
+    rc, rr = rc.detach(), rr.detach()
+    return losses_B, {"accuracy": (rc > rr).float(), "margin": rc - rr, "rewards/chosen": rc, "rewards/rejected": rr}
 
 
 bradley_terry.uses_average = False
@@ -257,7 +262,9 @@ def kto(
 
     r = π − ref;  z = max(kl, 0) (detached, broadcast; methods/kto.py estimates it over the step);
     desirable:   λ_D·(1 − σ(β(r − z)));   undesirable: λ_U·(1 − σ(β(z − r))).
-    Metrics: rewards = β·r, desirable (0/1), kl = z.
+    Metrics (TRL's and LLaMA-Factory's names): rewards/chosen and logps/chosen over the desirable examples,
+    rewards/rejected and logps/rejected over the others (each divided by its count/chosen or count/rejected
+    when logged, see engines/base.metric_means), kl = z. Rewards are β·r.
     """
     r = policy_logps_B.float() - ref_logps_B.float()
     z = torch.as_tensor(kl_B, dtype=torch.float32, device=r.device).detach().clamp(min=0.0).expand_as(r)
@@ -265,7 +272,11 @@ def kto(
     loss_d = desirable_weight * (1.0 - torch.sigmoid(beta * (r - z)))
     loss_u = undesirable_weight * (1.0 - torch.sigmoid(beta * (z - r)))
     losses_B = torch.where(desirable, loss_d, loss_u)
-    metrics = {"rewards": (beta * r).detach(), "desirable": desirable.float(), "kl": z.clone()}
+    chosen = desirable.float()
+    rewards, logps = (beta * r).detach(), policy_logps_B.detach().float()
+    metrics = {"rewards/chosen": rewards * chosen, "logps/chosen": logps * chosen, "count/chosen": chosen,
+               "rewards/rejected": rewards * (1 - chosen), "logps/rejected": logps * (1 - chosen),
+               "count/rejected": 1 - chosen, "kl": z.clone()}
     return losses_B, metrics
 
 

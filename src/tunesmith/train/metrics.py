@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -38,8 +39,8 @@ class TrainerLogSink:
     eval_loss, lr, epoch, percentage, elapsed_time, remaining_time, ...), for scripts that read LF's output dir."""
 
     # LLaMA-Factory's field <- tunesmith's metric
-    _FIELDS = {"loss": "loss", "eval_loss": "eval_loss", "reward": "reward_mean", "accuracy": "accuracy",
-               "lr": "lr", "epoch": "epoch", "throughput": "tokens_per_s"}
+    _FIELDS = {"loss": "loss", "eval_loss": "eval_loss", "reward": "reward_mean",
+               "accuracy": "rewards/accuracies", "lr": "lr", "epoch": "epoch", "throughput": "tokens_per_s"}
 
     def __init__(self, path: Path, total_steps: int, resume_step: int | None):
         if resume_step is not None and path.exists():
@@ -179,8 +180,10 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_loss(output_dir: Path) -> list[Path]:
-    """training_loss.png (and training_eval_loss.png when there was evaluation), from metrics.jsonl."""
+def plot_loss(output_dir: Path, extra: tuple[str, ...] = ()) -> list[Path]:
+    """training_loss.png, training_eval_loss.png when there was evaluation, and one for each of `extra` (the
+    stage's metric LLaMA-Factory plots: training_rewards_accuracies.png for dpo, ...), from metrics.jsonl: each
+    curve as logged and smoothed, as LLaMA-Factory draws them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,18 +191,34 @@ def plot_loss(output_dir: Path) -> list[Path]:
 
     records = read_metrics(output_dir / "metrics.jsonl")
     written = []
-    for key, name in (("loss", "training_loss.png"), ("eval_loss", "training_eval_loss.png")):
+    for key in ("loss", "eval_loss", *extra):
         points = [(r["step"], r[key]) for r in records if key in r]
         if not points:
             continue
+        steps, values = zip(*points)
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(*zip(*points), marker="o" if len(points) < 30 else None, label=key)
+        ax.plot(steps, values, color="#1f77b4", alpha=0.4 if len(points) > 1 else 1.0, label="logged",
+                marker="o" if len(points) < 30 else None)
+        if len(points) > 1:
+            ax.plot(steps, _smoothed(values), color="#1f77b4", label="smoothed")
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.set_title(f"{key} of {output_dir.name}")
         ax.grid(alpha=0.3)
+        ax.legend()
         fig.tight_layout()
-        fig.savefig(output_dir / name, dpi=100)
+        path = output_dir / f"training_{key.replace('/', '_')}.png"
+        fig.savefig(path, dpi=100)
         plt.close(fig)
-        written.append(output_dir / name)
+        written.append(path)
     return written
+
+
+def _smoothed(values) -> list[float]:
+    """An exponential moving average whose weight grows with the number of points (a short run is barely
+    smoothed, a long one strongly)."""
+    weight = 0.9 * (1 - math.exp(-len(values) / 50))
+    out = [values[0]]
+    for value in values[1:]:
+        out.append(weight * out[-1] + (1 - weight) * value)
+    return out

@@ -22,7 +22,7 @@ import torch
 
 from .. import dist
 from ..config.load import redacted, save_config
-from ..engines.base import NonFiniteError, combine_sum
+from ..engines.base import NonFiniteError, combine_sum, metric_means
 from ..errors import TunesmithError
 from ..stages import STAGES
 from . import checkpoint as ckpt
@@ -268,7 +268,7 @@ class Runner:
         write_results(self.output_dir, train_results, self._eval_results())
         write_trainer_state(self.output_dir, self.state, self.total_steps, train_results)
         if self.cfg.output.plot_loss:
-            for png in plot_loss(self.output_dir):
+            for png in plot_loss(self.output_dir, STAGES[self.cfg.finetune.stage].plot_metrics):
                 log.info("wrote %s", png)
         if self.cfg.output.save_final_model:
             scores = STAGES[self.cfg.finetune.stage].reward_head  # a reward model scores, it does not chat
@@ -329,9 +329,7 @@ class _Window:
         keys = [k for k in self.steps[-1] if all(k in m for m in self.steps)]
         metrics = {k: sum(m[k] for m in self.steps) / len(self.steps) for k in keys}
         metrics.update(lr=self.steps[-1]["lr"], epoch=round(epoch, 4), tokens_per_s=self.tokens / elapsed)
-        # Method metrics (rewards/chosen, accuracy, kl, ...) as means over their units; the token NLL is the loss.
-        metrics.update({key: value if key.endswith("_max") else value / max(self.count, 1)
-                        for key, value in self.sums.items() if key != "nll"})
+        metrics.update(metric_means(self.sums, self.count))  # rewards/chosen, accuracy, kl, ...
         self.reset()
         return metrics
 

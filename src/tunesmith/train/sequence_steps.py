@@ -7,6 +7,7 @@ The plan (train/plan.py) fixes which rows form each micro-batch; the position
 from __future__ import annotations
 
 from .. import dist
+from ..engines.base import metric_means
 from ..models.forward import LossFn
 from .plan import EpochPlan, Position, eval_batches, micro_batch_loader, rank_share
 from .precompute import precompute_reference
@@ -50,7 +51,7 @@ class SequenceSteps:
 
     def evaluate(self, engine) -> dict:
         """eval_loss (each micro-batch's loss weighted by its units: tokens, pairs or examples) and the
-        method's metrics as means over their units (eval_accuracy, eval_rewards_chosen, ...)."""
+        method's metrics as means over their units (eval_rewards/accuracies, eval_accuracy, ...)."""
         if self.data.eval is None:
             return {}
         batches = self.batches(self.data.eval)
@@ -66,7 +67,7 @@ class SequenceSteps:
             for key, value in out.sums.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
         metrics = {"eval_loss": total / max(units, 1)}
-        metrics.update({f"eval_{k}": v / max(count, 1) for k, v in sums.items() if k != "nll"})
+        metrics.update({f"eval_{k}": v for k, v in metric_means(sums, count).items()})
         return metrics
 
     def reference_values(self, engine, dataset, average: bool) -> list[list[float]]:

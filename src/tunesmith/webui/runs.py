@@ -24,7 +24,7 @@ _MAX_DEPTH = 3  # LLaMA-Factory's layout is saves/<model>/<finetuning_type>/<run
 _RECENT_S = 120  # a run whose metrics changed this recently, and that this server did not launch, is running
 # LLaMA-Factory's trainer_log field -> tunesmith's metric name (for runs that have no metrics.jsonl)
 _LF_FIELDS = {"loss": "loss", "eval_loss": "eval_loss", "lr": "lr", "epoch": "epoch", "reward": "reward_mean",
-              "accuracy": "accuracy", "throughput": "tokens_per_s"}
+              "accuracy": "rewards/accuracies", "throughput": "tokens_per_s"}
 
 
 class RunsRoot:

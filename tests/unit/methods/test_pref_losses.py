@@ -80,10 +80,10 @@ def test_dpo_sigmoid_values_metrics_and_gradient():
     losses, met = dpo_sigmoid(pc, pr, rc, rr, beta=0.1)
     # βx = [0.15, −0.1]; loss = softplus(−βx)
     close(losses, [0.6209570, 0.7443967])
-    close(met["rewards_chosen"], [0.1, 0.0])
-    close(met["rewards_rejected"], [-0.05, 0.1])
-    close(met["margin"], [0.15, -0.1])
-    close(met["accuracy"], [1.0, 0.0])
+    close(met["rewards/chosen"], [0.1, 0.0])
+    close(met["rewards/rejected"], [-0.05, 0.1])
+    close(met["rewards/margins"], [0.15, -0.1])
+    close(met["rewards/accuracies"], [1.0, 0.0])
     assert not any(v.requires_grad for v in met.values())
     losses.sum().backward()
     # dL/dπc = −β σ(−βx), dL/dπr = +β σ(−βx)
@@ -124,7 +124,7 @@ def test_dpo_ipo_at_known_x():
     # β = 0.5 → 1/(2β) = 1; (1.5 − 1)² = 0.25, (−1 − 1)² = 4
     losses, met = dpo_ipo(pc, pr, rc, rr, beta=0.5)
     close(losses, [0.25, 4.0])
-    close(met["margin"], [0.75, -0.5])
+    close(met["rewards/margins"], [0.75, -0.5])
 
 
 def test_simpo_with_gamma_ignores_reference():
@@ -133,8 +133,8 @@ def test_simpo_with_gamma_ignores_reference():
     # β(πc − πr) − γ = [0.5, −1.5] → softplus(−·)
     losses, met = simpo(pc, pr, None, None, beta=2.0, simpo_gamma=0.5)
     close(losses, [0.4740770, 1.7014133])
-    close(met["rewards_chosen"], [-2.0, -4.0])
-    close(met["accuracy"], [1.0, 0.0])
+    close(met["rewards/chosen"], [-2.0, -4.0])
+    close(met["rewards/accuracies"], [1.0, 0.0])
     same, _ = simpo(pc, pr, torch.zeros(2), torch.ones(2), beta=2.0, simpo_gamma=0.5)
     close(same, [0.4740770, 1.7014133])
 
@@ -144,11 +144,12 @@ def test_orpo_known_pair_and_numerics_at_the_edges():
     pr = torch.tensor([-1.2])
     losses, met = orpo(pc, pr, beta=0.1)
     # log_odds = 0.7 − (log(1 − e^−0.5) − log(1 − e^−1.2)) = 1.2743697
-    close(met["log_odds"], [1.2743697])
+    close(met["log_odds_ratio"], [1.2743697])
     # 0.5 + 0.1·softplus(−1.2743697)
     close(losses, [0.5246553])
-    close(met["nll"], [0.5])
-    close(met["rewards_chosen"], [-0.05])
+    close(met["sft_loss"], [0.5])  # LLaMA-Factory's names for ORPO's two terms
+    close(met["odds_ratio_loss"], [0.2465530])
+    close(met["rewards/chosen"], [-0.05])
     losses.sum().backward()
     assert torch.isfinite(pc.grad).all()
     # a perfectly predicted chosen (π = 0) and a hopeless rejected (π = −50) stay finite
@@ -167,8 +168,8 @@ def test_bradley_terry_values_and_ties_count_as_wrong():
     close(losses, [0.3132617, 0.6931472, 1.3132617])
     close(met["accuracy"], [1.0, 0.0, 0.0])
     close(met["margin"], [1.0, 0.0, -1.0])
-    close(met["rewards_chosen"], [2.0, 1.0, 0.5])
-    close(met["rewards_rejected"], [1.0, 1.0, 1.5])
+    close(met["rewards/chosen"], [2.0, 1.0, 0.5])
+    close(met["rewards/rejected"], [1.0, 1.0, 1.5])
 
 
 def test_bradley_terry_margin_center_and_gradient():
@@ -192,8 +193,12 @@ def test_kto_desirable_and_undesirable():
     losses, met = kto(pol, ref, des, kl, beta=0.1, desirable_weight=1.0, undesirable_weight=1.5)
     # [1 − σ(0.05), 1 − σ(−0.15), 1.5(1 − σ(−0.05)), 1.5(1 − σ(0.15))]
     close(losses, [0.4875026, 0.5374298, 0.7687461, 0.6938552])
-    close(met["rewards"], [0.1, -0.1, 0.1, -0.1])
-    close(met["desirable"], [1.0, 1.0, 0.0, 0.0])
+    # per class, as TRL and LLaMA-Factory log them: summed here, divided by count/<class> when logged
+    close(met["rewards/chosen"], [0.1, -0.1, 0.0, 0.0])
+    close(met["rewards/rejected"], [0.0, 0.0, 0.1, -0.1])
+    close(met["logps/chosen"], [-10.0, -10.0, 0.0, 0.0])
+    close(met["count/chosen"], [1.0, 1.0, 0.0, 0.0])
+    close(met["count/rejected"], [0.0, 0.0, 1.0, 1.0])
     close(met["kl"], [0.5] * 4)
     # z is detached: no gradient reaches the KL estimate
     assert not losses.requires_grad

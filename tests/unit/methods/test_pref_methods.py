@@ -43,7 +43,7 @@ def test_dpo_raises_the_margin(tmp_path):
     out = tmp_path / "dpo"
     train(run_config(out, stage="dpo", dataset="dpo_demo", max_samples=None, max_steps=30,
                      per_device_train_batch_size=8, learning_rate=5e-4))
-    margins = [m["margin"] for m in _metrics(out) if "margin" in m]
+    margins = [m["rewards/margins"] for m in _metrics(out) if "rewards/margins" in m]
     assert abs(margins[0]) < 0.05 and margins[-1] > margins[0] + 0.1
 
 
