@@ -80,6 +80,8 @@ def test_lf_output_files_follow_llamafactory_formats(tmp_path):
     assert any("eval_loss" in r for r in rows)
     train_results = json.loads((out / "train_results.json").read_text())
     assert {"epoch", "train_loss", "train_runtime", "train_steps_per_second"} <= set(train_results)
+    per_step = train_results["train_samples_per_second"] / train_results["train_steps_per_second"]
+    assert per_step == pytest.approx(1)  # the Trainer's count: the global batch a step (batch 1 x accumulation 1)
     assert "eval_loss" in json.loads((out / "all_results.json").read_text())
     state = json.loads((out / "trainer_state.json").read_text())  # the Trainer's save_state, log_history included
     assert state["global_step"] == state["max_steps"] == 4

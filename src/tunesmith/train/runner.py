@@ -282,10 +282,15 @@ class Runner:
 
     def _train_results(self) -> dict:
         """The Hugging Face Trainer's train metrics of this run (LLaMA-Factory users' scripts read them)."""
-        losses, seconds = self.result.step_losses, self.timing.get("train_seconds", 0.0)
-        return {"epoch": self._epoch(), "train_loss": sum(losses) / max(len(losses), 1), "train_runtime": seconds,
-                "train_steps_per_second": len(losses) / max(seconds, 1e-9),
-                "train_tokens_per_second": self.timing.get("train_tokens_per_s", 0.0)}
+        losses, seconds = self.result.step_losses, max(self.timing.get("train_seconds", 0.0), 1e-9)
+        results = {"epoch": self._epoch(), "train_loss": sum(losses) / max(len(losses), 1), "train_runtime": seconds,
+                   "train_steps_per_second": len(losses) / seconds,
+                   "train_tokens_per_second": self.timing.get("train_tokens_per_s", 0.0)}
+        if not STAGES[self.cfg.finetune.stage].is_online_rl:  # the Trainer's count: steps x the global batch
+            train = self.cfg.train
+            batch = train.per_device_train_batch_size * train.gradient_accumulation_steps * dist.data_world()
+            results["train_samples_per_second"] = len(losses) * batch / seconds
+        return results
 
     def _eval_results(self) -> dict:
         """The last evaluation's metrics; plain-text pretraining adds eval_perplexity, as LLaMA-Factory's pt does."""
