@@ -70,6 +70,10 @@ def train_help() -> str:
             allowed = f" [choices: {', '.join(map(str, choices))}]" if choices else ""
             lines.append(f"  {key:<30} {field.description}{allowed} [default: {default}]")
         lines.append("")
+    from .infer.options import PredictKeys, keys_help
+
+    lines += ["With do_predict: true the YAML is batch prediction (LLaMA-Factory's nlg_eval; it does not train): its "
+              "model, generation, media and vllm keys are `tunesmith chat`'s, and", keys_help({"predict": PredictKeys})]
     return "\n".join(lines)
 
 
@@ -83,6 +87,13 @@ def _config_from(items: list[str]):
 def cmd_train(items: list[str]) -> int:
     if {"-h", "--help"} & set(items):
         print(train_help())
+        return 0
+    flat = _flat_keys(items)
+    if flat.get("do_predict") is True:  # LLaMA-Factory's batch prediction (its nlg_eval YAML): no training
+        from .infer.options import predict_options
+        from .infer.predict import run_predict
+
+        run_predict(predict_options(flat))
         return 0
     cfg = _config_from(items)
     from .config.load import train_command_problems
@@ -176,15 +187,19 @@ def cmd_estimate(items: list[str]) -> int:
     return 0
 
 
+def _flat_keys(items: list[str]) -> dict:
+    """The YAML file's keys, then the key=value / --key value items."""
+    from .config.load import parse_cli_items, read_yaml
+
+    yaml_path, overrides = parse_cli_items(items)
+    return {**(read_yaml(yaml_path) if yaml_path else {}), **overrides}
+
+
 def _parse_infer_argv(parser: argparse.ArgumentParser, argv: list[str], flags: dict[str, str]):
     """(named flags, flat keys): the YAML file, then key=value / --key value items, then the named flags
     (`flags` maps an argparse dest to the key it sets)."""
-    from .config.load import parse_cli_items, read_yaml
-
     args, rest = parser.parse_known_args(argv)
-    yaml_path, overrides = parse_cli_items(rest)
-    flat = dict(read_yaml(yaml_path)) if yaml_path else {}
-    flat.update(overrides)
+    flat = _flat_keys(rest)
     for dest, key in flags.items():
         if getattr(args, dest) is not None:
             flat[key] = getattr(args, dest)
@@ -340,11 +355,9 @@ def cmd_eval(items: list[str]) -> int:
         print(EVAL_USAGE)
         return 0
     model, rest = _pop_flag(items, "--model", None)
-    from .config.load import parse_cli_items, read_yaml
     from .infer.reward import eval_config, pairwise_accuracy
 
-    yaml_path, overrides = parse_cli_items(rest)
-    flat = {**(read_yaml(yaml_path) if yaml_path else {}), **overrides}
+    flat = _flat_keys(rest)
     if model is not None:
         flat["model_name_or_path"] = model
     if "model_name_or_path" not in flat:

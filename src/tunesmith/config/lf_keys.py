@@ -82,7 +82,8 @@ _KT = ("KTransformers (CPU MoE experts) is not available; use backend: fsdp2 wit
 _TOKENS = "adding tokens to the tokenizer is not available yet; use a model whose tokenizer has them"
 _SFT_LOSS = "the SFT loss is token cross-entropy; this loss variant is not available"
 _FSDP = "HF Trainer-style FSDP settings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)"
-_PREDICT = "batch prediction is not available yet; use `tunesmith chat --prompt`"
+_PREDICT = ("true is batch prediction, which `tunesmith train cfg.yaml` runs instead of training "
+            "(docs/training.md#batch-prediction-do_predict); no other command reads it")
 
 
 # ---- LLaMA-Factory model arguments --------------------------------------------------------------------------
@@ -186,7 +187,7 @@ _DATA = section("data", [
     honoured("preprocessing_batch_size"),
     honoured("preprocessing_num_workers"),
     honoured("max_samples"),
-    idle("eval_num_beams", "only applies with predict_with_generate (refused)"),
+    idle("eval_num_beams", "batch prediction's beams are num_beams"),
     refused("ignore_pad_token_for_loss", "padding never counts in the loss; remove it", accept=(True, None)),
     honoured("val_size"),
     refused("eval_on_each_dataset", "evaluation pools all of eval_dataset; remove it"),
@@ -491,14 +492,14 @@ _HF = section("hf", [
     refused("do_eval", "evaluation runs during training; set eval_strategy: steps or epoch (with val_size or "
              "eval_dataset)", accept=_eval_requested,
              accept_doc="`false`, and `true` when eval_strategy is steps or epoch"),
-    refused("do_predict", _PREDICT),
+    refused("do_predict", _PREDICT, accept=(False, None)),
     honoured("resume_from_checkpoint"),
     idle("local_rank", "set by the launcher"),
     refused("sortish_sampler", "rows are shuffled every epoch; remove it"),
-    refused("predict_with_generate", _PREDICT),
-    idle("generation_max_length", "only applies with predict_with_generate (refused)"),
-    idle("generation_num_beams", "only applies with predict_with_generate (refused)"),
-    idle("generation_config", "only applies with predict_with_generate (refused)"),
+    idle("predict_with_generate", "only read with do_predict: true (batch prediction)"),
+    idle("generation_max_length", "batch prediction's answer length is max_new_tokens"),
+    idle("generation_num_beams", "batch prediction's beams are num_beams"),
+    idle("generation_config", "batch prediction reads the generation keys (max_new_tokens, temperature, ...)"),
     # transformers 4.x only
     refused("logging_dir", "TensorBoard logs go to <output_dir>/runs; remove it", accept=(None,)),
     refused("jit_mode_eval", "TorchScript evaluation is not available; remove it"),

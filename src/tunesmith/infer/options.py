@@ -219,10 +219,43 @@ class ExportKeys(_Keys):
         return str(size)
 
 
+class PredictKeys(_Keys):
+    """Batch prediction: `tunesmith train` with do_predict (LLaMA-Factory's nlg_eval YAML)."""
+
+    do_predict: bool = Field(True, description="true: answer every record of eval_dataset (this command).")
+    predict_with_generate: bool = Field(True, description="Generate the answers (LLaMA-Factory's predict mode); "
+                                        "false, a prediction loss without generating, is refused.")
+    do_train: bool = Field(False, description="false (LLaMA-Factory's default): predict only; true with "
+                           "do_predict is refused (train first, then predict with the trained output_dir).")
+    do_eval: bool = Field(False, description="false: an evaluation loss with do_predict is refused.")
+    eval_dataset: list[str] = Field(default_factory=list, description="The datasets whose records are answered "
+                                    "(names from dataset_info.json, comma-separated).")
+    dataset: list[str] = Field(default_factory=list, description="Answered when eval_dataset is not given.")
+    dataset_dir: str = Field("data", description="The folder that holds dataset_info.json.")
+    max_samples: int | None = Field(None, ge=1, description="Answer at most this many records of each dataset.")
+    output_dir: str = Field(description="Where generated_predictions.jsonl and predict_results.json go.")
+    overwrite_output_dir: bool = Field(False, description="Replace the predictions an earlier run left there.")
+    per_device_eval_batch_size: int = Field(1, ge=1, description="Records answered at once with infer_backend: "
+                                            "vllm (it batches them); transformers answers one at a time.")
+    seed: int = Field(42, description="Seeds sampling (temperature > 0).")
+    identity_name: str = Field("Tunesmith Demo", description="Fills {{name}} in the identity dataset.")
+    identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
+
+    @field_validator("eval_dataset", "dataset", mode="before")
+    @classmethod
+    def _names(cls, value):
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+
 CHAT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "generation": GenerationKeys, "media": MediaKeys,
                                        "vllm": VllmKeys}
 SERVE_GROUPS: dict[str, type[_Keys]] = {**CHAT_GROUPS, "serve": ServeKeys}
 EXPORT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "export": ExportKeys}
+PREDICT_GROUPS: dict[str, type[_Keys]] = {**CHAT_GROUPS, "predict": PredictKeys}
 # Which command reads a key that another command's YAML holds (the first command listed that has it).
 COMMAND_GROUPS: dict[str, dict[str, type[_Keys]]] = {"chat": CHAT_GROUPS, "export": EXPORT_GROUPS,
                                                      "serve": SERVE_GROUPS}
@@ -281,6 +314,9 @@ NO_EFFECT: dict[str, str] = {
     "ms_hub_token": "ModelScope is not used",
     "om_hub_token": "Modelers is not used",
     "tool_format": "tools are rendered by the chat template",
+    "ddp_timeout": "one process; no collective to time out",
+    "report_to": "no metric sinks at inference",
+    "dataloader_num_workers": "no data loader at inference",
 }
 
 # Training-schema groups whose keys LLaMA-Factory's chat/export also accept (model, data, finetuning
@@ -310,6 +346,11 @@ class ServeOptions(ChatOptions):
 
 
 @dataclass(frozen=True)
+class PredictOptions(ChatOptions):
+    predict: PredictKeys = None  # type: ignore[assignment]  (always given by predict_options)
+
+
+@dataclass(frozen=True)
 class ExportOptions:
     model: ModelKeys
     export: ExportKeys
@@ -325,14 +366,37 @@ def serve_options(flat: dict[str, Any]) -> ServeOptions:
     return ServeOptions(**groups)
 
 
+def predict_options(flat: dict[str, Any]) -> PredictOptions:
+    from ..config.schema import GROUPS
+
+    # a training YAML with do_predict: true added predicts: its training keys change nothing here
+    groups = _parse(flat, PREDICT_GROUPS, "train", quiet_groups=tuple(GROUPS))
+    problems = []
+    keys = groups["predict"]
+    if not keys.predict_with_generate:
+        problems.append("predict_with_generate: false asks for a prediction loss without generating, which is not "
+                        "available; set predict_with_generate: true (answers are generated and scored)")
+    if keys.do_train:
+        problems.append("do_train: true with do_predict: true: train first, then predict in a second run with "
+                        "model_name_or_path (or adapter_name_or_path) set to the trained output_dir and do_train: "
+                        "false")
+    if keys.do_eval:
+        problems.append("do_eval: true with do_predict: true: an evaluation loss is computed while training "
+                        "(eval_strategy); remove do_eval")
+    if problems:
+        raise ConfigError(problems)
+    return PredictOptions(**groups)
+
+
 def export_options(flat: dict[str, Any]) -> ExportOptions:
     groups = _parse(flat, EXPORT_GROUPS, "export")
     return ExportOptions(**groups)
 
 
-def _parse(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str) -> dict[str, _Keys]:
+def _parse(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
+           quiet_groups: tuple[str, ...] = _QUIET_TRAINING_GROUPS) -> dict[str, _Keys]:
     problems: list[str] = []
-    routed, idle = _route(flat, groups, command, problems)
+    routed, idle = _route(flat, groups, command, problems, quiet_groups)
     parsed = _validate(routed, groups, problems)
     problems.extend(_cross_checks(flat, parsed))
     if problems:
@@ -342,9 +406,10 @@ def _parse(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str) -
     return parsed
 
 
-def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
-           problems: list[str]) -> tuple[dict[str, dict], list[str]]:
-    """Each key to its group of this command, or into `idle` (no effect) or `problems` (refused / unknown)."""
+def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str, problems: list[str],
+           quiet_groups: tuple[str, ...]) -> tuple[dict[str, dict], list[str]]:
+    """Each key to its group of this command, or into `idle` (no effect) or `problems` (refused / unknown). Keys
+    of the training groups in `quiet_groups` are idle, the other training keys refused."""
     own = {key: name for name, cls in groups.items() for key in cls.model_fields}
     other = {key for cls in ALL_GROUPS.values() for key in cls.model_fields} - set(own)
     training = _training_keys()
@@ -359,7 +424,7 @@ def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
             idle.append(f"{key} (a `tunesmith {_reader_of(key)}` key)")
         elif key in NO_EFFECT:
             idle.append(f"{key} ({NO_EFFECT[key]})")
-        elif key in training and training[key] in _QUIET_TRAINING_GROUPS:
+        elif key in training and training[key] in quiet_groups:
             idle.append(f"{key} (a training key)")
         elif key in training:
             problems.append(f"'{key}' is a training key; `tunesmith {command}` does not read it: remove it "
@@ -411,7 +476,8 @@ def _validate(routed: dict[str, dict], groups: dict[str, type[_Keys]], problems:
 
 _REQUIRED = {"model_name_or_path": "give --model DIR, or model_name_or_path in cfg.yaml (a run's output_dir, a "
                                   "model folder or a base model with adapter_name_or_path)",
-             "export_dir": "give --export_dir OUT, or export_dir in cfg.yaml (a new folder for the merged model)"}
+             "export_dir": "give --export_dir OUT, or export_dir in cfg.yaml (a new folder for the merged model)",
+             "output_dir": "set output_dir: the folder generated_predictions.jsonl and predict_results.json go to"}
 
 
 def _cross_checks(flat: dict[str, Any], parsed: dict[str, _Keys]) -> list[str]:

@@ -27,6 +27,7 @@ NOT_TRAIN = {
     "inference": "chat configs (llamafactory-cli chat)",
     "v1": "LLaMA-Factory v1's nested config format (USE_V1=1), not its train arguments",
     "extras/multi_tokens/tokens_cfg.yaml": "a new_special_tokens_config file (token: description)",
+    "extras/nlg_eval": "batch prediction (do_predict), which `tunesmith train` routes to predict_options",
 }
 
 _MEGATRON = "needs the Megatron-Core engine: set backend: megatron (or run with USE_MCA=1)"
@@ -69,12 +70,6 @@ REFUSED = {
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",
     ],
     "extras/muon/qwen2_full_sft.yaml": ["'use_muon' = True: the Muon optimizer is not available"],
-    "extras/nlg_eval/llama3_lora_predict.yaml": [
-        "'do_predict' = True: batch prediction is not available yet; use `tunesmith chat --prompt`",
-        "'predict_with_generate' = True: batch prediction is not available yet",
-        # a predict-only config: LLaMA-Factory's do_train defaults to false (Hugging Face's), tunesmith's to true
-        "no training data",
-    ],
     "extras/oft/llama3_oft_sft.yaml": [_OFT],
     "extras/oft/qwen2_5vl_oft_sft.yaml": [_OFT],
     "extras/pissa/llama3_lora_sft.yaml": ["'pissa_init' = True: PiSSA initialisation is not available"],
@@ -152,6 +147,15 @@ def test_accepted_examples_keep_their_settings():
     # Megatron Bridge's keys at values that need no Megatron feature (sizes 1, its defaults) change nothing
     cfg = _validate("megatron_bridge/llama3_sft.yaml")
     assert cfg.train.max_steps == 1000 and cfg.finetune.finetuning_type == "lora"
+
+
+def test_the_batch_prediction_example_is_accepted_as_it_is():
+    from tunesmith.infer.options import predict_options
+
+    flat = yaml.safe_load((EXAMPLES / "extras/nlg_eval/llama3_lora_predict.yaml").read_text(encoding="utf-8"))
+    options = predict_options(flat)
+    assert options.predict.eval_dataset == ["identity", "alpaca_en_demo"] and options.predict.max_samples == 50
+    assert options.model.adapter_name_or_path == ["saves/llama3-8b/lora/sft"] and options.model.template == "llama3"
 
 
 def test_megatron_examples_with_use_mca(monkeypatch):
