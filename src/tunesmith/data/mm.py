@@ -22,7 +22,7 @@ from ..stages import STAGES
 from ..errors import DataError
 from .budget import cut_messages
 from .media import check_plan
-from .sample import template_tools, turn_labels, where
+from .sample import template_tools, token_ranges, turn_labels, where
 
 PLACEHOLDERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 _SPLIT = re.compile("(" + "|".join(re.escape(p) for p in PLACEHOLDERS.values()) + ")")
@@ -199,17 +199,19 @@ def plan_and_check(sample: dict, media) -> tuple[list[Expansion], str]:
 
 
 def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: int, budget: int) -> dict:
-    """A media sample: render with content parts, label assistant turns, expand media tokens.
-    Messages are cut to `budget` characters first (data/budget.py keeps the placeholders)."""
+    """A media sample: render with content parts, label assistant turns, expand media tokens. Messages are cut to
+    `budget` characters first (data/budget.py keeps the placeholders). `spans_fn`: render.conversation_spans. A
+    sample longer than cutoff_len also gets the token range of each assistant turn (render.fit_turns cuts it)."""
     check_placeholders(sample)
     expansions, plan = plan_and_check(sample, media)
     messages, text_cut = cut_messages(sample["messages"], budget)
+    eos_appended = False
     if STAGES[opts.stage].data_kind == "text":
         text = with_markers(messages[0]["content"], media.markers) + tokenizer.eos_token
         spans = [(0, len(text))]
     else:
         try:
-            text, spans = spans_fn(tokenizer, to_content_parts(messages), opts, template_tools(sample))
+            text, spans, eos_appended = spans_fn(tokenizer, to_content_parts(messages), opts, template_tools(sample))
         except DataError as err:
             raise in_record(sample, err) from None
     text, spans = collapse_markers(text, spans, getattr(media, "collapsed_markers", {}))
@@ -223,6 +225,7 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
     ids = list(enc["input_ids"])
     labels = turn_labels(ids, enc["offset_mapping"], spans, train_on_prompt=opts.train_on_prompt,
                          mask_history=opts.mask_history, ignore_index=ignore_index)
+    unexpanded = ids
     if in_text:  # media tokens are never labels
         never = set(media.token_ids.values()) | {e.token_id for e in expansions}
         labels = [ignore_index if t in never else label for t, label in zip(ids, labels)]
@@ -231,16 +234,23 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
             ids, labels = expand_media_tokens(ids, labels, expansions, ignore_index)
         except DataError as err:
             raise in_record(sample, err) from None
+    turns = []
+    if len(ids) > opts.cutoff_len:
+        turns = token_ranges(enc["offset_mapping"], spans)
+        if not in_text:
+            turns = _expanded_ranges(unexpanded, turns, expansions)
     # a cut must not fall inside an expansion: its placeholders and its embedding tokens (Gemma 3's soft tokens)
     media_ids = {e.token_id for e in expansions} | (set(media.token_ids.values()) if expansions else set())
-    return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut)}
+    return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut),
+            "turns": turns, "eos_appended": eos_appended}
 
 
-def truncate_mm(row: dict, cutoff_len: int) -> dict | None:
-    """Cut at cutoff_len unless that would cut into media tokens (the model needs all of them): then None."""
-    if len(row["input_ids"]) <= cutoff_len:
-        return {**row, "num_truncated": 0}
-    if any(t in row["media_ids"] for t in row["input_ids"][cutoff_len:]):
-        return None
-    return {**row, "input_ids": row["input_ids"][:cutoff_len], "labels": row["labels"][:cutoff_len],
-            "num_truncated": 1}
+def _expanded_ranges(ids: list[int], ranges: list[tuple[int, int]], expansions: list[Expansion]) -> list:
+    """Token ranges of `ids` moved to where they lie once expand_media_tokens has replaced its media tokens."""
+    sizes = {e.token_id: iter([len(r) for r in e.replacements]) for e in expansions}
+    starts = [0]
+    for tok in ids:
+        starts.append(starts[-1] + (next(sizes[tok]) if tok in sizes else 1))
+    return [(starts[a], starts[b]) for a, b in ranges]
+
+

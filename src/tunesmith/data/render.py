@@ -24,8 +24,8 @@ from jinja2 import TemplateError
 from ..errors import DataError
 from ..stages import STAGES
 from .budget import char_budget, cut_messages
-from .mm import check_placeholders, has_media, media_counts, render_mm_sft, truncate_mm
-from .sample import template_messages, template_tools, turn_labels, where
+from .mm import check_placeholders, has_media, media_counts, render_mm_sft
+from .sample import template_messages, template_tools, token_ranges, turn_labels, where
 
 IGNORE_INDEX = -100
 
@@ -80,12 +80,6 @@ def render_text(tokenizer, messages, opts: RenderOptions, *, tools=None, add_gen
             raise
         raise DataError(f"the chat template refuses this conversation: {err}; change the record, or set template: "
                         "to one that renders it") from None
-
-
-def assistant_char_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered text and the [start, end) character span of every assistant turn in it (conversation_spans)."""
-    text, spans, _ = conversation_spans(tokenizer, messages, opts, tools)
-    return text, spans
 
 
 def conversation_spans(tokenizer, messages, opts: RenderOptions, tools=None) -> tuple[str, list, bool]:
@@ -248,15 +242,9 @@ def _render_sft_uncut(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     ids = list(enc["input_ids"])
     labels = turn_labels(ids, enc["offset_mapping"], spans, train_on_prompt=opts.train_on_prompt,
                          mask_history=opts.mask_history)
-    turns = _token_turns(enc["offset_mapping"], spans) if len(ids) > opts.cutoff_len else []  # fit_turns' input
+    turns = token_ranges(enc["offset_mapping"], spans) if len(ids) > opts.cutoff_len else []  # fit_turns' input
     return {"input_ids": ids, "labels": labels, "turns": turns, "eos_appended": eos_appended,
             "num_text_cut": int(text_cut)}
-
-
-def _token_turns(offsets, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The [start, end) token range of each character span (a token belongs where its first character lies)."""
-    starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(offsets))
-    return [(int(np.searchsorted(starts, start)), int(np.searchsorted(starts, end))) for start, end in spans]
 
 
 def render_sft(sample: dict, tokenizer, opts: RenderOptions) -> dict:
@@ -295,6 +283,18 @@ def fit_turns(row: dict, cutoff_len: int, mask_history: bool) -> tuple[list, lis
         kept.reverse()
     ranges = [r for turn in kept for r in turn] + [(end, len(ids))]
     return ([t for a, b in ranges for t in ids[a:b]], [t for a, b in ranges for t in labels[a:b]])
+
+
+def fit_media(row: dict, opts: RenderOptions) -> dict | None:
+    """A media sample cut to cutoff_len turn by turn as a text one (fit_turns: a long prompt keeps its answer),
+    unless the cut would take any of its media tokens (the model needs all of them): then None."""
+    if len(row["input_ids"]) <= opts.cutoff_len:
+        return {**row, "num_truncated": 0}
+    ids, labels = fit_turns(row, opts.cutoff_len, opts.mask_history)
+    media = row["media_ids"]
+    if sum(t in media for t in ids) != sum(t in media for t in row["input_ids"]):
+        return None
+    return {**row, "input_ids": ids, "labels": labels, "num_truncated": 1}
 
 
 def render_pt(sample: dict, tokenizer, opts: RenderOptions) -> dict:
@@ -343,8 +343,8 @@ def _render_one(sample: dict, tokenizer, opts: RenderOptions, media) -> dict:
     if has_media(sample):
         if media is None:
             _refuse_media(sample)
-        row = truncate_mm(render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX,
-                                        message_budget(tokenizer, opts)), opts.cutoff_len)
+        row = fit_media(render_mm_sft(sample, tokenizer, opts, media, conversation_spans, IGNORE_INDEX,
+                                      message_budget(tokenizer, opts)), opts)
         if row is None:
             raise DataError(f"{where(sample)}: its media tokens do not fit in cutoff_len={opts.cutoff_len}")
         return row
@@ -498,14 +498,14 @@ def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dic
             if media is None:
                 _refuse_media(sample)
             try:
-                rendered = render_mm_sft(sample, tokenizer, opts, media, assistant_char_spans, IGNORE_INDEX,
+                rendered = render_mm_sft(sample, tokenizer, opts, media, conversation_spans, IGNORE_INDEX,
                                          message_budget(tokenizer, opts))
             except DataError as err:
                 if not opts.skip_bad_samples:
                     raise
                 emit({"input_ids": [], "labels": []}, bad=bad_record(sample, err))
                 continue
-            row = truncate_mm(rendered, opts.cutoff_len)
+            row = fit_media(rendered, opts)
             if row is None:
                 emit({"input_ids": [], "labels": []}, too_long=1, text_cut=rendered["num_text_cut"])
             else:

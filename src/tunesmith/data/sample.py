@@ -143,6 +143,12 @@ def turn_labels(ids: list[int], offsets, spans: list[tuple[int, int]], *, train_
     return span_labels(ids, offsets, spans[-1:] if mask_history else spans, ignore_index)
 
 
+def token_ranges(offsets, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The [start, end) token range of each character span (a token belongs where its first character lies)."""
+    starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(offsets))
+    return [(int(np.searchsorted(starts, start)), int(np.searchsorted(starts, end))) for start, end in spans]
+
+
 def span_labels(ids: list[int], offsets, spans: list[tuple[int, int]], ignore_index: int = -100) -> list[int]:
     """Each token's id where its first character (`offsets`: the tokenizer's offset mapping) lies inside one of
     the character spans, else ignore_index."""

@@ -142,6 +142,26 @@ def test_media_past_cutoff_is_dropped_not_cut():
     assert out["too_long"] == [1] and out["input_ids"] == [[]]
 
 
+def test_a_long_media_prompt_is_cut_turn_by_turn_and_keeps_its_answer():
+    """As a text conversation (render.fit_turns, LLaMA-Factory's cut): the prompt's head (its image first) and the
+    answer stay; the text between them goes."""
+    processor, mp = _media("qwen2_5_vl")
+    samples, _ = load_samples(["mllm_demo"], dataset_dir=DATA_DIR, stage="sft", max_samples=1)
+    sample = dict(samples[0])
+    answer = sample["messages"][1]["content"]
+    sample["messages"] = [{"role": "user", "content": sample["messages"][0]["content"] + " and more" * 400},
+                          {"role": "assistant", "content": answer}]
+    whole = _render(processor, mp, sample)
+    opts = RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=len(whole["input_ids"][0]) // 3)
+    out = render_batch({k: [v] for k, v in sample.items()}, processor.tokenizer, opts, media=mp)
+    ids, labels = out["input_ids"][0], out["labels"][0]
+    assert out["too_long"] == [0] and out["num_truncated"] == [1] and len(ids) == opts.cutoff_len
+    assert processor.tokenizer.decode([t for t, label in zip(ids, labels) if label != -100]).startswith(answer)
+    image = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert ids.count(image) == whole["input_ids"][0].count(image)  # every image token kept
+    assert out["mm_plan"] == whole["mm_plan"]
+
+
 def test_the_character_budget_keeps_media_and_changes_no_kept_token():
     from dataclasses import replace
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import run_config
 from tunesmith.config.schema import ModelConfig
 from tunesmith.data.collate import collate_rows
-from tunesmith.data.render import RenderOptions, assistant_char_spans, render_sft
+from tunesmith.data.render import RenderOptions, conversation_spans, render_sft
 from tunesmith.data.templates import stop_tokens
 from tunesmith.errors import ModelError
 from tunesmith.methods.losses import token_nll
@@ -60,7 +60,7 @@ def test_the_template_supervises_each_answer_and_its_end_of_turn_token(models, a
     with a token that generation stops at (so a fine-tuned model learns to stop)."""
     tok = AutoTokenizer.from_pretrained(models[arch])
     opts = RenderOptions(chat_template=tok.chat_template)
-    text, spans = assistant_char_spans(tok, CONVERSATION, opts)
+    text, spans, _ = conversation_spans(tok, CONVERSATION, opts)
     assert [text[s:e].count(answer) for (s, e), answer in zip(spans, ["I am tunesmith.", "The answer is 42."])] == [1, 1]
     row = render_sft({"messages": CONVERSATION, "source": "t"}, tok, opts)
     labelled = [i for i, label in zip(row["input_ids"], row["labels"]) if label != -100]
