@@ -90,6 +90,29 @@ def test_lf_output_files_follow_llamafactory_formats(tmp_path):
     assert "train_runtime" in state["log_history"][-1]
 
 
+def test_evaluation_only_and_after_training_as_llamafactory_runs_them(tmp_path):
+    # do_eval after training (eval_strategy no): one evaluation at the end, in eval_results.json
+    out = tmp_path / "o"
+    cli("train", *BASE, "dataset=alpaca_demo", "finetuning_type=full", "max_samples=32", "max_steps=2",
+        "val_size=0.25", "do_eval=true", f"output_dir={out}")
+    assert "eval_loss" in json.loads((out / "eval_results.json").read_text())
+    # do_train false: the trained model evaluated beside its run (nothing there cleared), no epoch, no training
+    before = {p.name: p.stat().st_mtime for p in out.iterdir()}
+    cli("train", f"model_name_or_path={out}", f"dataset_dir={DATA}", "template=chatml", "cutoff_len=128",
+        "do_train=false", "do_eval=true", "eval_dataset=identity", "max_samples=8", f"output_dir={out}")
+    results = json.loads((out / "eval_results.json").read_text())
+    assert set(results) == {"eval_loss", "eval_runtime"} and results["eval_loss"] > 0
+    assert json.loads((out / "all_results.json").read_text())["train_loss"] > 0  # the run's results are kept
+    unchanged = {name for name, mtime in before.items() if (out / name).stat().st_mtime == mtime}
+    assert unchanged == set(before) - {"eval_results.json", "all_results.json"}
+    # a DPO evaluation-only run: the reference is the evaluated model, so its implicit rewards are not reported
+    dpo = tmp_path / "dpo"
+    cli("train", *BASE, "stage=dpo", "dataset=dpo_demo", "max_samples=8", "do_train=false", "do_eval=true",
+        f"output_dir={dpo}")
+    results = json.loads((dpo / "eval_results.json").read_text())
+    assert "eval_logps/chosen" in results and not any(key.startswith("eval_rewards/") for key in results)
+
+
 def test_pt_evaluation_reports_perplexity(tmp_path):
     out = tmp_path / "pt"
     cli("train", *BASE, "stage=pt", "dataset=c4_demo", "max_steps=2", "val_size=4", "eval_strategy=steps",
@@ -218,7 +241,7 @@ def test_env_and_help():
         (["dataset=identity", "template=qwen4"], "Unknown template 'qwen4'"),
         (["dataset=identity", "cutoff_len=abc"], "'cutoff_len' = 'abc'"),
         (["dataset=identity", "lora_rnk=8"], "did you mean 'lora_rank'"),
-        (["dataset=identity", "do_train=false"], "do_train: false (LLaMA-Factory's evaluation-only run) is not"),
+        (["dataset=identity", "do_train=false"], "do_train: false and do_eval: false: nothing to run"),
     ],
 )
 def test_bad_input_gives_one_clear_error(tmp_path, args, expected):

@@ -73,7 +73,7 @@ def test_every_problem_is_reported_at_once_beside_its_field(client, tmp_path):
 def test_a_config_the_train_command_refuses_is_not_valid(client, tmp_path):
     result = client.post("/api/config/validate",
                          json={"values": tiny_values(tmp_path / "saves" / "x", do_train="false")}).json()
-    assert not result["ok"] and "evaluation-only run) is not available yet" in result["problems"][0]["message"]
+    assert not result["ok"] and "do_eval: false: nothing to run" in result["problems"][0]["message"]
     assert result["problems"][0]["keys"][0] == "do_train"
 
 

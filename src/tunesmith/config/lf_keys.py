@@ -67,11 +67,6 @@ def _one_adapter(value):
     return None
 
 
-def _eval_requested(value, given) -> bool:
-    """do_eval: true is accepted when evaluation is on (eval_strategy steps or epoch)."""
-    return value is False or (value is True and given.get("eval_strategy", "no") not in ("no", False))
-
-
 _MEGATRON_WHY = ("not available in tunesmith's Megatron-Core engine (backend: megatron, docs/megatron.md); remove "
                  "it")
 _BRIDGE = ("Megatron Bridge is not used: tunesmith's Megatron-Core engine takes the same keys; use backend: megatron "
@@ -487,11 +482,8 @@ _HF = section("hf", [
     honoured("deepspeed", "a DeepSpeed JSON, LLaMA-Factory's format with \"auto\" values"),
     idle("debug", "HF Trainer debug switches"),
     idle("skip_memory_metrics", "tunesmith writes the peak GPU memory to train_summary.json"),
-    honoured("do_train", "true trains; false, LLaMA-Factory's evaluation-only run, is refused by `tunesmith train` "
-             "(not available yet: evaluate while training with eval_strategy)"),
-    refused("do_eval", "evaluation runs during training; set eval_strategy: steps or epoch (with val_size or "
-             "eval_dataset)", accept=_eval_requested,
-             accept_doc="`false`, and `true` when eval_strategy is steps or epoch"),
+    honoured("do_train", "true trains; false with do_eval: true evaluates only (eval_results.json)"),
+    honoured("do_eval", "evaluates after training, or instead of it with do_train: false (eval_results.json)"),
     refused("do_predict", _PREDICT, accept=(False, None)),
     honoured("resume_from_checkpoint"),
     idle("local_rank", "set by the launcher"),

@@ -155,15 +155,20 @@ def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> 
     return RunConfig(**groups)
 
 
-NO_EVAL_ONLY = ("do_train: false (LLaMA-Factory's evaluation-only run) is not available yet: tunesmith train always "
-                "trains. Evaluate while training instead (eval_strategy: steps with val_size or eval_dataset; "
-                "`tunesmith eval` for a reward model's pairwise accuracy), or remove do_train")
+NOTHING_TO_RUN = ("do_train: false and do_eval: false: nothing to run. Set do_eval: true to evaluate the model "
+                  "(eval_results.json), do_predict: true to answer eval_dataset (batch prediction), or remove "
+                  "do_train to train")
 
 
 def train_command_problems(cfg: RunConfig) -> list[str]:
     """What `tunesmith train` (and the web UI's check of a config it would launch) refuses beyond build_config's
     checks, which other commands share (`tunesmith estimate` builds a config with do_train false)."""
-    return [] if cfg.train.do_train else [NO_EVAL_ONLY]
+    if not cfg.train.do_train and not cfg.train.do_eval:
+        return [NOTHING_TO_RUN]
+    if not cfg.train.do_train and not (cfg.data.dataset or cfg.data.eval_dataset):
+        return ["do_eval with do_train: false evaluates on eval_dataset (or dataset): set one of them (names from "
+                "dataset_info.json)"]
+    return []
 
 
 def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
@@ -176,6 +181,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
         problems.append("no training data: set dataset (names from dataset_info.json, e.g. dataset: identity)")
     if cfg.train.eval_strategy != "no" and not (cfg.data.val_size or cfg.data.eval_dataset):
         problems.append(f"eval_strategy: {cfg.train.eval_strategy} needs val_size or eval_dataset")
+    if cfg.train.do_train and cfg.train.do_eval and not (cfg.data.val_size or cfg.data.eval_dataset):
+        problems.append("do_eval: true evaluates after training on held-out data: set val_size or eval_dataset, or "
+                        "remove do_eval")
     if cfg.data.val_size and cfg.data.eval_dataset:
         problems.append("val_size and eval_dataset are both set: the held-out data would come from two places; keep "
                         "eval_dataset (evaluate on it) or val_size (split it from the training data), not both")

@@ -171,8 +171,11 @@ class FinetuneConfig(_Group):
 
 
 class TrainConfig(_Group):
-    do_train: bool = Field(True, description="Train; `tunesmith train` refuses false (LLaMA-Factory's "
-                           "evaluation-only run is not available yet).")
+    do_train: bool = Field(True, description="Train; false with do_eval: true evaluates only (LLaMA-Factory's "
+                           "evaluation-only run).")
+    do_eval: bool = Field(False, description="Evaluate on eval_dataset (or the val_size split) and write "
+                          "eval_results.json: after training (once more, where eval_strategy has not just done it), "
+                          "or with do_train: false instead of training (on dataset when neither is given).")
     per_device_train_batch_size: int = Field(1, ge=1, description="Rows per micro-batch on each device.")
     per_device_eval_batch_size: int = Field(1, ge=1, description="Rows per evaluation batch.")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimiser step.")

@@ -16,7 +16,7 @@ log = logging.getLogger("tunesmith")
 def precompute_reference(source, engine) -> None:
     """Adds the method's reference_columns (each batch's first and second half of rows) to the datasets."""
     columns, average = source.method.reference_columns, source.method.average
-    for split in ("train", "eval"):
+    for split in ("train", "eval") if source.cfg.train.do_train else ("eval",):
         dataset = getattr(source.data, split)
         if dataset is None or columns[0] in dataset.column_names:
             continue

@@ -18,12 +18,12 @@ def status(text: str):
     return console.status(text) if dist.is_main() and console.is_terminal else contextlib.nullcontext()
 
 
-def print_data_report(report: dict, cfg) -> None:
+def print_data_report(report: dict, cfg, title: str = "training data") -> None:
     from .. import dist
 
     if not dist.is_main():
         return
-    table = Table(title="training data", show_lines=False)
+    table = Table(title=title, show_lines=False)
     table.add_column("dataset")
     table.add_column("rows", justify="right")
     table.add_column("skipped", justify="right")

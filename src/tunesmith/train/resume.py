@@ -43,6 +43,8 @@ _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train
 def find_resume(cfg) -> Path | None:
     """The checkpoint this run continues: the one named, the newest with `true`, and also the newest when the
     key is unset and output_dir holds checkpoints (unless overwrite_output_dir says to start over)."""
+    if not cfg.train.do_train:  # an evaluation-only run evaluates the model it names, and resumes nothing
+        return None
     out, wanted = Path(cfg.output.output_dir), cfg.output.resume_from_checkpoint
     if wanted is None and not cfg.output.overwrite_output_dir and ckpt.list_checkpoints(out):
         wanted = True

@@ -24,7 +24,7 @@ from .. import dist
 from ..config.load import redacted, save_config
 from ..engines.base import NonFiniteError, combine_sum, metric_means
 from ..errors import TunesmithError
-from ..stages import STAGES
+from ..stages import STAGES, uses_reference
 from . import checkpoint as ckpt
 from .metrics import build_sinks, plot_loss, write_results, write_trainer_state
 from .progress import TrainProgress
@@ -62,6 +62,8 @@ class Runner:
 
     def run(self) -> TrainResult:
         self.source.prepare(self.engine)
+        if not self.cfg.train.do_train:
+            return self._evaluate_only()
         if self.resume is not None:
             self._restore(self.resume)
         if dist.is_main():  # the config this run trains with; a resume's changes once its checkpoint is restored
@@ -81,6 +83,8 @@ class Runner:
             tokens = self.state["tokens_seen"] - tokens_before
             self.timing = {"train_seconds": seconds, "train_tokens": tokens, "train_tokens_per_s": tokens / seconds}
             self.marks["train_end"] = time.time()
+            if self.cfg.train.do_eval and not self._evaluates() and not self.result.interrupted:
+                self._log_eval(sinks, None)  # LLaMA-Factory's do_eval: once, after training
         finally:
             for sink in sinks:
                 sink.close()
@@ -240,8 +244,24 @@ class Runner:
         self.result.eval_loss = metrics.get("eval_loss")
         if bar is not None:
             bar.print_metrics(step, metrics)
+        else:
+            log.info("evaluation: %s", _shown(metrics))
         for sink in sinks:
             sink.log(metrics, step)
+
+    def _evaluate_only(self) -> TrainResult:
+        """do_train: false with do_eval: the model as loaded, evaluated once; eval_results.json and all_results.json
+        are written (nothing else in output_dir changes)."""
+        started = time.perf_counter()
+        metrics = self.source.evaluate(self.engine)
+        metrics["eval_runtime"] = time.perf_counter() - started
+        if uses_reference(self.cfg):  # the reference is the evaluated model itself: its implicit rewards are 0
+            metrics = {key: value for key, value in metrics.items() if not key.startswith("eval_rewards/")}
+        self.result.eval_metrics, self.result.eval_loss = metrics, metrics.get("eval_loss")
+        if dist.is_main():
+            write_results(self.output_dir, {}, self._eval_results(epoch=False))
+            log.info("evaluation: %s; written to %s", _shown(metrics), self.output_dir / "eval_results.json")
+        return self.result
 
     def _save(self) -> None:
         trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg),
@@ -292,14 +312,20 @@ class Runner:
             results["train_samples_per_second"] = len(losses) * batch / seconds
         return results
 
-    def _eval_results(self) -> dict:
-        """The last evaluation's metrics; plain-text pretraining adds eval_perplexity, as LLaMA-Factory's pt does."""
+    def _eval_results(self, epoch: bool = True) -> dict:
+        """The last evaluation's metrics; plain-text pretraining adds eval_perplexity, as LLaMA-Factory's pt does.
+        `epoch`: the training epoch reached (an evaluation-only run has none, as in the Trainer's)."""
         metrics = dict(self.result.eval_metrics)
         if not metrics:
             return {}
         if STAGES[self.cfg.finetune.stage].data_kind == "text" and "eval_loss" in metrics:
             metrics["eval_perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 700 else math.inf
-        return {"epoch": self._epoch(), **metrics}
+        return {"epoch": self._epoch(), **metrics} if epoch else metrics
+
+
+def _shown(metrics: dict) -> str:
+    return ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+                     for key, value in metrics.items())
 
 
 class _Window:

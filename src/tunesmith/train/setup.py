@@ -10,6 +10,7 @@ builds the model -> the method and the step source -> a Runner.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -98,7 +99,11 @@ def set_up(cfg) -> Runner:
     collector.freeze_imports()
     cfg = resolve(cfg, run_facts(cfg))
     dist.init(cfg.train.ddp_timeout, force=needs_process_group(cfg))
-    output_dir, resume, earlier_run = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
+    if cfg.train.do_train:
+        output_dir, resume, earlier_run = prepare_output_dir(cfg)  # every rank checks, so a refusal stops them all
+    else:  # evaluation only: its results go beside whatever the folder holds; nothing is cleared or resumed
+        output_dir, resume, earlier_run = Path(cfg.output.output_dir), None, False
+        output_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     seed_everything(cfg.train.seed)
     device = pick_device()
@@ -120,7 +125,12 @@ def set_up(cfg) -> Runner:
             import_liger(cfg.model)
             data = preparing.result()
     marks["data_end"] = time.time()
-    print_data_report(data.report, cfg)
+    if not cfg.train.do_train:
+        data = evaluation_data(data)
+    if not cfg.train.do_train and "datasets" in data.report.get("eval", {}):  # eval_dataset: its own report
+        print_data_report(data.report["eval"], cfg, title="evaluation data")
+    else:
+        print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
     changes = (check_config(resume, redacted(cfg), cfg.output.resume_allow_changes,
                             data_parallel_size(cfg, dist.world()))
@@ -137,6 +147,15 @@ def set_up(cfg) -> Runner:
         write_skipped_records(data.report, output_dir)  # skip_bad_samples: which records, and why
     collector.resume()
     return runner
+
+
+def evaluation_data(data):
+    """An evaluation-only run's data: eval_dataset or the val_size split, else the whole of dataset. The plan is
+    built as for training (on the training data, or the evaluated data when there is none) but never stepped."""
+    if data.eval is None:
+        log.info("do_eval without eval_dataset or val_size: evaluating on the whole of dataset")
+        data = dataclasses.replace(data, eval=data.train)
+    return data if data.train is not None else dataclasses.replace(data, train=data.eval)
 
 
 def seed_everything(seed: int) -> None:

@@ -85,7 +85,6 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
     ("fsdp", "full_shard auto_wrap", "use backend: fsdp2"),
     ("adapter_name_or_path", "a,b", "tunesmith loads one adapter"),
     ("save_steps", 0.1, "give a number of steps"),
-    ("do_eval", True, "set eval_strategy: steps or epoch"),
 ])
 def test_a_value_that_needs_a_missing_feature_is_refused_with_the_alternative(key, value, says):
     text = "\n".join(problems_of({key: value}))
@@ -135,9 +134,11 @@ def test_two_mapped_keys_that_disagree_are_refused():
     assert same.train.per_device_train_batch_size == 2
 
 
-def test_do_eval_is_accepted_when_evaluation_is_on():
+def test_do_eval_needs_held_out_data_when_training():
     cfg = build_config(None, {"dataset": "x", "do_eval": True, "eval_strategy": "steps", "val_size": 0.1})
-    assert cfg.train.eval_strategy == "steps"
+    assert cfg.train.eval_strategy == "steps" and cfg.train.do_eval
+    assert any("do_eval: true evaluates after training on held-out data" in p
+               for p in problems_of({"dataset": "x", "do_eval": True}))
 
 
 def test_unknown_keys_still_get_a_did_you_mean():
