@@ -54,7 +54,7 @@ class RolloutSteps:
         if self.rl.prompts_per_step % dist.world():
             raise TunesmithError(f"prompts_per_step={self.rl.prompts_per_step} must be a multiple of the "
                                  f"{dist.world()} processes (each takes whole prompt groups)")
-        if self.rl.prompts_per_step > len(prompts):
+        if self.rl.prompts_per_step > len(prompts) and cfg.train.do_train:
             raise ConfigError([f"prompts_per_step={self.rl.prompts_per_step} is more than the {len(prompts)} training "
                                "prompts: every step would repeat prompts and an epoch would pass in a fraction of a "
                                f"step. Set prompts_per_step to at most {len(prompts)} (num_generations sets the "
