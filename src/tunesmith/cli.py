@@ -89,7 +89,7 @@ def cmd_train(items: list[str]) -> int:
         print(train_help())
         return 0
     flat = _flat_keys(items)
-    if flat.get("do_predict") is True:  # LLaMA-Factory's batch prediction (its nlg_eval YAML): no training
+    if str(flat.get("do_predict")).lower() in ("true", "1"):  # LF's batch prediction (its nlg_eval YAML)
         from .infer.options import predict_options
         from .infer.predict import run_predict
 

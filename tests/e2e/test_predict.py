@@ -45,7 +45,11 @@ def test_every_record_is_answered_in_llamafactory_formats(tmp_path):
     (["eval_dataset=identity", "predict_with_generate=false"], "set predict_with_generate: true"),
     (["eval_dataset=identity", "do_eval=true"], "remove do_eval"),
     ([], "set eval_dataset"),
-    (["eval_dataset=identity", "optim=lion"], None),  # a training key, even one training would refuse: no effect
+    (["eval_dataset=identity", "stage=rm"], "a reward model's scores come from `tunesmith score`"),
+    (["eval_dataset=mllm_demo"], "records to answer hold images, but a text-only model takes no image input"),
+    (["eval_dataset=dpo_demo"], "a preference (ranking) record"),
+    # training keys, even ones training would refuse or LF-only ones (generation_num_beams): no effect
+    (["eval_dataset=identity", "optim=lion", "generation_num_beams=1", "include_num_input_tokens_seen=true"], None),
 ])
 def test_what_prediction_refuses_is_named(tmp_path, items, expected):
     proc = predict(tmp_path, "max_samples=1", *items, check=expected is None)
@@ -61,3 +65,16 @@ def test_similarity_scores_as_llamafactory():
     assert empty["rouge-1"] == 50.0 and empty["bleu-4"] == 50.0  # an empty answer scores 0, averaged per record
     partial = similarity([{"predict": "the answer is 8000", "label": "8000"}])
     assert 0 < partial["bleu-4"] < 100 and 0 < partial["rouge-1"] < 100
+
+
+def test_tools_history_system_and_the_val_size_split_reach_the_prompt(tmp_path):
+    predict(tmp_path, "eval_dataset=glaive_toolcall_en_demo", "max_samples=2", "default_system=Be brief.",
+            "template=qwen3")  # chatml renders no tools
+    rows = [json.loads(line) for line in (tmp_path / "generated_predictions.jsonl").read_text().splitlines()]
+    assert rows[0]["prompt"].startswith("<|im_start|>system\nBe brief.")
+    assert all("<tool_call>" in row["prompt"] or "<tool_call>" in row["label"] for row in rows)  # calls kept
+    # no eval_dataset: the val_size split of dataset is answered, as LLaMA-Factory does
+    split = tmp_path / "split"
+    predict(split, "dataset=identity", "val_size=3")
+    assert len((split / "generated_predictions.jsonl").read_text().splitlines()) == 3
+    assert "predict_runtime" in json.loads((split / "all_results.json").read_text())

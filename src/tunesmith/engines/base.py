@@ -61,8 +61,8 @@ def metric_means(sums: dict, count: int) -> dict:
     """A method's metric sums as the means that are logged: each divided by the units it covers (`count`), except
     `*_max` (kept), `nll` (the token loss, logged as loss) and the per-class counts `count/<class>`, which divide the
     metrics of that class instead (KTO's rewards/chosen is a mean over the desirable examples, as TRL and
-    LLaMA-Factory log it; a class absent from the window logs nothing). rewards/margins follows from per-class
-    rewards when the method gives no per-pair margins."""
+    LLaMA-Factory log it; a class absent from the window logs nothing). Per-class rewards give rewards/margins,
+    chosen − rejected."""
     means = {}
     for key, value in sums.items():
         if key == "nll" or key.startswith("count/"):
@@ -74,7 +74,7 @@ def metric_means(sums: dict, count: int) -> dict:
             means[key] = value / max(count, 1)
         elif per_class > 0:
             means[key] = value / per_class
-    if "rewards/margins" not in means and {"rewards/chosen", "rewards/rejected"} <= means.keys():
+    if "count/chosen" in sums and {"rewards/chosen", "rewards/rejected"} <= means.keys():
         means["rewards/margins"] = means["rewards/chosen"] - means["rewards/rejected"]
     return means
 

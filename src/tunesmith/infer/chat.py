@@ -31,19 +31,20 @@ _NEEDS = {"images": ("image_processor",), "videos": ("video_processor",),
           "audios": ("feature_extractor", "audio_processor")}  # Phi-4-multimodal's is its audio_processor
 
 
-def _check_media_kinds(preprocessor, media: dict) -> None:
-    """--image/--video/--audio only for a model whose processor takes that kind of input."""
+def check_media_kinds(preprocessor, media: dict, given: str = "--{kind} given") -> None:
+    """--image/--video/--audio (or records with media: `given` says where they come from) only for a model whose
+    processor takes that kind of input."""
     for kind, parts in _NEEDS.items():
         if media.get(kind) and all(getattr(preprocessor, part, None) is None for part in parts):
             what = "a text-only model" if not hasattr(preprocessor, "tokenizer") else "this model"
-            raise DataError(f"--{kind[:-1]} given, but {what} takes no {kind[:-1]} input")
+            raise DataError(f"{given.format(kind=kind[:-1])}, but {what} takes no {kind[:-1]} input")
 
 
 def run_chat(options: ChatOptions, *, prompt: str | None, system: str | None = None,
              media: dict | None = None) -> str | None:
     """Answer `prompt` and print it, or run an interactive session when prompt is None."""
     engine = load_engine(options)
-    _check_media_kinds(engine.preprocessor, media or {})
+    check_media_kinds(engine.preprocessor, media or {})
     served = engine.served(None)
     attached = MediaInputs.load(served.path, **(media or {}), overrides=options.media.overrides())
     system = system if system is not None else options.generation.default_system

@@ -231,7 +231,12 @@ class PredictKeys(_Keys):
     eval_dataset: list[str] = Field(default_factory=list, description="The datasets whose records are answered "
                                     "(names from dataset_info.json, comma-separated).")
     dataset: list[str] = Field(default_factory=list, description="Answered when eval_dataset is not given.")
+    val_size: float | int = Field(0, ge=0, description="Without eval_dataset: answer this held-out split of "
+                                  "dataset (a fraction below 1 or a count), as LLaMA-Factory does.")
     dataset_dir: str = Field("data", description="The folder that holds dataset_info.json.")
+    stage: str = Field("sft", description="sft (the only stage batch prediction answers for).")
+    skip_bad_samples: bool = Field(False, description="Skip (and count) records that cannot be answered instead "
+                                   "of stopping.")
     max_samples: int | None = Field(None, ge=1, description="Answer at most this many records of each dataset.")
     output_dir: str = Field(description="Where generated_predictions.jsonl and predict_results.json go.")
     overwrite_output_dir: bool = Field(False, description="Replace the predictions an earlier run left there.")
@@ -370,9 +375,12 @@ def predict_options(flat: dict[str, Any]) -> PredictOptions:
     from ..config.schema import GROUPS
 
     # a training YAML with do_predict: true added predicts: its training keys change nothing here
-    groups = _parse(flat, PREDICT_GROUPS, "train", quiet_groups=tuple(GROUPS))
+    groups = _parse(flat, PREDICT_GROUPS, "train", quiet_groups=tuple(GROUPS), quiet_lf=True)
     problems = []
     keys = groups["predict"]
+    if keys.stage != "sft":
+        problems.append(f"stage: {keys.stage} with do_predict: batch prediction generates answers to conversations "
+                        "(stage: sft); a reward model's scores come from `tunesmith score` or `tunesmith eval`")
     if not keys.predict_with_generate:
         problems.append("predict_with_generate: false asks for a prediction loss without generating, which is not "
                         "available; set predict_with_generate: true (answers are generated and scored)")
@@ -394,9 +402,9 @@ def export_options(flat: dict[str, Any]) -> ExportOptions:
 
 
 def _parse(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
-           quiet_groups: tuple[str, ...] = _QUIET_TRAINING_GROUPS) -> dict[str, _Keys]:
+           quiet_groups: tuple[str, ...] = _QUIET_TRAINING_GROUPS, quiet_lf: bool = False) -> dict[str, _Keys]:
     problems: list[str] = []
-    routed, idle = _route(flat, groups, command, problems, quiet_groups)
+    routed, idle = _route(flat, groups, command, problems, quiet_groups, quiet_lf)
     parsed = _validate(routed, groups, problems)
     problems.extend(_cross_checks(flat, parsed))
     if problems:
@@ -407,9 +415,12 @@ def _parse(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str,
 
 
 def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str, problems: list[str],
-           quiet_groups: tuple[str, ...]) -> tuple[dict[str, dict], list[str]]:
+           quiet_groups: tuple[str, ...], quiet_lf: bool = False) -> tuple[dict[str, dict], list[str]]:
     """Each key to its group of this command, or into `idle` (no effect) or `problems` (refused / unknown). Keys
-    of the training groups in `quiet_groups` are idle, the other training keys refused."""
+    of the training groups in `quiet_groups` are idle, the other training keys refused; `quiet_lf`: every key of
+    LLaMA-Factory's training arguments is idle too (a training YAML turned into a prediction one)."""
+    from ..config.lf_keys import LF_KEYS
+
     own = {key: name for name, cls in groups.items() for key in cls.model_fields}
     other = {key for cls in ALL_GROUPS.values() for key in cls.model_fields} - set(own)
     training = _training_keys()
@@ -424,7 +435,7 @@ def _route(flat: dict[str, Any], groups: dict[str, type[_Keys]], command: str, p
             idle.append(f"{key} (a `tunesmith {_reader_of(key)}` key)")
         elif key in NO_EFFECT:
             idle.append(f"{key} ({NO_EFFECT[key]})")
-        elif key in training and training[key] in quiet_groups:
+        elif (key in training and training[key] in quiet_groups) or (quiet_lf and key in LF_KEYS):
             idle.append(f"{key} (a training key)")
         elif key in training:
             problems.append(f"'{key}' is a training key; `tunesmith {command}` does not read it: remove it "

@@ -6,25 +6,29 @@ output_dir, in LLaMA-Factory's formats:
 
 - generated_predictions.jsonl: {"prompt", "predict", "label"} per record (the rendered prompt, the answer,
   the record's own last assistant turn);
-- predict_results.json: predict_bleu-4, predict_rouge-1/-2/-l (LLaMA-Factory's scores, x100, averaged over
-  the records; they need `pip install 'tunesmith[nlg]'`), predict_runtime, predict_samples_per_second.
+- predict_results.json (and merged into all_results.json): predict_bleu-4, predict_rouge-1/-2/-l
+  (LLaMA-Factory's scores, x100, averaged over the records; they need `pip install 'tunesmith[nlg]'`),
+  predict_runtime, predict_samples_per_second, predict_steps_per_second.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from ..data.loader import load_samples
+from ..data.loader import load_samples, split_eval
+from ..data.sample import template_messages, template_tools, where
 from ..errors import ConfigError, DataError
 from ..serve.backends import load_engine
 from ..serve.engine import GenerationRequest
-from ..serve.render import finish_reply
+from ..serve.render import render_text, strip_empty_think, tokenizer_of
 from ..serve.sampling import Sampling
+from .chat import check_media_kinds
 from .media import MediaInputs
 from .options import PredictOptions
 
@@ -34,15 +38,18 @@ PREDICTIONS = "generated_predictions.jsonl"
 RESULTS = "predict_results.json"
 _WRITES = (PREDICTIONS, RESULTS)
 NLG_PACKAGES = ("jieba", "nltk", "rouge_chinese")
+MEDIA = ("images", "videos", "audios")
 
 
 def run_predict(options: PredictOptions) -> Path:
-    """Answer every record, write the two files, and return output_dir."""
+    """Answer every record, write the files, and return output_dir."""
     keys = options.predict
     out = _output_dir(keys.output_dir, keys.overwrite_output_dir)
     records = _records(options)
     engine = load_engine(options)
     try:
+        check_media_kinds(engine.preprocessor, {kind: any(r["media"][kind] for r in records) for kind in MEDIA},
+                          given="records to answer hold {kind}s")
         started = time.perf_counter()
         rows = _answers(engine, records, options)
         seconds = time.perf_counter() - started
@@ -50,12 +57,20 @@ def run_predict(options: PredictOptions) -> Path:
         engine.close()
     with open(out / PREDICTIONS, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    steps = math.ceil(len(rows) / keys.per_device_eval_batch_size)
     results = {"predict_runtime": round(seconds, 4), "predict_samples_per_second": round(len(rows) / seconds, 3),
+               "predict_steps_per_second": round(steps / seconds, 3),
                **{f"predict_{k}": v for k, v in similarity(rows).items()}}
-    (out / RESULTS).write_text(json.dumps(results, indent=4, sort_keys=True), encoding="utf-8")
+    _write_json(out / RESULTS, results)
+    earlier = out / "all_results.json"  # merged, as the Trainer's save_metrics does
+    _write_json(earlier, {**(json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else {}), **results})
     log.info("%d predictions written to %s (%s)", len(rows), out / PREDICTIONS,
              ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
     return out
+
+
+def _write_json(path: Path, values: dict) -> None:
+    path.write_text(json.dumps(values, indent=4, sort_keys=True), encoding="utf-8")
 
 
 def _output_dir(path: str, overwrite: bool) -> Path:
@@ -69,27 +84,49 @@ def _output_dir(path: str, overwrite: bool) -> Path:
 
 
 def _records(options: PredictOptions) -> list[dict]:
-    """The records to answer: (messages up to the answer, the answer, the record's media), in order."""
+    """The records to answer (messages up to the answer, the answer, tools, media), in order: eval_dataset, else
+    the val_size split of dataset, else the whole of dataset."""
     keys = options.predict
     names = keys.eval_dataset or keys.dataset
     if not names:
         raise ConfigError(["do_predict needs the records to answer: set eval_dataset: <name>[,<name>...] (names "
                            "from dataset_info.json)"])
-    if not keys.eval_dataset:
-        log.info("do_predict: answering dataset %s (no eval_dataset given)", ",".join(names))
     samples, _ = load_samples(names, dataset_dir=keys.dataset_dir, stage="sft", max_samples=keys.max_samples,
-                              seed=keys.seed, placeholders={"name": keys.identity_name, "author": keys.identity_author})
-    return [_record(sample) for sample in samples]
+                              seed=keys.seed, skip_bad_samples=keys.skip_bad_samples,
+                              placeholders={"name": keys.identity_name, "author": keys.identity_author})
+    if not keys.eval_dataset and keys.val_size:
+        samples = split_eval(samples, keys.val_size, keys.seed)[1]
+        log.info("do_predict: answering the val_size=%s split of dataset %s", keys.val_size, ",".join(names))
+    elif not keys.eval_dataset:
+        log.info("do_predict: answering the whole of dataset %s (no eval_dataset or val_size given)", ",".join(names))
+    records, skipped = [], []
+    for sample in samples:
+        try:
+            records.append(_record(sample, options.generation.default_system))
+        except DataError as err:
+            if not keys.skip_bad_samples:
+                raise
+            skipped.append(str(err))
+    if skipped:
+        log.warning("skip_bad_samples: %d record(s) skipped, the first: %s", len(skipped), skipped[0])
+    if not records:
+        raise DataError(f"no record of {names} can be answered")
+    return records
 
 
-def _record(sample: dict) -> dict:
-    messages = [{"role": m["role"], "content": m["content"]} for m in sample["messages"]]
+def _record(sample: dict, default_system: str | None) -> dict:
+    if sample.get("rejected"):
+        raise DataError(f"{where(sample)}: a preference (ranking) record; batch prediction answers conversations "
+                        "(stage: sft datasets); name an SFT dataset in eval_dataset")
+    messages = template_messages([{k: v for k, v in m.items() if k in ("role", "content", "tool_calls")}
+                                  for m in sample["messages"]])
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
-        raise DataError(f"dataset '{sample['source']}', record {sample['index']}: batch prediction answers a "
-                        "conversation up to its last assistant turn, and this record does not end with one")
-    tools = json.loads(sample["tools"]) if sample.get("tools") else None
-    return {"messages": messages[:-1], "label": messages[-1]["content"], "tools": tools,
-            "media": {kind: sample.get(kind) or [] for kind in ("images", "videos", "audios")}}
+        raise DataError(f"{where(sample)}: batch prediction answers a conversation up to its last assistant turn, "
+                        "and this record does not end with one; fix it, or set skip_bad_samples: true to skip it")
+    if default_system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": default_system})
+    return {"messages": messages[:-1], "answer": messages[-1], "tools": template_tools(sample),
+            "media": {kind: sample.get(kind) or [] for kind in MEDIA}}
 
 
 def _answers(engine, records: list[dict], options: PredictOptions) -> list[dict]:
@@ -106,11 +143,28 @@ def _answers(engine, records: list[dict], options: PredictOptions) -> list[dict]
         prepared = engine.prepare(GenerationRequest(messages=record["messages"], media=media, tools=record["tools"],
                                                     sampling=replace(sampling, seed=options.predict.seed + number)))
         text = "".join(getattr(event, "text", "") for event in engine.run(prepared))
-        return {"prompt": prepared.prompt.text, "predict": finish_reply(text), "label": record["label"]}
+        return {"prompt": prepared.prompt.text, "predict": strip_empty_think(text),
+                "label": _label(engine, served, record, prepared.prompt.text)}
 
     workers = options.predict.per_device_eval_batch_size if options.model.infer_backend == "vllm" else 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(answer, enumerate(records)))
+
+
+def _label(engine, served, record: dict, prompt: str) -> str:
+    """The record's answer as the model is to write it: its text, or for an answer that calls tools, the turn as
+    the chat template writes the calls (special tokens dropped, as LLaMA-Factory decodes its labels)."""
+    answer = record["answer"]
+    if not answer.get("tool_calls"):
+        return answer["content"]
+    whole = render_text(engine.preprocessor, [*record["messages"], answer], served.rendering, record["tools"],
+                        generation_prompt=False)
+    if not whole.startswith(prompt):
+        raise DataError("the chat template renders the conversation's history differently once the answer is added; "
+                        "batch prediction cannot find the answer's text")
+    tokenizer = tokenizer_of(engine.preprocessor)
+    ids = tokenizer(whole[len(prompt):], add_special_tokens=False)["input_ids"]
+    return strip_empty_think(tokenizer.decode(ids, skip_special_tokens=True)).strip()
 
 
 def similarity(rows: list[dict]) -> dict[str, float]:

@@ -101,11 +101,12 @@ class Prompt:
 
 
 def render_text(preprocessor, messages: list[dict], rendering: Rendering = Rendering(),
-                tools: list[dict] | None = None) -> str:
-    """The prompt text: messages through the chat template, ending with the assistant's generation prompt."""
+                tools: list[dict] | None = None, generation_prompt: bool = True) -> str:
+    """The prompt text: messages through the chat template, ending with the assistant's generation prompt (or,
+    generation_prompt false, with the last message as the template closes it)."""
     from jinja2 import TemplateError
 
-    options = {"add_generation_prompt": True, "tokenize": False, "chat_template": rendering.chat_template,
+    options = {"add_generation_prompt": generation_prompt, "tokenize": False, "chat_template": rendering.chat_template,
                **rendering.kwargs}
     if tools:
         options["tools"] = tools
