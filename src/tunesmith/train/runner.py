@@ -246,8 +246,8 @@ class Runner:
             bar.print_metrics(step, metrics)
         else:
             log.info("evaluation: %s", _shown(metrics))
-        for sink in sinks:
-            sink.log(metrics, step)
+        for sink in sinks:  # with the epoch, as the Trainer's log_history (and LLaMA-Factory's trainer_log) has it
+            sink.log({**metrics, "epoch": self._epoch()}, step)
 
     def _evaluate_only(self) -> TrainResult:
         """do_train: false with do_eval: the model as loaded, evaluated once; eval_results.json and all_results.json
