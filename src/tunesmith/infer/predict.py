@@ -28,6 +28,7 @@ from ..serve.backends import load_engine
 from ..serve.engine import GenerationRequest
 from ..serve.render import render_text, strip_empty_think, tokenizer_of
 from ..serve.sampling import Sampling
+from ..train.metrics import write_results
 from .chat import check_media_kinds
 from .media import MediaInputs
 from .options import PredictOptions
@@ -61,16 +62,10 @@ def run_predict(options: PredictOptions) -> Path:
     results = {"predict_runtime": round(seconds, 4), "predict_samples_per_second": round(len(rows) / seconds, 3),
                "predict_steps_per_second": round(steps / seconds, 3),
                **{f"predict_{k}": v for k, v in similarity(rows).items()}}
-    _write_json(out / RESULTS, results)
-    earlier = out / "all_results.json"  # merged, as the Trainer's save_metrics does
-    _write_json(earlier, {**(json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else {}), **results})
+    write_results(out, {RESULTS: results})
     log.info("%d predictions written to %s (%s)", len(rows), out / PREDICTIONS,
              ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
     return out
-
-
-def _write_json(path: Path, values: dict) -> None:
-    path.write_text(json.dumps(values, indent=4, sort_keys=True), encoding="utf-8")
 
 
 def _output_dir(path: str, overwrite: bool) -> Path:

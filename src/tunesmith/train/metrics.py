@@ -68,14 +68,14 @@ def _clock(seconds: float) -> str:
     return str(datetime.timedelta(seconds=int(seconds)))
 
 
-def write_results(output_dir: Path, train: dict, evaluation: dict) -> None:
-    """train_results.json, eval_results.json and all_results.json, as the Hugging Face Trainer (and so
-    LLaMA-Factory) writes them at the end of a run; all_results.json keeps the keys it already holds that this
-    run does not write (an evaluation-only run beside a training run's results), as the Trainer's save_metrics."""
+def write_results(output_dir: Path, files: dict[str, dict]) -> None:
+    """Result files as the Hugging Face Trainer (and so LLaMA-Factory) writes them (name -> values: train_results.json,
+    eval_results.json, predict_results.json), and all_results.json with all of them. all_results.json keeps the keys
+    it already holds that this run does not write (an evaluation-only run beside a training run's results), as the
+    Trainer's save_metrics does. Empty values write no file."""
     earlier = output_dir / "all_results.json"
     kept = json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else {}
-    files = {"train_results.json": train, "eval_results.json": evaluation,
-             "all_results.json": {**kept, **train, **evaluation}}
+    files = {**files, "all_results.json": {k: v for values in [kept, *files.values()] for k, v in values.items()}}
     for name, values in files.items():
         if values:
             (output_dir / name).write_text(json.dumps(values, indent=4, sort_keys=True), encoding="utf-8")

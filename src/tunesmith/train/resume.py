@@ -32,7 +32,7 @@ _LENGTH = frozenset({"max_steps", "num_train_epochs", "num_total_steps"})
 
 # What a tunesmith run writes into output_dir (besides checkpoint-N folders).
 _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train_results.json", "eval_results.json",
-              "all_results.json", "training_loss.png", "training_eval_loss.png", "tunesmith_config.yaml",
+              "all_results.json", "predict_results.json", "generated_predictions.jsonl", "tunesmith_config.yaml",
               "config_changes.jsonl", "skipped_records.jsonl", "model.safetensors", "model.safetensors.index.json",
               "adapter_model.safetensors", "adapter_config.json", "config.json", "generation_config.json",
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -58,6 +58,7 @@ def clear_previous_run(out: Path) -> list[str]:
     for path in sorted(out.iterdir()):
         ours = path.name in _RUN_FILES or path.name.startswith(("checkpoint-", ".tmp-checkpoint-"))
         ours = ours or (path.suffix == ".safetensors" and path.name.startswith("model-")) or _peft_model_card(path)
+        ours = ours or (path.suffix == ".png" and path.name.startswith("training_"))  # plot_loss's curves
         if not ours:
             continue
         shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -259,7 +259,7 @@ class Runner:
             metrics = {key: value for key, value in metrics.items() if not key.startswith("eval_rewards/")}
         self.result.eval_metrics, self.result.eval_loss = metrics, metrics.get("eval_loss")
         if dist.is_main():
-            write_results(self.output_dir, {}, self._eval_results(epoch=False))
+            write_results(self.output_dir, {"eval_results.json": self._eval_results(epoch=False)})
             log.info("evaluation: %s; written to %s", _shown(metrics), self.output_dir / "eval_results.json")
         return self.result
 
@@ -285,7 +285,7 @@ class Runner:
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         (self.output_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
         train_results = self._train_results()
-        write_results(self.output_dir, train_results, self._eval_results())
+        write_results(self.output_dir, {"train_results.json": train_results, "eval_results.json": self._eval_results()})
         write_trainer_state(self.output_dir, self.state, self.total_steps, train_results)
         if self.cfg.output.plot_loss:
             for png in plot_loss(self.output_dir, STAGES[self.cfg.finetune.stage].plot_metrics):
