@@ -23,7 +23,9 @@ def test_overwrite_output_dir_leaves_nothing_of_the_old_run_to_resume(tmp_path):
     assert ckpt.list_checkpoints(out)[-1].name == "checkpoint-8"
     (out / "notes.txt").write_text("mine")
     (out / "README.md").write_text("---\nbase_model: tiny\nlibrary_name: peft\n---\n")  # a LoRA run's model card
+    (out / "training_rewards_accuracies.png").write_bytes(b"")  # an earlier dpo run's curve
     train(run_config(out, max_steps=2, overwrite_output_dir=True, **SAVING))
+    assert not (out / "training_rewards_accuracies.png").exists()
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2"]  # checkpoint-8 is gone
     assert (out / "notes.txt").read_text() == "mine"  # a file tunesmith did not write stays
     assert not (out / "README.md").exists() or "peft" not in (out / "README.md").read_text()
