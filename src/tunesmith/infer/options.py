@@ -234,7 +234,7 @@ class PredictKeys(_Keys):
     val_size: float | int = Field(0, ge=0, description="Without eval_dataset: answer this held-out split of "
                                   "dataset (a fraction below 1 or a count), as LLaMA-Factory does.")
     dataset_dir: str = Field("data", description="The folder that holds dataset_info.json.")
-    stage: str = Field("sft", description="sft (the only stage batch prediction answers for).")
+    stage: str = Field("sft", description="The stage of the YAML: one that trains on conversations (sft).")
     skip_bad_samples: bool = Field(False, description="Skip (and count) records that cannot be answered instead "
                                    "of stopping.")
     max_samples: int | None = Field(None, ge=1, description="Answer at most this many records of each dataset.")
@@ -373,14 +373,16 @@ def serve_options(flat: dict[str, Any]) -> ServeOptions:
 
 def predict_options(flat: dict[str, Any]) -> PredictOptions:
     from ..config.schema import GROUPS
+    from ..stages import STAGES
 
     # a training YAML with do_predict: true added predicts: its training keys change nothing here
     groups = _parse(flat, PREDICT_GROUPS, "train", quiet_groups=tuple(GROUPS), quiet_lf=True)
     problems = []
     keys = groups["predict"]
-    if keys.stage != "sft":
+    stage = STAGES.get(keys.stage)
+    if stage is None or stage.data_kind != "conversations":
         problems.append(f"stage: {keys.stage} with do_predict: batch prediction generates answers to conversations "
-                        "(stage: sft); a reward model's scores come from `tunesmith score` or `tunesmith eval`")
+                        "(an SFT stage); a reward model's scores come from `tunesmith score` or `tunesmith eval`")
     if not keys.predict_with_generate:
         problems.append("predict_with_generate: false asks for a prediction loss without generating, which is not "
                         "available; set predict_with_generate: true (answers are generated and scored)")

@@ -86,7 +86,7 @@ def _records(options: PredictOptions) -> list[dict]:
     if not names:
         raise ConfigError(["do_predict needs the records to answer: set eval_dataset: <name>[,<name>...] (names "
                            "from dataset_info.json)"])
-    samples, _ = load_samples(names, dataset_dir=keys.dataset_dir, stage="sft", max_samples=keys.max_samples,
+    samples, _ = load_samples(names, dataset_dir=keys.dataset_dir, stage=keys.stage, max_samples=keys.max_samples,
                               seed=keys.seed, skip_bad_samples=keys.skip_bad_samples,
                               placeholders={"name": keys.identity_name, "author": keys.identity_author})
     if not keys.eval_dataset and keys.val_size:
@@ -141,7 +141,7 @@ def _answers(engine, records: list[dict], options: PredictOptions) -> list[dict]
         return {"prompt": prepared.prompt.text, "predict": strip_empty_think(text),
                 "label": _label(engine, served, record, prepared.prompt.text)}
 
-    workers = options.predict.per_device_eval_batch_size if options.model.infer_backend == "vllm" else 1
+    workers = options.predict.per_device_eval_batch_size if engine.batches_requests else 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(answer, enumerate(records)))
 

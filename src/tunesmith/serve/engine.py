@@ -97,6 +97,8 @@ class Prepared:
 class Engine(ABC):
     """Loaded once; prepare() and run() may be called from several threads at once."""
 
+    batches_requests = False  # whether requests run at once are batched (else they only take turns)
+
     def __init__(self, models: dict[str, ServedModel], max_model_len: int | None, preprocessor,
                  media_overrides: dict | None = None):
         self.models = models

@@ -114,6 +114,8 @@ def _check_options(options: ChatOptions, stacked: list[str]) -> None:
 
 
 class VllmEngine(Engine):
+    batches_requests = True  # continuous batching
+
     def __init__(self, llm, loop: _Loop, preprocessor, models, max_model_len: int, lora_requests: dict,
                  eos_ids, media_overrides: dict):
         super().__init__(models, max_model_len, preprocessor, media_overrides)
