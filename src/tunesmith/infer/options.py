@@ -39,6 +39,15 @@ from ..errors import ConfigError
 log = logging.getLogger("tunesmith")
 
 
+def _comma_list(value):
+    """A YAML list, or LLaMA-Factory's comma-separated string of names; null is none."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
 class _Keys(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
@@ -63,14 +72,7 @@ class ModelKeys(_Keys):
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
 
-    @field_validator("adapter_name_or_path", mode="before")
-    @classmethod
-    def _split(cls, value):
-        if value is None:
-            return []
-        if isinstance(value, str):
-            return [p.strip() for p in value.split(",") if p.strip()]
-        return value
+    _split = field_validator("adapter_name_or_path", mode="before")(classmethod(lambda cls, v: _comma_list(v)))
 
 
 class GenerationKeys(_Keys):
@@ -246,14 +248,7 @@ class PredictKeys(_Keys):
     identity_name: str = Field("Tunesmith Demo", description="Fills {{name}} in the identity dataset.")
     identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
 
-    @field_validator("eval_dataset", "dataset", mode="before")
-    @classmethod
-    def _names(cls, value):
-        if value is None:
-            return []
-        if isinstance(value, str):
-            return [name.strip() for name in value.split(",") if name.strip()]
-        return value
+    _names = field_validator("eval_dataset", "dataset", mode="before")(classmethod(lambda cls, v: _comma_list(v)))
 
 
 CHAT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "generation": GenerationKeys, "media": MediaKeys,
