@@ -101,7 +101,8 @@ def test_evaluation_only_and_after_training_as_llamafactory_runs_them(tmp_path):
     cli("train", f"model_name_or_path={out}", f"dataset_dir={DATA}", "template=chatml", "cutoff_len=128",
         "do_train=false", "do_eval=true", "eval_dataset=identity", "max_samples=8", f"output_dir={out}")
     results = json.loads((out / "eval_results.json").read_text())
-    assert set(results) == {"eval_loss", "eval_runtime"} and results["eval_loss"] > 0
+    assert set(results) == {"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+    assert results["eval_loss"] > 0 and results["eval_samples_per_second"] > 0
     assert json.loads((out / "all_results.json").read_text())["train_loss"] > 0  # the run's results are kept
     unchanged = {name for name, mtime in before.items() if (out / name).stat().st_mtime == mtime}
     assert unchanged == set(before) - {"eval_results.json", "all_results.json"}
@@ -111,6 +112,9 @@ def test_evaluation_only_and_after_training_as_llamafactory_runs_them(tmp_path):
         f"output_dir={dpo}")
     results = json.loads((dpo / "eval_results.json").read_text())
     assert "eval_logps/chosen" in results and not any(key.startswith("eval_rewards/") for key in results)
+    cli("train", *BASE, "stage=dpo", "dataset=dpo_demo", "max_samples=8", "do_train=false", "do_eval=true",
+        "pref_reference=none", f"output_dir={dpo}")  # no reference at all: the rewards are real, and reported
+    assert "eval_rewards/accuracies" in json.loads((dpo / "eval_results.json").read_text())
 
 
 def test_pt_evaluation_reports_perplexity(tmp_path):

@@ -33,7 +33,7 @@ from .pages import release_mapped_pages
 log = logging.getLogger("tunesmith")
 
 # Bump when rendering code changes the produced ids for the same inputs, or the entry layout changes.
-CACHE_FORMAT_VERSION = 5
+CACHE_FORMAT_VERSION = 6
 
 REPORT = "tunesmith_report.json"
 MANIFEST = "tunesmith_manifest.json"

@@ -240,7 +240,8 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         if not in_text:
             turns = _expanded_ranges(unexpanded, turns, expansions)
     # a cut must not fall inside an expansion: its placeholders and its embedding tokens (Gemma 3's soft tokens)
-    media_ids = {e.token_id for e in expansions} | (set(media.token_ids.values()) if expansions else set())
+    media_ids = {e.token_id for e in expansions} | (set(media.token_ids.values()) | set(getattr(media, "marker_ids", ()))
+                                                    if expansions else set())
     return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut),
             "turns": turns, "eos_appended": eos_appended}
 

@@ -233,6 +233,10 @@ class RolloutSteps:
         metrics.update({f"reward_{name}": sum(v) / len(v) for name, v in per_fn.items()})
         return metrics
 
+    @property
+    def eval_samples(self) -> int:
+        return min(len(self.eval_prompts), self.rl.eval_num_prompts)
+
     @torch.no_grad()
     def evaluate(self, engine) -> dict:
         """Greedy answers on the held-out prompts: the mean of each reward function."""

@@ -235,8 +235,21 @@ class Runner:
             return step % every == 0 or last
         return strategy == "epoch" and (epoch_ended or last)
 
-    def _log_eval(self, sinks, bar) -> None:
+    def _evaluate(self) -> dict:
+        """The source's evaluation, with the Trainer's speed metrics (eval_runtime, eval_samples_per_second,
+        eval_steps_per_second: a step is per_device_eval_batch_size samples on each data-parallel rank)."""
+        started = time.perf_counter()
         metrics = self.source.evaluate(self.engine)
+        if metrics:
+            seconds = time.perf_counter() - started
+            samples = self.source.eval_samples
+            batch = self.cfg.train.per_device_eval_batch_size * dist.data_world()
+            metrics.update(eval_runtime=seconds, eval_samples_per_second=samples / seconds,
+                           eval_steps_per_second=math.ceil(samples / batch) / seconds)
+        return metrics
+
+    def _log_eval(self, sinks, bar) -> None:
+        metrics = self._evaluate()
         if not metrics:
             return
         step = self.state["global_step"]
@@ -252,10 +265,9 @@ class Runner:
     def _evaluate_only(self) -> TrainResult:
         """do_train: false with do_eval: the model as loaded, evaluated once; eval_results.json and all_results.json
         are written (nothing else in output_dir changes)."""
-        started = time.perf_counter()
-        metrics = self.source.evaluate(self.engine)
-        metrics["eval_runtime"] = time.perf_counter() - started
-        if uses_reference(self.cfg):  # the reference is the evaluated model itself: its implicit rewards are 0
+        metrics = self._evaluate()
+        if uses_reference(self.cfg) and self.cfg.finetune.pref_reference != "none":  # the reference is the
+            # evaluated model itself: its implicit rewards are all 0, and LLaMA-Factory leaves them out too
             metrics = {key: value for key, value in metrics.items() if not key.startswith("eval_rewards/")}
         self.result.eval_metrics, self.result.eval_loss = metrics, metrics.get("eval_loss")
         if dist.is_main():

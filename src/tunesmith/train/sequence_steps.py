@@ -49,6 +49,10 @@ class SequenceSteps:
         self.position = self.plan.advance(position)
         return Step([batches], sum(b.num_tokens for b in batches), epoch_ended=self.position.micro_batch == 0)
 
+    @property
+    def eval_samples(self) -> int:
+        return len(self.data.eval) if self.data.eval is not None else 0
+
     def evaluate(self, engine) -> dict:
         """eval_loss (each micro-batch's loss weighted by its units: tokens, pairs or examples) and the
         method's metrics as means over their units (eval_rewards/accuracies, eval_accuracy, ...)."""

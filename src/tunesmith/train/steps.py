@@ -37,6 +37,10 @@ class StepSource(Protocol):
     def next_step(self, engine) -> Step:
         ...
 
+    @property
+    def eval_samples(self) -> int:
+        """How many samples (or prompts) evaluate() covers."""
+
     def evaluate(self, engine) -> dict:
         """eval_* metrics ({} when there is nothing to evaluate)."""
 

@@ -160,6 +160,14 @@ def test_a_long_media_prompt_is_cut_turn_by_turn_and_keeps_its_answer():
     image = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert ids.count(image) == whole["input_ids"][0].count(image)  # every image token kept
     assert out["mm_plan"] == whole["mm_plan"]
+    # at any cutoff the image's block is kept whole (its <|vision_start|> and <|vision_end|> too) or the sample dropped
+    block = processor.tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"])
+    end = max(i for i, t in enumerate(whole["input_ids"][0]) if t in block)
+    for cutoff in range(end - 3, end + 4):
+        cut = render_batch({k: [v] for k, v in sample.items()}, processor.tokenizer,
+                           RenderOptions(chat_template=processor.tokenizer.chat_template, cutoff_len=cutoff), media=mp)
+        kept = cut["input_ids"][0]
+        assert cut["too_long"] == [1] or [kept.count(t) for t in block] == [whole["input_ids"][0].count(t) for t in block]
 
 
 def test_the_character_budget_keeps_media_and_changes_no_kept_token():
