@@ -240,8 +240,7 @@ def render_mm_sft(sample: dict, tokenizer, opts, media, spans_fn, ignore_index: 
         if not in_text:
             turns = _expanded_ranges(unexpanded, turns, expansions)
     # a cut must not fall inside an expansion: its placeholders and its embedding tokens (Gemma 3's soft tokens)
-    media_ids = {e.token_id for e in expansions} | (set(media.token_ids.values()) | set(getattr(media, "marker_ids", ()))
-                                                    if expansions else set())
+    media_ids = {e.token_id for e in expansions} | (media.block_ids if expansions else set())
     return {"input_ids": ids, "labels": labels, "mm_plan": plan, "media_ids": media_ids, "num_text_cut": int(text_cut),
             "turns": turns, "eos_appended": eos_appended}
 
@@ -253,5 +252,3 @@ def _expanded_ranges(ids: list[int], ranges: list[tuple[int, int]], expansions: 
     for tok in ids:
         starts.append(starts[-1] + (next(sizes[tok]) if tok in sizes else 1))
     return [(starts[a], starts[b]) for a, b in ranges]
-
-

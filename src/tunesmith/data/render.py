@@ -228,8 +228,8 @@ def _text_of(content) -> str:
 
 def _render_sft_uncut(sample: dict, tokenizer, opts: RenderOptions) -> dict:
     """input_ids and labels of the whole (character-budgeted) conversation, the [start, end) token range of every
-    assistant turn (for a conversation longer than cutoff_len, which fit_turns cuts), whether the last token is an end-of-sequence token appended after the template's text, and the
-    text-cut flag."""
+    assistant turn (for a conversation longer than cutoff_len, which fit_turns cuts), whether the last token is an
+    end-of-sequence token appended after the template's text, and the text-cut flag."""
     messages = sample["messages"]
     if not messages or messages[-1]["role"] != "assistant":
         raise DataError(f"{where(sample)}: the conversation must end with an assistant turn")

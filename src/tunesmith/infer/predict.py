@@ -179,15 +179,15 @@ def similarity(rows: list[dict]) -> dict[str, float]:
 
     jieba.setLogLevel(logging.WARNING)
     scores: dict[str, list[float]] = {"bleu-4": [], "rouge-1": [], "rouge-2": [], "rouge-l": []}
+    rouge_scorer, smoothing = Rouge(), SmoothingFunction().method3
     for row in rows:
         hypothesis, reference = " ".join(jieba.cut(row["predict"])), " ".join(jieba.cut(row["label"]))
         if hypothesis.split() and reference.split():
-            rouge = Rouge().get_scores(hypothesis, reference)[0]
+            rouge = rouge_scorer.get_scores(hypothesis, reference)[0]
         else:
             rouge = {key: {"f": 0.0} for key in ("rouge-1", "rouge-2", "rouge-l")}
         for key, value in rouge.items():
             scores[key].append(round(value["f"] * 100, 4))  # each record's score rounded, as LLaMA-Factory does
-        bleu = sentence_bleu([list(row["label"])], list(row["predict"]),
-                             smoothing_function=SmoothingFunction().method3)
+        bleu = sentence_bleu([list(row["label"])], list(row["predict"]), smoothing_function=smoothing)
         scores["bleu-4"].append(round(bleu * 100, 4))
     return {key: sum(values) / max(len(values), 1) for key, values in scores.items()}

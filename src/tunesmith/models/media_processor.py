@@ -81,10 +81,12 @@ class MediaProcessor:
         self.token_ids = dict(self.placeholder_ids)
         if family.image_embed_token:
             self.token_ids["image"] = tok.convert_tokens_to_ids(family.image_embed_token)
-        # the added tokens that wrap a medium's tokens (<|vision_start|>, <|vision_end|>): a cut keeps all or none
+        # a medium's block: its tokens and the added tokens that wrap them (<|vision_start|>, <|vision_end|>), which
+        # a cut keeps all or none of (data/render.fit_media)
         added = set(tok.get_added_vocab().values())
-        self.marker_ids = {i for marker in self.markers.values()
-                           for i in tok(marker, add_special_tokens=False)["input_ids"] if i in added}
+        self.block_ids = set(self.token_ids.values()) | {
+            i for marker in self.markers.values() for i in tok(marker, add_special_tokens=False)["input_ids"]
+            if i in added}
         # a sequence with text around its tokens is expanded in the text (data.mm.expand_in_text)
         self.expand_in_text = family.image_count in ("fixed", "text")
         self.collapsed_markers = _collapsed_markers(processor, family)  # data.mm.collapse_markers

@@ -125,12 +125,14 @@ def set_up(cfg) -> Runner:
             import_liger(cfg.model)
             data = preparing.result()
     marks["data_end"] = time.time()
-    if not cfg.train.do_train:
-        data = evaluation_data(data)
-    if not cfg.train.do_train and "datasets" in data.report.get("eval", {}):  # eval_dataset: its own report
-        print_data_report(data.report["eval"], cfg, title="evaluation data")
-    else:
+    if cfg.train.do_train:
         print_data_report(data.report, cfg)
+    else:
+        data = evaluation_data(data)
+        if "datasets" in data.report.get("eval", {}):  # eval_dataset: its own report
+            print_data_report(data.report["eval"], cfg, title="evaluation data")
+        else:
+            print_data_report(data.report, cfg)
     cfg = resolve_steps(cfg, _steps_per_epoch(cfg, stage, data))
     changes = (check_config(resume, redacted(cfg), cfg.output.resume_allow_changes,
                             data_parallel_size(cfg, dist.world()))
@@ -259,7 +261,7 @@ def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.dev
 
     train = cfg.train
     samples = train.per_device_train_batch_size * train.gradient_accumulation_steps
-    if (samples == 1 or dist.world() > 1 or not _mergeable(cfg, method, model_config)
+    if (not train.do_train or samples == 1 or dist.world() > 1 or not _mergeable(cfg, method, model_config)
             or (cfg.packing and train.gradient_accumulation_steps == 1)):  # packed rows: one pass a step already
         return 0
     attention = attn_implementation(cfg.model, device, model_config)
@@ -311,6 +313,8 @@ def checkpoint_layers(cfg, device: torch.device) -> int:
     if setting != "auto":
         log.info(explicit_checkpointing(setting))
         return EVERY_LAYER if setting else 0
+    if not cfg.train.do_train:  # evaluation only: no backward pass, nothing to estimate
+        return 0
     memory = _memory_gib(device)
     try:
         with held_back():  # the estimate's dry run of the fine-tuning settings: the model says its notes itself
