@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..config.schema import DataConfig
 from ..errors import ConfigError
 
 log = logging.getLogger("tunesmith")
@@ -245,8 +246,8 @@ class PredictKeys(_Keys):
     per_device_eval_batch_size: int = Field(1, ge=1, description="Records answered at once with infer_backend: "
                                             "vllm (it batches them); transformers answers one at a time.")
     seed: int = Field(42, description="Seeds sampling (temperature > 0).")
-    identity_name: str = Field("Tunesmith Demo", description="Fills {{name}} in the identity dataset.")
-    identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
+    identity_name: str = DataConfig.model_fields["identity_name"]  # training's key: its default and meaning
+    identity_author: str = DataConfig.model_fields["identity_author"]
 
     _names = field_validator("eval_dataset", "dataset", mode="before")(classmethod(lambda cls, v: _comma_list(v)))
 
