@@ -10,7 +10,7 @@ from ..data.collate import collate_pairs
 from ..models.forward import ModelOutputs
 from .base import LossOutput, PrePass, metric_sums
 from .losses import LOSSES
-from .preference import batch_logps, reference_or_zeros, reference_prepass
+from .preference import batch_logps, reference_or_zeros, reference_prepass, response_logit_means
 
 PREF_LOSSES = {"sigmoid": "dpo_sigmoid", "hinge": "dpo_hinge", "ipo": "dpo_ipo", "robust": "dpo_robust",
                "orpo": "orpo", "simpo": "simpo"}
@@ -45,7 +45,9 @@ class DPOMethod:
         policy = mean if self.average else total
         ref = reference_or_zeros(batch, policy)
         losses, metrics = self.loss_fn(policy[:n], policy[n:], ref[:n], ref[n:], **self.kwargs)
-        metrics.update({"logps/chosen": policy[:n].detach(), "logps/rejected": policy[n:].detach()})
+        logits = response_logit_means(outputs.logits_BTV, batch.targets_BT)
+        metrics.update({"logps/chosen": policy[:n].detach(), "logps/rejected": policy[n:].detach(),
+                        "logits/chosen": logits[:n], "logits/rejected": logits[n:]})
         if self.ftx:
             sft = -total[:n] / counts[:n].clamp(min=1)
             losses = losses + self.ftx * sft

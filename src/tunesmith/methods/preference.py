@@ -24,6 +24,15 @@ def batch_logps(logits_BTV: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Te
     return total_B, mean_B, mask_BT.sum(-1)
 
 
+def response_logit_means(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """Per-row mean of the logits over the response positions and the vocabulary, in fp32, detached: the
+    logits/chosen and logits/rejected that TRL and LLaMA-Factory log (theirs also average the padding)."""
+    with torch.no_grad():
+        mask_BT = (targets_BT != IGNORE_INDEX).to(torch.float32)
+        per_token_BT = logits_BTV.detach().mean(-1, dtype=torch.float32)
+        return (per_token_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1.0)
+
+
 def sequence_logps_fn(average: bool):
     """outputs -> per-row summed (or averaged) log-probs, for pre-passes and the precomputed reference."""
 

@@ -233,3 +233,15 @@ def test_kto_kl_reference_point_is_the_step_mean_of_the_mismatched_pairs_clamped
     assert method.step_sums(batch)["kl_count"] == 2
     batch.extra["ref_logps_B"] = torch.tensor([0.0, 0.0, -5.0, -5.0])
     close(torch.tensor(method.step_sums(batch)["kl_sum"]), -2.0)  # the loss clamps the mean (-1) to 0
+
+
+def test_response_logit_means_average_the_vocabulary_over_the_response_positions_only():
+    from tunesmith.methods.preference import response_logit_means
+
+    # row 0: positions 1 and 2 are response (vocab means 2.0 and 4.0) -> 3.0; row 1: no response token -> 0
+    logits = torch.tensor([[[9.0, 9.0], [1.0, 3.0], [4.0, 4.0]], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]],
+                          dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.tensor([[IGNORE_INDEX, 5, 7], [IGNORE_INDEX] * 3])
+    means = response_logit_means(logits, targets)
+    close(means, [3.0, 0.0])
+    assert means.dtype == torch.float32 and not means.requires_grad
