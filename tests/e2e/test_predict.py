@@ -24,9 +24,9 @@ def predict(tmp_path, *items, check=True):
 
 
 def test_every_record_is_answered_in_llamafactory_formats(tmp_path):
-    # a training YAML's keys (learning_rate, stage, cutoff_len) change nothing and are said once
+    # a training YAML's keys (learning_rate, stage, cutoff_len) change nothing and are said once; batches of 4
     proc = predict(tmp_path, "eval_dataset=identity,alpaca_demo", "max_samples=3", "learning_rate=1e-4", "stage=sft",
-                   "cutoff_len=512")
+                   "cutoff_len=512", "per_device_eval_batch_size=4")
     assert "no effect on `tunesmith train`" in proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (tmp_path / "generated_predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(set(row) == {"prompt", "predict", "label"} for row in rows)

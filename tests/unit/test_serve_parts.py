@@ -346,3 +346,21 @@ def test_a_request_can_turn_top_k_off_over_the_yamls_default():
         assert sampling.generation.generate_kwargs()["top_k"] == 0
     unset = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], temperature=1.0)
     assert Sampling.of(GenerationKeys()).with_request(temperature=1.0, top_k=unset.top_k).generation.top_k == 50
+
+
+def test_transformers_answers_a_batch_as_one_padded_generate_and_as_each_alone(tiny_qwen3, monkeypatch):
+    from tunesmith.serve.backends import load_engine
+    from tunesmith.serve.engine import GenerationRequest
+
+    engine = load_engine(chat_options({"model_name_or_path": str(tiny_qwen3)}))
+    questions = ["hi", "what is two plus two, said in many more words than that?", "name a colour"]
+    sampling = Sampling.of(GenerationKeys(do_sample=False, max_new_tokens=12, skip_special_tokens=False))
+    batch = [engine.prepare(GenerationRequest(messages=[{"role": "user", "content": q}], sampling=sampling))
+             for q in questions]
+    alone = [engine.generate(GenerationRequest(messages=[{"role": "user", "content": q}], sampling=sampling))[0]
+             for q in questions]
+    calls = []
+    generate = engine.model.generate
+    monkeypatch.setattr(engine.model, "generate", lambda **kw: calls.append(kw["input_ids"].shape) or generate(**kw))
+    assert engine.answers(batch) == alone  # greedy: left padding changes no answer
+    assert len(calls) == 1 and calls[0][0] == 3

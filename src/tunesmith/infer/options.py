@@ -243,8 +243,8 @@ class PredictKeys(_Keys):
     max_samples: int | None = Field(None, ge=1, description="Answer at most this many records of each dataset.")
     output_dir: str = Field(description="Where generated_predictions.jsonl and predict_results.json go.")
     overwrite_output_dir: bool = Field(False, description="Replace the predictions an earlier run left there.")
-    per_device_eval_batch_size: int = Field(1, ge=1, description="Records answered at once with infer_backend: "
-                                            "vllm (it batches them); transformers answers one at a time.")
+    per_device_eval_batch_size: int = Field(1, ge=1, description="Records answered at once: vLLM batches "
+                                            "them; transformers runs text-only ones as one padded generate.")
     seed: int = Field(42, description="Seeds sampling (temperature > 0).")
     identity_name: str = DataConfig.model_fields["identity_name"]  # training's key: its default and meaning
     identity_author: str = DataConfig.model_fields["identity_author"]

@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,25 +124,28 @@ def _record(sample: dict, default_system: str | None) -> dict:
 
 
 def _answers(engine, records: list[dict], options: PredictOptions) -> list[dict]:
-    """{prompt, predict, label} per record, in order; record i samples with seed + i (repeatable). vLLM answers
-    per_device_eval_batch_size records at once (it batches them); transformers answers one at a time."""
+    """{prompt, predict, label} per record, in order, per_device_eval_batch_size records at once (vLLM batches
+    them; transformers runs text-only ones as one padded generate). Record i samples with seed + i (with
+    transformers, a batch with its first record's), so a run repeats."""
     served = engine.served(None)
     sampling = Sampling.of(options.generation)
     overrides = options.media.overrides()
+    size = options.predict.per_device_eval_batch_size
 
-    def answer(numbered: tuple[int, dict]) -> dict:
-        number, record = numbered
+    def prepared(number: int, record: dict):
         media = MediaInputs.load(served.path, **record["media"], overrides=overrides) \
             if any(record["media"].values()) else None
-        prepared = engine.prepare(GenerationRequest(messages=record["messages"], media=media, tools=record["tools"],
-                                                    sampling=replace(sampling, seed=options.predict.seed + number)))
-        text = "".join(getattr(event, "text", "") for event in engine.run(prepared))
-        return {"prompt": prepared.prompt.text, "predict": strip_empty_think(text),
-                "label": _label(engine, served, record, prepared.prompt.text)}
+        return engine.prepare(GenerationRequest(messages=record["messages"], media=media, tools=record["tools"],
+                                                sampling=replace(sampling, seed=options.predict.seed + number)))
 
-    workers = options.predict.per_device_eval_batch_size if engine.batches_requests else 1
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(answer, enumerate(records)))
+    rows = []
+    for start in range(0, len(records), size):
+        chunk = records[start:start + size]
+        batch = [prepared(start + offset, record) for offset, record in enumerate(chunk)]
+        for item, record, text in zip(batch, chunk, engine.answers(batch)):
+            rows.append({"prompt": item.prompt.text, "predict": strip_empty_think(text),
+                         "label": _label(engine, served, record, item.prompt.text)})
+    return rows
 
 
 def _label(engine, served, record: dict, prompt: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..data.media import MediaError
@@ -147,6 +148,14 @@ class Engine(ABC):
     def _tokens(self, prepared: Prepared, stream: bool, cancel: CancelToken) -> Iterator[str | Finished]:
         """The backend's raw answer: text pieces, then one Finished; stops early once `cancel` is set."""
 
+    @staticmethod
+    def finish_text(prepared: Prepared, raw: str) -> str:
+        """A whole answer the backend wrote as run() returns it: cut before the first stop string, after the
+        `<think>` the prompt opened."""
+        cutter = StopCutter(prepared.sampling.stop)
+        text = cutter.feed(raw) + cutter.flush()
+        return ("<think>" if prepared.prompt.opens_think else "") + text
+
     def run(self, prepared: Prepared, *, stream: bool = False,
             cancel: threading.Event | CancelToken | None = None) -> Iterator[TextDelta | Finished]:
         """The answer as TextDelta pieces (one piece when not streaming), then Finished."""
@@ -167,6 +176,17 @@ class Engine(ABC):
                 yield TextDelta(text)
             if cutter.hit:
                 cancel.set()  # the backend stops at its next token; its Finished still comes
+
+    def answers(self, batch: list[Prepared]) -> list[str]:
+        """Each prepared request's whole answer (not streamed), in order: run at once where the backend batches
+        requests (vLLM), else one after another; a backend with a batched generate (transformers) overrides it."""
+        def answer(prepared: Prepared) -> str:
+            return "".join(getattr(event, "text", "") for event in self.run(prepared))
+
+        if not self.batches_requests or len(batch) < 2:
+            return [answer(prepared) for prepared in batch]
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            return list(pool.map(answer, batch))
 
     def generate(self, request: GenerationRequest) -> tuple[str, Finished]:
         """The whole answer (not streamed) and how it ended."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
@@ -128,6 +129,39 @@ class HFEngine(Engine):
             return
         yield from self._streamed(prepared, cancel, skip)
 
+    def answers(self, batch: list[Prepared]) -> list[str]:
+        """Text-only requests for the same model with the same sampling (the seed aside) and answer budget run as
+        one left-padded `generate`, sampled with the first one's seed; any other runs alone."""
+        texts: list[str | None] = [None] * len(batch)
+        for rows in _batchable_groups(batch):
+            group = [batch[i] for i in rows]
+            answers = self._batched(group) if len(group) > 1 else super().answers(group)
+            for i, text in zip(rows, answers):
+                texts[i] = text
+        return texts
+
+    def _batched(self, group: list[Prepared]) -> list[str]:
+        first, pad = group[0], self.tokenizer.pad_token_id
+        prompts = [prepared.prompt.inputs["input_ids"][0] for prepared in group]
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(group), width), pad if pad is not None else 0, dtype=prompts[0].dtype)
+        attention_mask = torch.zeros((len(group), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):  # left padding: every prompt ends where the answers start
+            input_ids[row, width - len(ids):] = ids
+            attention_mask[row, width - len(ids):] = 1
+        kwargs = self._generate_kwargs(first, CancelToken())
+        kwargs.update(input_ids=input_ids.to(self.model.device), attention_mask=attention_mask.to(self.model.device))
+        if "logits_processor" in kwargs:
+            kwargs["logits_processor"] = [_Penalties(width, first.sampling.presence_penalty,
+                                                     first.sampling.frequency_penalty)]
+        if first.sampling.seed is not None:
+            torch.manual_seed(first.sampling.seed)
+        with self.gate.use(first.served.adapter), torch.no_grad():
+            out = self.model.generate(**kwargs)[:, width:].tolist()
+        stops, skip = set(self._stop_ids(first.served)), first.sampling.generation.skip_special_tokens
+        return [self.finish_text(prepared, self.tokenizer.decode(_through_first(ids, stops), skip_special_tokens=skip))
+                for prepared, ids in zip(group, out)]
+
     def _streamed(self, prepared: Prepared, cancel: CancelToken, skip: bool) -> Iterator[str | Finished]:
         from transformers import TextIteratorStreamer
 
@@ -156,3 +190,24 @@ class HFEngine(Engine):
         if "error" in result:
             raise result["error"]
         yield self._finished(prepared, result["ids"])
+
+
+def _batchable_groups(batch: list[Prepared]) -> list[list[int]]:
+    """Indices of the requests that can share one `generate`: no media, same served model, sampling (the seed
+    aside) and answer budget; each request with media is a group of its own."""
+    groups: list[tuple[tuple | None, list[int]]] = []
+    for i, prepared in enumerate(batch):
+        key = None if prepared.media is not None else \
+            (prepared.served.name, replace(prepared.sampling, seed=None), prepared.max_new_tokens)
+        match = next((rows for known, rows in groups if key is not None and known == key), None)
+        if match is None:
+            groups.append((key, [i]))
+        else:
+            match.append(i)
+    return [rows for _, rows in groups]
+
+
+def _through_first(ids: list[int], stops: set[int]) -> list[int]:
+    """A generated row up to and including its first stop token (what follows is padding)."""
+    end = next((i + 1 for i, token in enumerate(ids) if token in stops), len(ids))
+    return ids[:end]
