@@ -364,3 +364,17 @@ def test_transformers_answers_a_batch_as_one_padded_generate_and_as_each_alone(t
     monkeypatch.setattr(engine.model, "generate", lambda **kw: calls.append(kw["input_ids"].shape) or generate(**kw))
     assert engine.answers(batch) == alone  # greedy: left padding changes no answer
     assert len(calls) == 1 and calls[0][0] == 3
+
+
+def test_only_text_prompts_alike_share_a_generate():
+    from types import SimpleNamespace as NS
+
+    from tunesmith.serve.hf_engine import _batchable_groups
+
+    def req(name="m", seed=1, budget=8, media=None, keys=("input_ids", "attention_mask")):
+        return NS(served=NS(name=name), sampling=Sampling(seed=seed), max_new_tokens=budget, media=media,
+                  prompt=NS(inputs=dict.fromkeys(keys)))
+
+    batch = [req(seed=1), req(seed=2), req(budget=4), req(media="image"), req(name="lora"), req(seed=3),
+             req(keys=("input_ids", "attention_mask", "mm_token_type_ids"))]
+    assert _batchable_groups(batch) == [[0, 1, 5], [2], [3], [4], [6]]

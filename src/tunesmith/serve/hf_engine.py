@@ -193,11 +193,13 @@ class HFEngine(Engine):
 
 
 def _batchable_groups(batch: list[Prepared]) -> list[list[int]]:
-    """Indices of the requests that can share one `generate`: no media, same served model, sampling (the seed
-    aside) and answer budget; each request with media is a group of its own."""
+    """Indices of the requests that can share one `generate`: text only (token ids and their mask, nothing the
+    processor added for media), same served model, sampling (the seed aside) and answer budget; any other request
+    is a group of its own."""
     groups: list[tuple[tuple | None, list[int]]] = []
     for i, prepared in enumerate(batch):
-        key = None if prepared.media is not None else \
+        text_only = prepared.media is None and set(prepared.prompt.inputs) <= {"input_ids", "attention_mask"}
+        key = None if not text_only else \
             (prepared.served.name, replace(prepared.sampling, seed=None), prepared.max_new_tokens)
         match = next((rows for known, rows in groups if key is not None and known == key), None)
         if match is None:
