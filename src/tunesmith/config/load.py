@@ -30,7 +30,8 @@ log = logging.getLogger("tunesmith")
 
 # Keys that only matter for one finetuning_type: set elsewhere they do nothing, so we say so.
 _ONLY_FOR = {
-    "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_target", "additional_target", "use_dora", "use_rslora"],
+    "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_target", "additional_target", "use_dora", "use_rslora",
+             "loraplus_lr_ratio", "loraplus_lr_embedding"],
     "freeze": ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
 }
 

@@ -189,6 +189,11 @@ class TrainConfig(_Group):
     num_train_epochs: float = Field(3.0, gt=0, description="Epochs to train (fractions allowed).")
     max_steps: int = Field(-1, description="Optimiser steps to train; overrides num_train_epochs when > 0.")
     learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")
+    loraplus_lr_ratio: float | None = Field(
+        None, gt=0, description="LoRA+ (lora only): the lora_B matrices, and the 1-D trainable parameters, learn at "
+        "learning_rate x this (Hayou et al. 2024; LLaMA-Factory's example uses 16).")
+    loraplus_lr_embedding: float = Field(1e-6, gt=0, description="LoRA+: the learning rate of an embedding's "
+                                         "lora_embedding_B.")
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "linear", description="Learning-rate schedule after warmup."
     )

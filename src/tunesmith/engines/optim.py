@@ -15,14 +15,29 @@ def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.opti
 
 
 def parameter_groups(model, cfg: TrainConfig) -> list[dict]:
-    """The trainable parameters in two groups: with weight decay, and without (biases and norms)."""
-    decay, no_decay = [], []
+    """The trainable parameters in groups: with weight decay, and without (biases and norms); with LoRA+
+    (loraplus_lr_ratio), each of those again for the lora_B matrices and the 1-D parameters (learning_rate x the
+    ratio, as LLaMA-Factory groups them), then an embedding's lora_embedding_B (loraplus_lr_embedding)."""
+    buckets: dict[tuple[str, bool], list] = {}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+        if param.requires_grad:
+            decays = param.ndim >= 2 and "norm" not in name.lower()
+            buckets.setdefault((_loraplus_part(name, param) if cfg.loraplus_lr_ratio else "", decays), []).append(param)
+    rates = {"A": cfg.learning_rate, "B": cfg.learning_rate * (cfg.loraplus_lr_ratio or 1.0),
+             "embedding": cfg.loraplus_lr_embedding}
+    groups = []
+    for part in ("", "A", "B", "embedding"):
+        for decays in (True, False):
+            if (part, decays) in buckets:
+                groups.append({"params": buckets[part, decays], "weight_decay": cfg.weight_decay if decays else 0.0,
+                               **({"lr": rates[part]} if part else {})})
+    return groups
+
+
+def _loraplus_part(name: str, param) -> str:
+    if "lora_embedding_B" in name:
+        return "embedding"
+    return "B" if "lora_B" in name or param.ndim == 1 else "A"
 
 
 def adamw_options(cfg: TrainConfig) -> dict:

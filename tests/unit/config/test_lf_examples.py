@@ -64,7 +64,6 @@ REFUSED = {
     ],
     "extras/fsdp_qlora/llama3_lora_sft.yaml": ["'quantization_bit' = 4: " + _QLORA],
     "extras/galore/llama3_full_sft.yaml": ["'use_galore' = True: GaLore is not supported; train with AdamW"],
-    "extras/loraplus/llama3_lora_sft.yaml": ["'loraplus_lr_ratio' = 16.0: LoRA+ is not available"],
     "extras/mod/llama3_full_sft.yaml": [
         "'mixture_of_depths' = 'convert': mixture-of-depths is not available",
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",

@@ -179,8 +179,9 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "freeze"}))
     assert "finetuning_type: freeze is not available on backend: megatron" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "lora", "use_dora": True,
-                                  "additional_target": "embed_tokens"}))
+                                  "additional_target": "embed_tokens", "loraplus_lr_ratio": 16}))
     assert "'use_dora' = True is not available with LoRA on backend: megatron" in text
+    assert "loraplus_lr_ratio (LoRA+) is not available on backend: megatron" in text
     assert "'additional_target' = ['embed_tokens'] is not available with LoRA" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "full", "gradient_checkpointing": True,
                                   "fp16": True, "torch_compile": True}))

@@ -158,3 +158,27 @@ def test_a_logging_windows_time_runs_from_its_first_steps_queueing_to_where_its_
     assert metrics["tokens_per_s"] == 1000.0 and metrics["loss"] == 2.0 and metrics["lr"] == 0.2
     window.add({"loss": 1.0, "lr": 0.3}, {}, 4, 500, started=12.0)
     assert window.flush(epoch=1.0, ended=12.5)["tokens_per_s"] == 1000.0
+
+
+def test_loraplus_moves_lora_b_at_the_ratio_times_the_learning_rate(tmp_path):
+    """LoRA+ (loraplus_lr_ratio): AdamW's first update is about lr per element, so the zero-initialised lora_B
+    matrices end one step at lr (plain LoRA) or lr x the ratio; lora_A keeps the base rate (LLaMA-Factory's groups)."""
+    from safetensors.torch import load_file
+
+    from tunesmith.engines.optim import parameter_groups
+
+    common = dict(finetuning_type="lora", max_steps=1, lr_scheduler_type="constant", max_grad_norm=0)
+
+    def biggest_b(name, **extra):
+        train(run_config(tmp_path / name, **common, **extra))
+        weights = load_file(tmp_path / name / "adapter_model.safetensors")
+        return max(t.abs().max().item() for key, t in weights.items() if "lora_B" in key)
+
+    assert biggest_b("plain") == pytest.approx(1e-3, rel=1e-3)
+    assert biggest_b("plus", loraplus_lr_ratio=16) == pytest.approx(16e-3, rel=1e-3)
+    lin = torch.nn.Module()
+    lin.lora_A, lin.lora_B, lin.norm = (torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2, 2)),
+                                        torch.nn.Parameter(torch.ones(2)))
+    groups = parameter_groups(lin, run_config(tmp_path / "g", loraplus_lr_ratio=4, weight_decay=0.1).train)
+    assert [(len(g["params"]), g["lr"], g["weight_decay"]) for g in groups] == [(1, 1e-3, 0.1), (1, 4e-3, 0.1),
+                                                                               (1, 4e-3, 0.0)]
