@@ -50,7 +50,8 @@ s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
     checkpointing    L * B*S*H * 2k bytes (each layer's input) + a1 (the layer being recomputed); with c of
                      the L layers checkpointed (gradient_checkpointing: auto's selective choice),
                      c * B*S*H*2k + (L - c) * a1 + a1
-    logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); with enable_liger_kernel
+    logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); with enable_liger_kernel,
+                     where the loss is each token's NLL alone (sft, pt without use_dft_loss / use_eaft_loss),
                      the fused linear + cross-entropy's workspace instead: one 2 GiB chunk of logits plus
                      the fp32 output-weight gradient, V*H * 4 B
     Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
@@ -321,13 +322,20 @@ def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int, micro_batches
     layer_input = rows * S * H * 2 * k
     act_bytes = checkpointed * layer_input + (L - checkpointed) * per_layer + (per_layer if checkpointed else 0)
     vocab = 1 if STAGES[ft.stage].reward_head else V
-    if m.enable_liger_kernel:  # the fused head (models/linear_ce.py): one chunk of logits and the fp32 weight gradient
+    if m.enable_liger_kernel and _token_nll_only(cfg):  # the fused head (models/linear_ce.py): one chunk of logits
+        # and the fp32 weight gradient
         from .models.linear_ce import LOGITS_BUDGET_BYTES
 
         logits = (LOGITS_BUDGET_BYTES + vocab * H * 4) / GIB
     else:
         logits = rows * S * vocab * 4 * 2 / GIB
     return act_bytes / GIB, logits
+
+
+def _token_nll_only(cfg: RunConfig) -> bool:
+    """The loss reads each token's NLL alone (sft, pt without token weights): what the fused head computes."""
+    ft = cfg.finetune
+    return STAGES[ft.stage].reads_token_nll and not (ft.use_dft_loss or ft.use_eaft_loss)
 
 
 AUTO_MARGIN = 0.85  # gradient_checkpointing: auto keeps the estimate under this share of the memory
@@ -373,7 +381,7 @@ def _advice(cfg: RunConfig, terms: dict, W: int) -> list[str]:
     tips: list[str] = []
     if "activations" in big and m.gradient_checkpointing is False:
         tips.append("set gradient_checkpointing: true (keeps one tensor per layer, recomputes the rest)")
-    if "logits" in big and not m.enable_liger_kernel:
+    if "logits" in big and not m.enable_liger_kernel and _token_nll_only(cfg):
         tips.append("set enable_liger_kernel: true (the fused linear + cross-entropy never builds the logits)")
     if big & {"activations", "logits"}:
         if t.per_device_train_batch_size > 1:

@@ -46,6 +46,12 @@ class Stage:
         return self.data_kind in ("pairs", "unpaired")
 
     @property
+    def reads_token_nll(self) -> bool:
+        """The loss is each token's NLL (sft, pt), which the fused linear + cross-entropy head computes without the
+        logits; the other stages read the logits."""
+        return self.method == "sft:SFTMethod"
+
+    @property
     def is_online_rl(self) -> bool:
         return self.steps == "rollout"
 
@@ -58,9 +64,13 @@ def _rl(name: str, summary: str, **preset) -> Stage:
     return Stage(name, summary, "prompts", "grpo:GRPOMethod", "rollout", preset, plot_metrics=("reward_mean",))
 
 
+_TOKEN_WEIGHTING = ("use_dft_loss", "use_eaft_loss", "eaft_alpha")  # sft:SFTMethod's token-loss weights
+
 _ALL = [
-    Stage("pt", "continued pretraining on plain text", "text", "sft:SFTMethod", "sequence"),
-    Stage("sft", "supervised fine-tuning on conversations", "conversations", "sft:SFTMethod", "sequence"),
+    Stage("pt", "continued pretraining on plain text", "text", "sft:SFTMethod", "sequence",
+          method_keys=_TOKEN_WEIGHTING),
+    Stage("sft", "supervised fine-tuning on conversations", "conversations", "sft:SFTMethod", "sequence",
+          method_keys=_TOKEN_WEIGHTING),
     Stage("rm", "reward model (Bradley-Terry on chosen/rejected pairs)", "pairs", "rm:RewardModelMethod", "sequence",
           reward_head=True, method_keys=("reward_center_coef",), plot_metrics=("eval_accuracy",)),
     Stage("dpo", "preference optimisation (see pref_loss)", "pairs", "dpo:DPOMethod", "sequence",

@@ -75,7 +75,8 @@ _QLORA = "quantized (QLoRA) training is not available yet; use finetuning_type: 
 _KT = ("KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload: true, or "
        "DeepSpeed ZeRO-3 with offload")
 _TOKENS = "adding tokens to the tokenizer is not available yet; use a model whose tokenizer has them"
-_SFT_LOSS = "the SFT loss is token cross-entropy; this loss variant is not available"
+_ASFT = ("ASFT (the DFT loss plus a KL to a reference model) is not available; use use_dft_loss: true or "
+             "use_eaft_loss: true")
 _FSDP = "HF Trainer-style FSDP settings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)"
 _PREDICT = ("true is batch prediction, which `tunesmith train cfg.yaml` runs instead of training "
             "(docs/training.md#batch-prediction-do_predict); no other command reads it")
@@ -289,11 +290,11 @@ _FINETUNING = section("finetuning", [
     refused("hyper_parallel_cp_size", "HyperParallel is not available; for context parallelism use "
              "context_parallel_size with backend: megatron", accept=(1, None)),
     refused("use_muon", "the Muon optimizer is not available; tunesmith trains with AdamW"),
-    refused("use_dft_loss", _SFT_LOSS),
-    refused("use_asft_loss", _SFT_LOSS),
+    honoured("use_dft_loss"),
+    refused("use_asft_loss", _ASFT),
     idle("asft_alpha", "only applies with use_asft_loss (refused)"),
-    refused("use_eaft_loss", _SFT_LOSS),
-    idle("eaft_alpha", "only applies with use_eaft_loss (refused)"),
+    honoured("use_eaft_loss"),
+    honoured("eaft_alpha"),
     honoured("freeze_vision_tower"),
     honoured("freeze_multi_modal_projector"),
     honoured("freeze_language_model"),

@@ -148,10 +148,14 @@ def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> 
             continue
         except ValidationError as err:
             for e in err.errors():
+                if not e["loc"]:  # a check across the group's keys (a model validator)
+                    problems.append(e["msg"].removeprefix("Value error, "))
+                    values = {}
+                    continue
                 key = ".".join(str(p) for p in e["loc"])
                 shown = "<redacted>" if key in SECRET_KEYS else repr(e.get("input"))
                 problems.append(f"'{key}' = {shown}: {e['msg']}")
-                values.pop(str(e["loc"][0]) if e["loc"] else "", None)
+                values.pop(str(e["loc"][0]), None)
         groups[name] = cls(**values)
     return RunConfig(**groups)
 

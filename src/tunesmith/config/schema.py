@@ -145,6 +145,13 @@ class FinetuneConfig(_Group):
     additional_target: list[str] = Field(default_factory=list, description="Extra modules trained in full with LoRA.")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
+    use_dft_loss: bool = Field(
+        False, description="sft/pt: Dynamic Fine-Tuning (Wu et al. 2025): each token's NLL weighted by its "
+        "probability, detached. The loss needs the logits (the fused Liger head is not used).")
+    use_eaft_loss: bool = Field(
+        False, description="sft/pt: entropy-adaptive fine-tuning (LLaMA-Factory's EAFT): each token's NLL weighted by "
+        "(the entropy of its top-20 distribution / 3) ** eaft_alpha, detached. Needs the logits, as use_dft_loss.")
+    eaft_alpha: float = Field(1.0, gt=0, description="use_eaft_loss: the exponent of the entropy weight.")
     pref_beta: float = Field(0.1, gt=0, description="dpo/kto: beta, the strength of the reference constraint.")
     pref_loss: Literal["sigmoid", "hinge", "ipo", "robust", "orpo", "simpo"] = Field(
         "sigmoid", description="dpo: the preference loss (orpo and simpo need no reference model)."
@@ -168,6 +175,12 @@ class FinetuneConfig(_Group):
     _split = field_validator(
         "freeze_trainable_modules", "freeze_extra_modules", "lora_target", "additional_target", mode="before"
     )(classmethod(lambda cls, v: _split_names(v)))
+
+    @model_validator(mode="after")
+    def _one_token_weighting(self):
+        if self.use_dft_loss and self.use_eaft_loss:
+            raise ValueError("use_dft_loss and use_eaft_loss both weight the token loss: set one of them")
+        return self
 
 
 class TrainConfig(_Group):

@@ -42,6 +42,20 @@ def causal_lm_loss(nll_BT: torch.Tensor, num_label_tokens: int | torch.Tensor) -
     return nll_BT.sum() / num_label_tokens
 
 
+def dft_weights(nll_BT: torch.Tensor) -> torch.Tensor:
+    """Dynamic Fine-Tuning's token weights: each target's probability exp(-nll), detached."""
+    return torch.exp(-nll_BT.detach())
+
+
+def eaft_weights(logits_BTV: torch.Tensor, alpha: float, top: int = 20) -> torch.Tensor:
+    """EAFT's token weights (LLaMA-Factory's): (H / 3) ** alpha, H the entropy of the softmax over each position's
+    `top` largest logits, detached."""
+    with torch.no_grad():
+        logps = torch.log_softmax(logits_BTV.topk(min(top, logits_BTV.shape[-1]), dim=-1).values.float(), dim=-1)
+        entropy = -(logps.exp() * logps).sum(-1)
+        return (entropy / 3.0).pow(alpha)
+
+
 def per_segment_mean(nll_BT: torch.Tensor, targets_BT: torch.Tensor, segment_ids_BT: torch.Tensor) -> torch.Tensor:
     """Mean NLL of each sample (segment) in a batch: packing-invariance checks and eval."""
     mask = (targets_BT != IGNORE_INDEX) & (segment_ids_BT >= 0)

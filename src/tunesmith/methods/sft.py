@@ -16,17 +16,19 @@ import torch
 from ..data.collate import SFTBatch, collate_rows
 from ..models.forward import ModelOutputs
 from .base import LossOutput, NoPrePasses
-from .losses import causal_lm_loss, token_nll
+from .losses import causal_lm_loss, dft_weights, eaft_weights, token_nll
 
 
-def sft_loss(outputs: ModelOutputs, batch: SFTBatch, num_label_tokens: int) -> LossOutput:
-    """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step."""
+def sft_loss(outputs: ModelOutputs, batch: SFTBatch, num_label_tokens: int, weights=None) -> LossOutput:
+    """Loss of one micro-batch, normalised by the label tokens of the whole optimiser step; `weights(logits_BTV,
+    nll_BT)`, where given, weights each token's NLL (use_dft_loss, use_eaft_loss: needs logits outputs)."""
     if outputs.nll_sum is not None:
         nll_sum = outputs.nll_sum
         out = LossOutput(nll_sum / num_label_tokens, {"nll": nll_sum.detach()}, batch.num_label_tokens)
     else:
         nll_BT = token_nll(outputs.logits_BTV, batch.targets_BT)
-        out = LossOutput(causal_lm_loss(nll_BT, num_label_tokens), {"nll": nll_BT.detach().sum()},
+        weighted_BT = nll_BT if weights is None else nll_BT * weights(outputs.logits_BTV, nll_BT)
+        out = LossOutput(causal_lm_loss(weighted_BT, num_label_tokens), {"nll": nll_BT.detach().sum()},
                          batch.num_label_tokens)
     if outputs.aux_loss is None:
         return out
@@ -53,10 +55,23 @@ class SFTMethod(NoPrePasses):
     outputs = "nll"
 
     def __init__(self, cfg):
-        self.stage = cfg.finetune.stage
+        ft = cfg.finetune
+        self.stage = ft.stage
+        self.weights = token_weights(ft)
+        if self.weights is not None:
+            self.outputs = "logits"  # the weights read each token's distribution: no fused head
 
     def units(self, batch: SFTBatch) -> int:
         return batch.num_label_tokens
 
     def loss(self, outputs: ModelOutputs, batch: SFTBatch, stats: dict) -> LossOutput:
-        return sft_loss(outputs, batch, stats["units"])
+        return sft_loss(outputs, batch, stats["units"], self.weights)
+
+
+def token_weights(finetune):
+    """The token-loss weighting the config asks for, as weights(logits_BTV, nll_BT), or None (plain NLL)."""
+    if finetune.use_dft_loss:
+        return lambda logits_BTV, nll_BT: dft_weights(nll_BT)
+    if finetune.use_eaft_loss:
+        return lambda logits_BTV, nll_BT: eaft_weights(logits_BTV, finetune.eaft_alpha)
+    return None

@@ -33,7 +33,7 @@ NOT_TRAIN = {
 _MEGATRON = "needs the Megatron-Core engine: set backend: megatron (or run with USE_MCA=1)"
 _QLORA = "quantized (QLoRA) training is not available yet; use finetuning_type: lora"
 _OFT = "'finetuning_type' = 'oft': OFT is not available; use finetuning_type: lora"
-_SFT_LOSS = "the SFT loss is token cross-entropy"
+_ASFT = "ASFT (the DFT loss plus a KL to a reference model) is not available"
 _KT = "KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload"
 _V1_KERNELS = "'use_v1_kernels' = True: LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel"
 
@@ -50,11 +50,9 @@ REFUSED = {
     "ascend/qwen3vlmoe_lora_sft_fsdp.yaml": [_V1_KERNELS],
     "extras/adam_mini/qwen2_full_sft.yaml": ["'use_adam_mini' = True: Adam-mini is not available"],
     "extras/apollo/llama3_full_sft.yaml": ["'use_apollo' = True: APOLLO is not supported; train with AdamW"],
-    "extras/asft/llama2_full_asft.yaml": ["'use_asft_loss' = True: " + _SFT_LOSS],
-    "extras/asft/qwen2_full_asft.yaml": ["'use_asft_loss' = True: " + _SFT_LOSS],
+    "extras/asft/llama2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
+    "extras/asft/qwen2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
     "extras/badam/llama3_full_sft.yaml": ["'use_badam' = True: BAdam is not supported; train with AdamW"],
-    "extras/dft/qwen2_full_sft.yaml": ["'use_dft_loss' = True: " + _SFT_LOSS],
-    "extras/eaft/qwen25_05b_eaft_full.yaml": ["'use_eaft_loss' = True: " + _SFT_LOSS],
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": ["'fp8' = True: FP8 training is not available; use bf16: true"],
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": [
         "'fp8' = True: FP8 training is not available; use bf16: true",
