@@ -190,8 +190,7 @@ _DATA = section("data", [
     honoured("packing"),
     honoured("neat_packing", "packing without attention across samples (tunesmith's packing always is)"),
     refused("tool_format", "tools are rendered by the chat template; use template: auto", accept=(None,)),
-    refused("default_system", "overriding the template's system message is not available; give a system "
-             "column in the dataset", accept=(None,)),
+    honoured("default_system"),
     honoured("enable_thinking"),
     refused("preserve_thinking", "keeping thinking blocks of earlier turns is not available; remove it"),
     honoured("tokenized_path"),

@@ -78,6 +78,9 @@ class DataConfig(_Group):
     media_dir: str | None = Field(None, description="Folder media paths are relative to (default: dataset_dir).")
     template: str = Field("auto", description="Chat template: auto (the tokenizer's own) or a name, see docs.")
     enable_thinking: bool = Field(True, description="For reasoning templates (qwen3): render thinking blocks.")
+    default_system: str | None = Field(
+        None, description="A system message for every conversation that has none (LLaMA-Factory's: it replaces the "
+        "template's default system prompt); `tunesmith chat` and serve take the same key.")
     cutoff_len: int = Field(2048, ge=8, description="Maximum tokens per sample; longer samples are shortened turn by "
                             "turn as in LLaMA-Factory (docs/data.md).")
     max_samples: int | None = Field(None, ge=1, description="Keep at most this many samples of each dataset.")

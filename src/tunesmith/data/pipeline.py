@@ -82,6 +82,7 @@ def render_options(cfg: RunConfig, tokenizer) -> RenderOptions:
         skip_bad_samples=cfg.data.skip_bad_samples,
         char_budget=char_budget(tokenizer, cfg.data.cutoff_len),
         reward_columns=reward_columns(cfg.rl.reward_funcs) if STAGES[cfg.finetune.stage].is_online_rl else (),
+        default_system=cfg.data.default_system if STAGES[cfg.finetune.stage].data_kind != "text" else None,
     )
 
 

@@ -15,7 +15,7 @@ from ..errors import DataError
 from .budget import cut_messages
 from .mm import (check_placeholders, collapse_markers, expand_in_text, expand_media_tokens, has_media, in_record,
                  plan_and_check, to_content_parts)
-from .render import IGNORE_INDEX, RenderOptions, bad_record, message_budget, render_text
+from .render import IGNORE_INDEX, RenderOptions, bad_record, batch_samples, message_budget, render_text
 from .sample import template_tools, where
 
 _COLUMNS = ("input_ids", "labels", "text", "mm_plan", "sample", "length", "num_truncated", "bad", "source")
@@ -47,7 +47,7 @@ def render_prompt_batch(batch: dict, tokenizer, opts: RenderOptions, media=None)
     """`datasets.map(batched=True)` entry for prompts: input_ids (no labels), text, mm_plan, sample.
     A prompt whose media cannot be decoded raises, or with skip_bad_samples is flagged `bad` (and listed)."""
     out = {k: [] for k in _COLUMNS}
-    for sample in (dict(zip(batch, values)) for values in zip(*batch.values())):
+    for sample in batch_samples(batch, opts):
         messages = sample["messages"]
         extra = json.loads(sample.get("extra") or "{}")
         if messages and messages[-1]["role"] == "assistant":

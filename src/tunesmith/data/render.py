@@ -44,6 +44,7 @@ class RenderOptions:
     char_budget: int | None = None  # characters kept per message (data/budget.py); None: derived from cutoff_len
     # online RL: (column, reward, option) for each column a configured reward reads from every prompt row
     reward_columns: tuple = ()
+    default_system: str | None = None  # the system message of every conversation that has none
 
 
 def message_budget(tokenizer, opts: RenderOptions) -> int:
@@ -351,8 +352,15 @@ def _render_one(sample: dict, tokenizer, opts: RenderOptions, media) -> dict:
     return render_sft(sample, tokenizer, opts)
 
 
-def _samples(batch: dict):
-    return (dict(zip(batch, values)) for values in zip(*batch.values()))
+def batch_samples(batch: dict, opts: RenderOptions):
+    """The samples of a `datasets.map` batch, each conversation opened by default_system where it has no system
+    message."""
+    for values in zip(*batch.values()):
+        sample = dict(zip(batch, values))
+        messages = sample.get("messages")
+        if opts.default_system and messages and messages[0]["role"] != "system":
+            sample["messages"] = [{"role": "system", "content": opts.default_system}, *messages]
+        yield sample
 
 
 _PAIR_COLUMNS = ("input_ids", "labels", "rejected_input_ids", "rejected_labels", "length", "num_truncated",
@@ -363,7 +371,7 @@ def render_pair_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -
     """rm / dpo: the chosen and the rejected conversation of each record, labels on the final response."""
     opts = _response_only(opts)
     out = {k: [] for k in _PAIR_COLUMNS}
-    for sample in _samples(batch):
+    for sample in batch_samples(batch, opts):
         if not sample.get("rejected"):
             raise DataError(f"{where(sample)}: stage rm/dpo needs pairs; mark the dataset `ranking: true` with "
                             "chosen and rejected columns in dataset_info.json")
@@ -435,7 +443,7 @@ def render_kto_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) ->
     """kto: each (prompt, completion, label), plus the prompt with the next record's completion for the KL
     estimate (mismatched pairs, as in the KTO paper)."""
     opts = _response_only(opts)
-    samples = list(_samples(batch))
+    samples = list(batch_samples(batch, opts))
     out = {k: [] for k in _KTO_COLUMNS}
     for i, sample in enumerate(samples):
         if sample.get("kto_tag") is None:
@@ -493,7 +501,7 @@ def render_batch(batch: dict, tokenizer, opts: RenderOptions, media=None) -> dic
                            ("source", sample["source"])):
             out[key].append(value)
 
-    for sample in _samples(batch):
+    for sample in batch_samples(batch, opts):
         if has_media(sample):
             if media is None:
                 _refuse_media(sample)

@@ -224,3 +224,18 @@ def test_a_template_refusal_names_the_record_and_a_broken_template_keeps_its_own
     with pytest.raises(TemplateError) as broken:
         render_sft(sample, tok, RenderOptions(chat_template="{% for m in messages %}{{ m.content }"))
     assert not isinstance(broken.value, DataError)
+
+
+def test_default_system_opens_every_conversation_without_one(tiny_qwen3):
+    from tunesmith.data.render import render_batch
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    bare = [m for m in CONVERSATION if m["role"] != "system"]
+    own = [{"role": "system", "content": "Own."}, *bare]
+    samples = [make_sample(bare, source="t", index=0), make_sample(own, source="t", index=1)]
+    batch = {key: [sample[key] for sample in samples] for key in samples[0]}
+    out = render_batch(batch, tok, _opts(tok, "chatml", default_system="Be brief."))
+    first, second = (tok.decode(ids) for ids in out["input_ids"])
+    assert first.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert second.startswith("<|im_start|>system\nOwn.<|im_end|>") and "Be brief." not in second
+    assert "Be brief." not in _supervised_text(tok, {"input_ids": out["input_ids"][0], "labels": out["labels"][0]})
