@@ -105,7 +105,7 @@ _MODEL = section("model", [
     refused("use_unsloth", "unsloth is not supported; tunesmith uses Liger kernels (enable_liger_kernel: true)"),
     refused("use_unsloth_gc", "unsloth's checkpointing is not available; use gradient_checkpointing: true"),
     honoured("enable_liger_kernel"),
-    unless_null("moe_aux_loss_coef", "setting the router auxiliary loss coefficient is not available; remove it"),
+    honoured("moe_aux_loss_coef"),
     mapped("disable_gradient_checkpointing", "gradient_checkpointing", switch_key("gradient_checkpointing", False),
             "true -> gradient_checkpointing: false; false (LLaMA-Factory's default) changes nothing: "
             "tunesmith's default gradient_checkpointing: auto decides from the memory estimate"),

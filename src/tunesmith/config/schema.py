@@ -45,6 +45,9 @@ class ModelConfig(_Group):
     random_init: bool = Field(False, description="Build the architecture of config.json with random weights "
                               "(benchmarks; `tunesmith bench` sets it).")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
+    moe_aux_loss_coef: float | None = Field(
+        None, ge=0, description="Mixture-of-experts models: the weight of the router load-balancing loss "
+        "(router_aux_loss_coef of config.json, saved with the model); unset: the model's own.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
     flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "fa3", "flex", "disabled"] = Field(
         "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else varlen (PyTorch's "

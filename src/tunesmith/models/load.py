@@ -319,6 +319,8 @@ def _random_model(model_class, config, dtype, cfg: ModelConfig, device):
 
 def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     model.config.use_cache = False
+    if cfg.moe_aux_loss_coef is not None:
+        set_router_aux_loss_coef(model.config, cfg.moe_aux_loss_coef)
     linearize_patch_embeds(model)
     if cfg.enable_liger_kernel:
         use_fused_rms_norms(model)
@@ -327,6 +329,18 @@ def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     if checkpoint_layers > 0:
         enable_checkpointing(model, checkpoint_layers)
     return model.to(device) if device is not None else model
+
+
+def set_router_aux_loss_coef(config, coef: float) -> None:
+    """moe_aux_loss_coef: the weight of the router load-balancing loss, in the config (and its text config, where
+    Qwen3-VL MoE keeps it) of a model that has one; for any other model the key has no effect, said once."""
+    holders = [part for part in (config, getattr(config, "text_config", None))
+               if part is not None and hasattr(part, "router_aux_loss_coef")]
+    if not holders:
+        log.warning("moe_aux_loss_coef: %s has no router load-balancing loss; the key has no effect",
+                    config.model_type)
+    for part in holders:
+        part.router_aux_loss_coef = coef
 
 
 def use_vision_varlen(model) -> None:
