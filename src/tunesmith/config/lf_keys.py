@@ -403,7 +403,7 @@ _HF = section("hf", [
     refused("liger_kernel_config", "Liger options are not read; enable_liger_kernel applies tunesmith's set",
              accept=(None, {})),
     idle("use_cache", "the KV cache is off in training"),
-    refused("neftune_noise_alpha", "NEFTune is not available; remove it", accept=(None,)),
+    honoured("neftune_noise_alpha"),
     idle("torch_empty_cache_steps", "memory housekeeping only"),
     refused("auto_find_batch_size", "set per_device_train_batch_size; `tunesmith estimate` predicts the memory"),
     refused("logging_strategy", "tunesmith logs every logging_steps steps; remove it", accept=("steps", None)),

@@ -42,6 +42,9 @@ def megatron_problems(cfg) -> list[str]:
                         "the Megatron engine does not run; remove it")
     if cfg.train.torch_compile:
         problems.append("torch_compile: true is not available on backend: megatron; remove it")
+    if cfg.train.neftune_noise_alpha is not None:
+        problems.append("neftune_noise_alpha (NEFTune) is not available on backend: megatron; remove it, or use "
+                        "backend: single / fsdp2 / deepspeed")
     if cfg.model.gradient_checkpointing is True:
         problems.append("gradient_checkpointing: true does not apply on backend: megatron (the transformers model "
                         "is not what runs); use recompute_granularity: full (or selective)")

@@ -226,6 +226,10 @@ class TrainConfig(_Group):
         "adamw_torch", description="Optimiser (AdamW; the fused kernel is used on CUDA either way)."
     )
     max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
+    neftune_noise_alpha: float | None = Field(
+        None, gt=0, description="NEFTune: uniform noise of bound alpha / sqrt(tokens x hidden) on the input embeddings "
+        "of training forwards (transformers' formula, per micro-batch; e.g. 5). Turns merge_micro_batches off, so "
+        "the noise sees the micro-batches LLaMA-Factory's does.")
     seed: int = Field(42, description="Seed for initialisation, shuffling and dropout.")
     skip_nonfinite: bool = Field(False, description="Skip (and count) steps with a non-finite loss or gradient.")
     max_bad_steps: int = Field(

@@ -242,12 +242,13 @@ def unpadded_rows(cfg, method, model_config, media, device: torch.device) -> boo
 
 def _mergeable(cfg, method, model_config) -> bool:
     """What packing a step's samples into fewer passes (merge_tokens, unpadded_rows) needs first: the setting on,
-    the method's rows collated as plain token rows, and a model whose packed samples cannot see each other."""
+    the method's rows collated as plain token rows, a model whose packed samples cannot see each other, and no
+    NEFTune (its noise scales with the forward's shape)."""
     from ..data.collate import collate_rows
     from ..models.families import packing_leak
 
     return (cfg.train.merge_micro_batches and method.collate is collate_rows
-            and packing_leak(model_config) is None)
+            and packing_leak(model_config) is None and cfg.train.neftune_noise_alpha is None)
 
 
 def merge_tokens(cfg, method, model_config, checkpointed: int, device: torch.device, media_data=None) -> int:
@@ -340,6 +341,10 @@ def _model_factory(cfg, stage, method, pad_id: int, stop_ids: list[int], layers:
             from ..models.fp32_head import install_fp32_head
 
             install_fp32_head(model)
+        if cfg.train.neftune_noise_alpha is not None:
+            from ..models.neftune import install_neftune
+
+            install_neftune(model, cfg.train.neftune_noise_alpha)
         if cfg.model.enable_liger_kernel and method.outputs == "nll":
             from ..models.kernels import install_fused_ce
 

@@ -184,8 +184,9 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     assert "loraplus_lr_ratio (LoRA+) is not available on backend: megatron" in text
     assert "'additional_target' = ['embed_tokens'] is not available with LoRA" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "full", "gradient_checkpointing": True,
-                                  "fp16": True, "torch_compile": True}))
+                                  "fp16": True, "torch_compile": True, "neftune_noise_alpha": 5}))
     assert "use recompute_granularity: full" in text and "use bf16: true" in text and "torch_compile" in text
+    assert "neftune_noise_alpha (NEFTune) is not available on backend: megatron" in text
 
 
 def test_translate_keeps_unknown_keys_for_the_caller():

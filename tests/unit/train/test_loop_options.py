@@ -103,9 +103,9 @@ def _nan_on_second_step(monkeypatch):
     calls = {"n": 0}
     real = sft.sft_loss
 
-    def flaky(outputs, batch, num_label_tokens):
+    def flaky(outputs, batch, num_label_tokens, *weights):
         calls["n"] += 1
-        out = real(outputs, batch, num_label_tokens)
+        out = real(outputs, batch, num_label_tokens, *weights)
         if calls["n"] == 2:
             out.loss = out.loss * float("nan")
         return out
@@ -193,3 +193,22 @@ def test_moe_aux_loss_coef_weights_the_router_loss_and_is_saved(tmp_path, caplog
     with caplog.at_level("WARNING", logger="tunesmith"):
         train(run_config(tmp_path / "dense", max_steps=1, moe_aux_loss_coef=0.5))
     assert "moe_aux_loss_coef: qwen3 has no router load-balancing loss; the key has no effect" in caplog.text
+
+
+def test_neftune_noise_is_bounded_training_only_and_changes_the_run(tmp_path):
+    from tunesmith.models.neftune import install_neftune
+
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(10, 16)
+    model.get_input_embeddings = lambda: model.embed
+    install_neftune(model, 5.0)
+    ids = torch.randint(0, 10, (2, 25))
+    clean = model.embed.weight[ids]
+    noise = model.embed(ids) - clean
+    bound = 5.0 / (25 * 16) ** 0.5  # transformers' alpha / sqrt(T * H)
+    assert 0.5 * bound < noise.abs().max().item() <= bound
+    assert torch.equal(model.embed.eval()(ids), clean)  # evaluation and generation: none
+    plain = train(run_config(tmp_path / "plain", max_steps=2))
+    noisy = train(run_config(tmp_path / "noisy", max_steps=2, neftune_noise_alpha=5))
+    assert noisy.step_losses != plain.step_losses and all(loss == loss for loss in noisy.step_losses)
