@@ -231,6 +231,8 @@ class TrainConfig(_Group):
         "of training forwards (transformers' formula, per micro-batch; e.g. 5). Turns merge_micro_batches off, so "
         "the noise sees the micro-batches LLaMA-Factory's does.")
     seed: int = Field(42, description="Seed for initialisation, shuffling and dropout.")
+    disable_shuffling: bool = Field(False, description="Train on the rows (samples or packed rows) and online-RL "
+                                    "prompts in the data's order every epoch instead of a seeded shuffle.")
     skip_nonfinite: bool = Field(False, description="Skip (and count) steps with a non-finite loss or gradient.")
     max_bad_steps: int = Field(
         10, ge=1, description="Stop the run after this many consecutive skipped steps (non-finite loss or gradient) "
@@ -238,6 +240,8 @@ class TrainConfig(_Group):
         "kept.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
+    eval_on_start: bool = Field(False, description="Evaluate once before the first step too (the starting model's "
+                                "eval_loss at step 0), where the run evaluates (eval_strategy or do_eval).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
     backend: Literal["auto", "single", "fsdp2", "deepspeed", "megatron"] = Field(
         "auto", description="Training engine: auto (deepspeed when `deepspeed` or `zero_stage` is set, fsdp2 with more "

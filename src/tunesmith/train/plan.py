@@ -42,6 +42,13 @@ from ..data.packing import pack_indices
 UNPADDED_MULTIPLE = 64
 
 
+def shuffled(count: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """0..count-1 in the epoch's order: a permutation seeded by (seed, epoch), or as they are without shuffle."""
+    if not shuffle:
+        return list(range(count))
+    return torch.randperm(count, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).tolist()
+
+
 @dataclass
 class Position:
     epoch: int = 0
@@ -51,7 +58,7 @@ class Position:
 class EpochPlan:
     def __init__(self, lengths: list[int], *, packing: bool, cutoff_len: int, batch_size: int, grad_accum: int,
                  num_epochs: float, max_steps: int, seed: int, world: int = 1, merge_tokens: int = 0,
-                 unpadded: bool = False):
+                 unpadded: bool = False, shuffle: bool = True):
         self.rows = pack_indices(lengths, cutoff_len) if packing else [[i] for i in range(len(lengths))]
         self.lengths = lengths
         self.merge_tokens = merge_tokens  # 0: every micro-batch is one forward pass
@@ -61,6 +68,7 @@ class EpochPlan:
         self.batch_size = batch_size
         self.grad_accum = grad_accum
         self.seed = seed
+        self.shuffle = shuffle  # False: every epoch in the rows' own order (disable_shuffling)
         self.micro_batches_per_epoch = math.ceil(math.ceil(len(self.rows) / batch_size) / world)
         self.steps_per_epoch = math.ceil(self.micro_batches_per_epoch / grad_accum)
         self.total_steps = max_steps if max_steps > 0 else max(1, math.ceil(num_epochs * self.steps_per_epoch))
@@ -70,14 +78,13 @@ class EpochPlan:
         options = dict(packing=cfg.packing, cutoff_len=cfg.data.cutoff_len,
                        batch_size=cfg.train.per_device_train_batch_size,
                        grad_accum=cfg.train.gradient_accumulation_steps, num_epochs=cfg.train.num_train_epochs,
-                       max_steps=cfg.train.max_steps, seed=cfg.train.seed, world=dist.data_world())
+                       max_steps=cfg.train.max_steps, seed=cfg.train.seed, world=dist.data_world(),
+                       shuffle=not cfg.train.disable_shuffling)
         return cls(lengths, **{**options, **overrides})
 
     def epoch_order(self, epoch: int) -> list[list[list[int]]]:
         """Micro-batches of this epoch: each a list of rows, each row a list of sample indices."""
-        gen = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
-        order = torch.randperm(len(self.rows), generator=gen).tolist()
-        rows = [self.rows[i] for i in order]
+        rows = [self.rows[i] for i in shuffled(len(self.rows), self.seed, epoch, self.shuffle)]
         return [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
 
     def step_slice(self, position: Position) -> tuple[int, int]:

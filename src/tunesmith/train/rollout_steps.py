@@ -29,6 +29,7 @@ from ..models.families import collation_pad_id
 from ..rollout.backends import build_rollout
 from ..rollout.engine import Rollouts, Sampling
 from ..rollout.rewards import build_rewards
+from .plan import shuffled
 from .steps import Step, run_prepasses
 
 
@@ -96,8 +97,7 @@ class RolloutSteps:
 
     # ---- prompts --------------------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
-        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1000003 + epoch)
-        return torch.randperm(len(self.prompts), generator=gen).tolist()
+        return shuffled(len(self.prompts), self.cfg.train.seed, epoch, not self.cfg.train.disable_shuffling)
 
     def _next_prompts(self, count: int) -> list[dict]:
         """The next `count` prompts of the shared order; each rank keeps its own share (whole groups)."""

@@ -74,7 +74,7 @@ class Runner:
         started, tokens_before = time.perf_counter(), self.state["tokens_seen"]
         self.marks["train_start"] = time.time()
         try:
-            if self.source.eval_before_training and self.state["global_step"] == 0 and self._evaluates():
+            if self.state["global_step"] == 0 and self._evaluates_first():
                 self._log_eval(sinks, None)
             progress = TrainProgress(self.total_steps, self.state["global_step"], self.source.progress_key)
             with StopFlag() as stop, progress as bar:
@@ -228,6 +228,12 @@ class Runner:
 
     def _evaluates(self) -> bool:
         return self.cfg.train.eval_strategy != "no"
+
+    def _evaluates_first(self) -> bool:
+        """Evaluate the starting model: online RL scores it where it evaluates at all; eval_on_start asks for it."""
+        train = self.cfg.train
+        return ((self.source.eval_before_training or train.eval_on_start) and self._evaluates()) or \
+            (train.eval_on_start and train.do_eval)
 
     @staticmethod
     def _due(strategy: str, every: int, step: int, epoch_ended: bool, last: bool) -> bool:

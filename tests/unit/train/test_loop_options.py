@@ -212,3 +212,21 @@ def test_neftune_noise_is_bounded_training_only_and_changes_the_run(tmp_path):
     plain = train(run_config(tmp_path / "plain", max_steps=2))
     noisy = train(run_config(tmp_path / "noisy", max_steps=2, neftune_noise_alpha=5))
     assert noisy.step_losses != plain.step_losses and all(loss == loss for loss in noisy.step_losses)
+
+
+def test_eval_on_start_evaluates_the_starting_model_at_step_0(tmp_path):
+    import json
+
+    train(run_config(tmp_path / "o", max_steps=2, val_size=0.25, eval_strategy="steps", eval_steps=2,
+                     eval_on_start=True))
+    rows = [json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [0, 2]
+
+
+def test_disable_shuffling_keeps_the_rows_in_order_every_epoch():
+    from tunesmith.train.plan import EpochPlan
+
+    options = dict(packing=False, cutoff_len=64, batch_size=2, grad_accum=1, num_epochs=2, max_steps=-1, seed=3)
+    ordered = EpochPlan([5] * 6, shuffle=False, **options)
+    assert ordered.epoch_order(0) == ordered.epoch_order(1) == [[[0], [1]], [[2], [3]], [[4], [5]]]
+    assert EpochPlan([5] * 6, **options).epoch_order(0) != ordered.epoch_order(0)  # a seeded shuffle by default
