@@ -64,13 +64,13 @@ def _rl(name: str, summary: str, **preset) -> Stage:
     return Stage(name, summary, "prompts", "grpo:GRPOMethod", "rollout", preset, plot_metrics=("reward_mean",))
 
 
-_TOKEN_WEIGHTING = ("use_dft_loss", "use_eaft_loss", "eaft_alpha")  # sft:SFTMethod's token-loss weights
+_TOKEN_LOSS_KEYS = ("use_dft_loss", "use_eaft_loss", "eaft_alpha", "compute_accuracy")  # sft:SFTMethod's
 
 _ALL = [
     Stage("pt", "continued pretraining on plain text", "text", "sft:SFTMethod", "sequence",
-          method_keys=_TOKEN_WEIGHTING),
+          method_keys=_TOKEN_LOSS_KEYS),
     Stage("sft", "supervised fine-tuning on conversations", "conversations", "sft:SFTMethod", "sequence",
-          method_keys=_TOKEN_WEIGHTING),
+          method_keys=_TOKEN_LOSS_KEYS),
     Stage("rm", "reward model (Bradley-Terry on chosen/rejected pairs)", "pairs", "rm:RewardModelMethod", "sequence",
           reward_head=True, method_keys=("reward_center_coef",), plot_metrics=("eval_accuracy",)),
     Stage("dpo", "preference optimisation (see pref_loss)", "pairs", "dpo:DPOMethod", "sequence",

@@ -297,7 +297,7 @@ _FINETUNING = section("finetuning", [
     honoured("freeze_vision_tower"),
     honoured("freeze_multi_modal_projector"),
     honoured("freeze_language_model"),
-    refused("compute_accuracy", "token accuracy at evaluation is not computed; remove it"),
+    honoured("compute_accuracy", "token-weighted (LLaMA-Factory averages per sample)"),
     honoured("disable_shuffling"),
     unless_null("early_stopping_steps", "early stopping is not available; set max_steps or num_train_epochs"),
     honoured("plot_loss"),

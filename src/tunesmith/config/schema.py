@@ -158,6 +158,9 @@ class FinetuneConfig(_Group):
         False, description="sft/pt: entropy-adaptive fine-tuning (LLaMA-Factory's EAFT): each token's NLL weighted by "
         "(the entropy of its top-20 distribution / 3) ** eaft_alpha, detached. Needs the logits, as use_dft_loss.")
     eaft_alpha: float = Field(1.0, gt=0, description="use_eaft_loss: the exponent of the entropy weight.")
+    compute_accuracy: bool = Field(
+        False, description="sft/pt: evaluation also reports eval_accuracy, the share of label tokens whose most "
+        "likely token is the label (evaluation forwards build the logits; training is unchanged).")
     pref_beta: float = Field(0.1, gt=0, description="dpo/kto: beta, the strength of the reference constraint.")
     pref_loss: Literal["sigmoid", "hinge", "ipo", "robust", "orpo", "simpo"] = Field(
         "sigmoid", description="dpo: the preference loss (orpo and simpo need no reference model)."

@@ -16,7 +16,7 @@ import torch
 from ..data.collate import SFTBatch, collate_rows
 from ..models.forward import ModelOutputs
 from .base import LossOutput, NoPrePasses
-from .losses import causal_lm_loss, dft_weights, eaft_weights, token_nll
+from .losses import IGNORE_INDEX, causal_lm_loss, dft_weights, eaft_weights, token_nll
 
 
 def sft_loss(outputs: ModelOutputs, batch: SFTBatch, num_label_tokens: int, weights=None) -> LossOutput:
@@ -60,12 +60,23 @@ class SFTMethod(NoPrePasses):
         self.weights = token_weights(ft)
         if self.weights is not None:
             self.outputs = "logits"  # the weights read each token's distribution: no fused head
+        self.accuracy = ft.compute_accuracy
+        self.eval_outputs = "logits" if self.accuracy else self.outputs
 
     def units(self, batch: SFTBatch) -> int:
         return batch.num_label_tokens
 
     def loss(self, outputs: ModelOutputs, batch: SFTBatch, stats: dict) -> LossOutput:
-        return sft_loss(outputs, batch, stats["units"], self.weights)
+        out = sft_loss(outputs, batch, stats["units"], self.weights)
+        if self.accuracy and outputs.logits_BTV is not None and not torch.is_grad_enabled():  # an evaluation
+            out.sums["accuracy"] = correct_tokens(outputs.logits_BTV, batch.targets_BT)
+        return out
+
+
+def correct_tokens(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """How many label tokens are the most likely token (LLaMA-Factory's compute_accuracy, summed over tokens)."""
+    counted = targets_BT != IGNORE_INDEX
+    return ((logits_BTV.argmax(-1) == targets_BT) & counted).sum().float()
 
 
 def token_weights(finetune):

@@ -64,7 +64,7 @@ class SequenceSteps:
             batch = batches[i]
             run_prepasses(engine, self.method, [batch])
             stats = step_stats(self.method, [batch], across_ranks=False)
-            out = engine.forward([batch], loss_fn(self.method, stats))[0]
+            out = engine.forward([batch], loss_fn(self.method, stats, evaluation=True))[0]
             total += float(out.loss) * stats["units"]
             units += stats["units"]
             count += out.count

@@ -78,5 +78,8 @@ def step_stats(method, batches: list, across_ranks: bool = True) -> dict:
     return {"units": max(units, 1), **sums}
 
 
-def loss_fn(method, stats: dict) -> LossFn:
-    return LossFn(method.outputs, lambda outputs, batch: method.loss(outputs, batch, stats))
+def loss_fn(method, stats: dict, evaluation: bool = False) -> LossFn:
+    """The method's loss over the step's `stats`; an evaluation's forward gives what the method reads there
+    (`eval_outputs`, e.g. the logits for sft's compute_accuracy), else its training outputs."""
+    outputs = getattr(method, "eval_outputs", method.outputs) if evaluation else method.outputs
+    return LossFn(outputs, lambda outputs, batch: method.loss(outputs, batch, stats))

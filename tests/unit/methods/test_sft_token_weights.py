@@ -57,3 +57,17 @@ def test_a_dft_run_trains_and_one_weighting_at_a_time(tmp_path):
         build_config(None, {"dataset": "x", "use_dft_loss": True, "use_eaft_loss": True})
     with pytest.raises(ConfigError, match=r"rollout_seq_mask_low \(1.5\) must be below"):  # another group's check
         build_config(None, {"dataset": "x", "rollout_seq_mask_low": 1.5})
+
+
+def test_compute_accuracy_reports_the_share_of_label_tokens_predicted_at_evaluation(tmp_path):
+    import json
+
+    from tunesmith.methods.sft import correct_tokens
+
+    logits = torch.tensor([[[0.0, 2.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 5.0]]])
+    assert correct_tokens(logits, torch.tensor([[1, 2, IGNORE_INDEX]])).item() == 1  # argmax 1 right, 0 wrong
+    result = train(run_config(tmp_path / "acc", compute_accuracy=True, max_steps=2, val_size=0.25,
+                              eval_strategy="steps", eval_steps=2))
+    assert 0.0 <= result.eval_metrics["eval_accuracy"] <= 1.0
+    rows = [json.loads(line) for line in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()]
+    assert not any("accuracy" in row for row in rows if "loss" in row)  # training is unchanged
