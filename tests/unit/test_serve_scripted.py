@@ -186,3 +186,16 @@ def test_web_pages_of_other_sites_and_rebound_host_names_are_refused(tokenizer):
         assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "bad_host"
         same = httpx.post(url, json=body, headers={"Origin": server.url})
         assert same.status_code == 200
+
+
+def test_default_system_opens_a_conversation_without_one(tokenizer):
+    from tunesmith.infer.options import GenerationKeys
+
+    engine, live = _serve(tokenizer, ["ok"], generation=GenerationKeys(default_system="Be brief."))
+    with live as server:
+        client = server.client()
+        client.chat.completions.create(model="scripted", messages=HI)
+        assert engine.rendered[-1].startswith("<|im_start|>system\nBe brief.<|im_end|>")
+        own = [{"role": "system", "content": "Own."}, *HI]
+        client.chat.completions.create(model="scripted", messages=own)
+        assert "Be brief." not in engine.rendered[-1] and "Own." in engine.rendered[-1]

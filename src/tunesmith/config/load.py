@@ -31,7 +31,7 @@ log = logging.getLogger("tunesmith")
 # Keys that only matter for one finetuning_type: set elsewhere they do nothing, so we say so.
 _ONLY_FOR = {
     "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_target", "additional_target", "use_dora", "use_rslora",
-             "loraplus_lr_ratio", "loraplus_lr_embedding"],
+             "loraplus_lr_embedding"],
     "freeze": ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
 }
 
@@ -150,7 +150,7 @@ def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> 
             for e in err.errors():
                 if not e["loc"]:  # a check across the group's keys (a model validator)
                     problems.append(e["msg"].removeprefix("Value error, "))
-                    values = {}
+                    values = _without_conflict(cls, values)
                     continue
                 key = ".".join(str(p) for p in e["loc"])
                 shown = "<redacted>" if key in SECRET_KEYS else repr(e.get("input"))
@@ -158,6 +158,19 @@ def _validate_groups(routed: dict[str, dict[str, Any]], problems: list[str]) -> 
                 values.pop(str(e["loc"][0]), None)
         groups[name] = cls(**values)
     return RunConfig(**groups)
+
+
+def _without_conflict(cls, values: dict) -> dict:
+    """The group's values less the first key whose removal passes the group's checks across keys (the other keys
+    stay, so their own cross-checks still run); none if no one key does."""
+    for key in values:
+        trial = {k: v for k, v in values.items() if k != key}
+        try:
+            cls(**trial)
+            return trial
+        except ValidationError:
+            continue
+    return {}
 
 
 NOTHING_TO_RUN = ("do_train: false and do_eval: false: nothing to run. Set do_eval: true to evaluate the model "
@@ -214,6 +227,10 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if set_labels and STAGES[cfg.finetune.stage].data_kind != "conversations":
         problems.append(f"{' and '.join(set_labels)}: only the SFT stage chooses which turns are supervised (stage "
                         f"{cfg.finetune.stage} decides that itself; LLaMA-Factory refuses it too); remove it")
+    if cfg.train.loraplus_lr_ratio is not None and cfg.finetune.finetuning_type != "lora":
+        problems.append(f"loraplus_lr_ratio (LoRA+) raises the learning rate of LoRA's B matrices, which finetuning_type: "
+                        f"{cfg.finetune.finetuning_type} has not (LLaMA-Factory refuses it too); remove it, or use "
+                        "finetuning_type: lora")
     if cfg.finetune.use_llama_pro and cfg.finetune.finetuning_type == "full":
         problems.append("use_llama_pro: true trains the expanded blocks only, which finetuning_type: full cannot; "
                         "use finetuning_type: freeze (or lora)")
@@ -272,6 +289,9 @@ def _check_liger() -> list[str]:
 
 
 def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
+    train = cfg.train
+    if train.eval_on_start and train.eval_strategy == "no" and not train.do_eval:
+        log.warning("eval_on_start: this run does not evaluate (eval_strategy: no, do_eval: false); it has no effect")
     for ftype, keys in _ONLY_FOR.items():
         idle = sorted(given & set(keys) - ({"freeze_trainable_layers"} if cfg.finetune.use_llama_pro else set()))
         if idle and cfg.finetune.finetuning_type != ftype:

@@ -29,12 +29,12 @@ def megatron_problems(cfg) -> list[str]:
                         "use finetuning_type: full or lora, or backend: single / fsdp2 for freeze")
     if cfg.finetune.finetuning_type == "lora":
         problems += _lora_problems(cfg.finetune)
-        if cfg.train.loraplus_lr_ratio is not None:
-            problems.append("loraplus_lr_ratio (LoRA+) is not available on backend: megatron (its optimizer follows "
-                            "one learning rate); remove it, or use backend: single / fsdp2 / deepspeed")
         if STAGES[cfg.finetune.stage].reward_head:
             problems.append(f"stage {cfg.finetune.stage} with finetuning_type: lora is not available on backend: "
                             "megatron; use finetuning_type: full, or backend: single / fsdp2 for a LoRA reward model")
+    if cfg.train.loraplus_lr_ratio is not None:
+        problems.append("loraplus_lr_ratio (LoRA+) is not available on backend: megatron (its optimizer follows "
+                        "one learning rate); remove it, or use backend: single / fsdp2 / deepspeed")
     if cfg.model.fp16:
         problems.append("fp16: true on backend: megatron: use bf16: true (fp16 loss scaling is not wired up)")
     if cfg.model.enable_liger_kernel:

@@ -25,7 +25,7 @@ from ..errors import DataError
 from ..stages import STAGES
 from .budget import char_budget, cut_messages
 from .mm import check_placeholders, has_media, media_counts, render_mm_sft
-from .sample import template_messages, template_tools, token_ranges, turn_labels, where
+from .sample import template_messages, template_tools, token_ranges, turn_labels, where, with_default_system
 
 IGNORE_INDEX = -100
 
@@ -357,9 +357,8 @@ def batch_samples(batch: dict, opts: RenderOptions):
     message."""
     for values in zip(*batch.values()):
         sample = dict(zip(batch, values))
-        messages = sample.get("messages")
-        if opts.default_system and messages and messages[0]["role"] != "system":
-            sample["messages"] = [{"role": "system", "content": opts.default_system}, *messages]
+        if sample.get("messages"):
+            sample["messages"] = with_default_system(sample["messages"], opts.default_system)
         yield sample
 
 

@@ -118,6 +118,16 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+def with_default_system(messages: list[dict], system: str | None) -> list[dict]:
+    """The conversation opened by `system` where it has no system message (or an empty one), as LLaMA-Factory's
+    default_system; unchanged when system is None or empty."""
+    if not system:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        return messages if messages[0].get("content") else [{**messages[0], "content": system}, *messages[1:]]
+    return [{"role": "system", "content": system}, *messages]
+
+
 def template_tools(sample: dict) -> list | None:
     """The sample's tool definitions as chat templates read them (OpenAI's shape): a bare function spec
     ({"name", "description", "parameters"}, LLaMA-Factory's data) is wrapped as {"type": "function", "function":

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..data.loader import load_samples, split_eval
-from ..data.sample import template_messages, template_tools, where
+from ..data.sample import template_messages, template_tools, where, with_default_system
 from ..errors import ConfigError, DataError
 from ..serve.backends import load_engine
 from ..serve.engine import GenerationRequest
@@ -117,8 +117,7 @@ def _record(sample: dict, default_system: str | None) -> dict:
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
         raise DataError(f"{where(sample)}: batch prediction answers a conversation up to its last assistant turn, "
                         "and this record does not end with one; fix it, or set skip_bad_samples: true to skip it")
-    if default_system and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": default_system})
+    messages = with_default_system(messages, default_system)
     return {"messages": messages[:-1], "answer": messages[-1], "tools": template_tools(sample),
             "media": {kind: sample.get(kind) or [] for kind in MEDIA}}
 

@@ -16,8 +16,7 @@ from ..data.collate import collate_kto
 from ..models.forward import ModelOutputs
 from .base import LossOutput, PrePass, metric_sums
 from .losses import kto
-from .preference import (batch_logps, reference_or_zeros, reference_prepass, response_logit_means,
-                         sequence_logps_fn)
+from .preference import batch_logps, reference_or_zeros, reference_prepass, sequence_logps_fn
 
 
 class KTOMethod:
@@ -54,6 +53,8 @@ class KTOMethod:
         kl = torch.tensor(max(stats["kl_sum"] / max(stats["kl_count"], 1), 0.0), dtype=torch.float32)
         desirable = batch.extra["desirable_B"].to(total.device)
         losses, metrics = kto(total[:n], ref[:n], desirable, kl, **self.kwargs)
-        logits, chosen = response_logit_means(outputs.logits_BTV[:n], batch.targets_BT[:n]), desirable.float()
+        # LLaMA-Factory's and TRL's KTO logits/chosen: each example's logits summed over its row and the vocabulary
+        logits = outputs.logits_BTV[:n].detach().sum(dim=(1, 2), dtype=torch.float32)
+        chosen = desirable.float()
         metrics.update({"logits/chosen": logits * chosen, "logits/rejected": logits * (1 - chosen)})
         return LossOutput(losses.sum() / stats["units"], metric_sums(metrics), n)

@@ -26,7 +26,7 @@ def batch_logps(logits_BTV: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Te
 
 def response_logit_means(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
     """Per-row mean of the logits over the response positions and the vocabulary, in fp32, detached: the
-    logits/chosen and logits/rejected that TRL and LLaMA-Factory log (theirs also average the padding)."""
+    logits/chosen and logits/rejected of dpo (LLaMA-Factory's mean also covers the prompt and the padding)."""
     with torch.no_grad():
         mask_BT = (targets_BT != IGNORE_INDEX).to(torch.float32)
         per_token_BT = logits_BTV.detach().mean(-1, dtype=torch.float32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
@@ -337,10 +338,14 @@ def set_router_aux_loss_coef(config, coef: float) -> None:
     holders = [part for part in (config, getattr(config, "text_config", None))
                if part is not None and hasattr(part, "router_aux_loss_coef")]
     if not holders:
-        log.warning("moe_aux_loss_coef: %s has no router load-balancing loss; the key has no effect",
-                    config.model_type)
+        _no_router_loss(config.model_type)
     for part in holders:
         part.router_aux_loss_coef = coef
+
+
+@functools.cache
+def _no_router_loss(model_type: str) -> None:  # said once a process (the model may be built twice)
+    log.warning("moe_aux_loss_coef: %s has no router load-balancing loss; the key has no effect", model_type)
 
 
 def use_vision_varlen(model) -> None:

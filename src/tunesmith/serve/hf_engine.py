@@ -107,12 +107,13 @@ class HFEngine(Engine):
     def _stop_ids(self, served: ServedModel) -> list[int]:
         return stop_token_ids(self.model, self.tokenizer, served.rendering.template)
 
-    def _generate(self, prepared: Prepared, kwargs: dict):
+    def _generate(self, prepared: Prepared, kwargs: dict, rows: bool = False):
+        """`generate` with the request's seed and adapter: the answer's ids, or with `rows` every row's whole ids."""
         if prepared.sampling.seed is not None:
             torch.manual_seed(prepared.sampling.seed)
         with self.gate.use(prepared.served.adapter), torch.no_grad():
             out = self.model.generate(**kwargs)
-        return out[0, prepared.prompt.num_tokens:]
+        return out if rows else out[0, prepared.prompt.num_tokens:]
 
     def _finished(self, prepared: Prepared, ids) -> Finished:
         ids = ids.tolist()
@@ -154,10 +155,7 @@ class HFEngine(Engine):
         if "logits_processor" in kwargs:
             kwargs["logits_processor"] = [_Penalties(width, first.sampling.presence_penalty,
                                                      first.sampling.frequency_penalty)]
-        if first.sampling.seed is not None:
-            torch.manual_seed(first.sampling.seed)
-        with self.gate.use(first.served.adapter), torch.no_grad():
-            out = self.model.generate(**kwargs)[:, width:].tolist()
+        out = self._generate(first, kwargs, rows=True)[:, width:].tolist()
         stops, skip = set(self._stop_ids(first.served)), first.sampling.generation.skip_special_tokens
         return [self.finish_text(prepared, self.tokenizer.decode(_through_first(ids, stops), skip_special_tokens=skip))
                 for prepared, ids in zip(group, out)]

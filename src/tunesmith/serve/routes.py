@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from ..data.sample import with_default_system
 from .content import convert_messages
 from .engine import Engine, Finished, GenerationRequest, Prepared
 from .errors import RequestError, UnknownModelError, error_body
@@ -108,6 +109,7 @@ class Routes:
         body: ChatCompletionRequest = await self._parse(request, ChatCompletionRequest)
         self.engine.served(body.model)  # an unknown model is refused before anything is decoded
         messages, images = await run_in_threadpool(convert_messages, body.messages, self.settings.allow_local_media)
+        messages = with_default_system(messages, self.settings.generation.default_system)
         tools = ([t.model_dump(exclude_none=True) for t in body.tools]
                  if body.tools and body.tool_choice != "none" else None)
         prepared = await run_in_threadpool(self.engine.prepare, GenerationRequest(

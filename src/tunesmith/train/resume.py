@@ -25,7 +25,7 @@ output_dir overwrite_output_dir resume_from_checkpoint resume_allow_changes logg
 save_total_limit save_only_model save_final_model plot_loss report_to run_name use_swanlab swanlab_project
 swanlab_mode swanlab_api_key eval_strategy eval_steps per_device_eval_batch_size eval_num_prompts
 dataloader_num_workers preprocessing_num_workers preprocessing_batch_size data_shared_file_system tokenized_path
-overwrite_cache ddp_timeout max_bad_steps cache_dir trust_checkpoint checkpoint_key_file
+overwrite_cache ddp_timeout max_bad_steps cache_dir trust_checkpoint checkpoint_key_file eval_on_start compute_accuracy
 """.split())
 # The run's length: it may change at resume (the schedule is rebuilt for the new total).
 _LENGTH = frozenset({"max_steps", "num_train_epochs", "num_total_steps"})

@@ -202,3 +202,12 @@ def test_validation_imports_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_loraplus_outside_lora_and_a_conflict_inside_a_group_hide_no_other_problem():
+    text = "\n".join(problems_of({"finetuning_type": "full", "loraplus_lr_ratio": 16}))
+    assert "loraplus_lr_ratio (LoRA+) raises the learning rate of LoRA's B matrices" in text
+    # the group's cross-key check drops one key: the group's other keys still meet their own checks
+    text = "\n".join(problems_of({"stage": "dpo", "packing": True, "use_dft_loss": True, "use_eaft_loss": True}))
+    assert "use_dft_loss and use_eaft_loss both weight the token loss" in text
+    assert "stage dpo scores whole sequences and is not packed" in text
