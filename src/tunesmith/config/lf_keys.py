@@ -76,7 +76,7 @@ _KT = ("KTransformers (CPU MoE experts) is not available; use backend: fsdp2 wit
        "DeepSpeed ZeRO-3 with offload")
 _TOKENS = "adding tokens to the tokenizer is not available yet; use a model whose tokenizer has them"
 _ASFT = ("ASFT (the DFT loss plus a KL to a reference model) is not available; use use_dft_loss: true or "
-             "use_eaft_loss: true")
+         "use_eaft_loss: true")
 _FSDP = "HF Trainer-style FSDP settings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)"
 _PREDICT = ("true is batch prediction, which `tunesmith train cfg.yaml` runs instead of training "
             "(docs/training.md#batch-prediction-do_predict); no other command reads it")

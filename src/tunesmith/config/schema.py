@@ -20,7 +20,7 @@ def _no_is_false(value):
     return "no" if value is False else value
 
 
-def _split_names(value):
+def split_names(value):
     """'a,b' / ['a','b'] / None -> list of stripped names."""
     if value is None:
         return []
@@ -118,9 +118,9 @@ class DataConfig(_Group):
     identity_name: str = Field("Tunesmith Demo", description="Fills {{name}} in the identity dataset.")
     identity_author: str = Field("the tunesmith team", description="Fills {{author}} in the identity dataset.")
 
-    _split = field_validator("dataset", "eval_dataset", mode="before")(classmethod(lambda cls, v: _split_names(v)))
+    _split = field_validator("dataset", "eval_dataset", mode="before")(classmethod(lambda cls, v: split_names(v)))
     _probs = field_validator("interleave_probs", mode="before")(
-        classmethod(lambda cls, v: _split_names(v) if isinstance(v, str) else v)
+        classmethod(lambda cls, v: split_names(v) if isinstance(v, str) else v)
     )
 
 
@@ -183,7 +183,7 @@ class FinetuneConfig(_Group):
 
     _split = field_validator(
         "freeze_trainable_modules", "freeze_extra_modules", "lora_target", "additional_target", mode="before"
-    )(classmethod(lambda cls, v: _split_names(v)))
+    )(classmethod(lambda cls, v: split_names(v)))
 
     @model_validator(mode="after")
     def _one_token_weighting(self):
@@ -356,7 +356,7 @@ class OutputConfig(_Group):
     swanlab_api_key: str | None = Field(None, description="Prefer the SWANLAB_API_KEY environment variable.")
 
     _split = field_validator("report_to", "resume_allow_changes", mode="before")(
-        classmethod(lambda cls, v: _split_names(v)))
+        classmethod(lambda cls, v: split_names(v)))
     _strategy = field_validator("save_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
 
 
@@ -442,7 +442,7 @@ class RLConfig(_Group):
     rollout_seq_mask_high: float = Field(1.1, gt=0, description="seq_mask: the highest kept sequence ratio.")
 
     _funcs = field_validator("reward_funcs", mode="before")(
-        classmethod(lambda cls, v: _split_names(v) if isinstance(v, str) else v)
+        classmethod(lambda cls, v: split_names(v) if isinstance(v, str) else v)
     )
 
     @model_validator(mode="after")

@@ -34,19 +34,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config.schema import DataConfig
+from ..config.schema import DataConfig, split_names
 from ..errors import ConfigError
 
 log = logging.getLogger("tunesmith")
-
-
-def _comma_list(value):
-    """A YAML list, or LLaMA-Factory's comma-separated string of names; null is none."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
 
 
 class _Keys(BaseModel):
@@ -73,7 +64,7 @@ class ModelKeys(_Keys):
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
 
-    _split = field_validator("adapter_name_or_path", mode="before")(classmethod(lambda cls, v: _comma_list(v)))
+    _split = field_validator("adapter_name_or_path", mode="before")(classmethod(lambda cls, v: split_names(v)))
 
 
 class GenerationKeys(_Keys):
@@ -249,7 +240,7 @@ class PredictKeys(_Keys):
     identity_name: str = DataConfig.model_fields["identity_name"]  # training's key: its default and meaning
     identity_author: str = DataConfig.model_fields["identity_author"]
 
-    _names = field_validator("eval_dataset", "dataset", mode="before")(classmethod(lambda cls, v: _comma_list(v)))
+    _names = field_validator("eval_dataset", "dataset", mode="before")(classmethod(lambda cls, v: split_names(v)))
 
 
 CHAT_GROUPS: dict[str, type[_Keys]] = {"model": ModelKeys, "generation": GenerationKeys, "media": MediaKeys,
