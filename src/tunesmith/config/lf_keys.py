@@ -98,7 +98,8 @@ _MODEL = section("model", [
     idle("init_special_tokens", "only applies to added tokens (refused)"),
     honoured("model_revision"),
     idle("low_cpu_mem_usage", "loading strategy only"),
-    unless_null("rope_scaling", "RoPE scaling is not applied; use a model whose config.json sets rope_scaling"),
+    honoured("rope_scaling", "linear, dynamic, yarn, llama3; the factor ceil(cutoff_len / the model's positions) "
+             "as LLaMA-Factory's training"),
     honoured("flash_attn", "LLaMA-Factory's auto, disabled, sdpa, fa2, fa3; tunesmith adds varlen, eager, flex"),
     refused("shift_attn", "S^2-Attn (LongLoRA) is not available; remove it"),
     unless_null("mixture_of_depths", "mixture-of-depths is not available; remove it"),
@@ -299,7 +300,8 @@ _FINETUNING = section("finetuning", [
     honoured("freeze_language_model"),
     honoured("compute_accuracy", "token-weighted (LLaMA-Factory averages per sample)"),
     honoured("disable_shuffling"),
-    unless_null("early_stopping_steps", "early stopping is not available; set max_steps or num_train_epochs"),
+    honoured("early_stopping_steps", "evaluations in a row without improvement, as transformers' "
+             "EarlyStoppingCallback counts them"),
     honoured("plot_loss"),
     idle("include_effective_tokens_per_second", "tunesmith always logs tokens_per_s and train_tokens_per_second"),
 ])
@@ -444,9 +446,9 @@ _HF = section("hf", [
     *[idle(k, _HUB) for k in ("hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push",
                                "hub_revision", "push_to_hub_model_id", "push_to_hub_organization",
                                "push_to_hub_token")],
-    refused("load_best_model_at_end", "the final model is the last step's; pick a checkpoint from output_dir"),
-    idle("metric_for_best_model", "only applies with load_best_model_at_end / early stopping (refused)"),
-    idle("greater_is_better", "only applies with load_best_model_at_end / early stopping (refused)"),
+    honoured("load_best_model_at_end"),
+    honoured("metric_for_best_model"),
+    honoured("greater_is_better"),
     refused("ignore_data_skip", "resume is exact: it continues at its position in the data; remove it"),
     idle("restore_callback_states_from_checkpoint", "tunesmith has no Trainer callbacks"),
     refused("full_determinism", "deterministic kernels are not switched on; remove it"),

@@ -236,8 +236,38 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
                         "use finetuning_type: freeze (or lora)")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
+    problems.extend(_best_model_problems(cfg))
     problems.extend(_check_deepspeed(cfg))
     problems.extend(megatron_problems(cfg))
+    return problems
+
+
+def _best_model_problems(cfg: RunConfig) -> list[str]:
+    """load_best_model_at_end and early_stopping_steps compare evaluations; the best model is a checkpoint saved
+    at one (transformers' rules)."""
+    train, output = cfg.train, cfg.output
+    asked = [key for key in ("load_best_model_at_end", "early_stopping_steps") if getattr(train, key)]
+    if not asked:
+        return []
+    if train.eval_strategy == "no":
+        return [f"{' and '.join(asked)} compare the run's evaluations: set eval_strategy: steps (or epoch), with "
+                "val_size or eval_dataset"]
+    problems = []
+    if STAGES[cfg.finetune.stage].is_online_rl and train.metric_for_best_model is None:
+        problems.append(f"{' and '.join(asked)}: online RL evaluations report rewards, not eval_loss: set "
+                        "metric_for_best_model: reward_mean (or reward_<function>)")
+    if not train.load_best_model_at_end:
+        return problems
+    eval_steps = train.eval_steps or output.logging_steps
+    if output.save_strategy != train.eval_strategy:
+        problems.append(f"load_best_model_at_end loads a checkpoint saved at an evaluation: save_strategy "
+                        f"({output.save_strategy}) must be eval_strategy ({train.eval_strategy}), as in transformers")
+    elif train.eval_strategy == "steps" and output.save_steps % eval_steps:
+        problems.append(f"load_best_model_at_end: save_steps ({output.save_steps}) must be a multiple of eval_steps "
+                        f"({eval_steps}), so that every checkpoint has its evaluation")
+    if output.save_only_model:
+        problems.append("load_best_model_at_end restores the best checkpoint with its engine state, which "
+                        "save_only_model: true does not write; set save_only_model: false")
     return problems
 
 
@@ -292,6 +322,10 @@ def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
     train = cfg.train
     if train.eval_on_start and train.eval_strategy == "no" and not train.do_eval:
         log.warning("eval_on_start: this run does not evaluate (eval_strategy: no, do_eval: false); it has no effect")
+    best_keys = sorted(given & {"metric_for_best_model", "greater_is_better"})
+    if best_keys and not (train.load_best_model_at_end or train.early_stopping_steps):
+        log.warning("%s only apply with load_best_model_at_end or early_stopping_steps; no effect here",
+                    " and ".join(best_keys))
     for ftype, keys in _ONLY_FOR.items():
         idle = sorted(given & set(keys) - ({"freeze_trainable_layers"} if cfg.finetune.use_llama_pro else set()))
         if idle and cfg.finetune.finetuning_type != ftype:

@@ -45,6 +45,10 @@ def megatron_problems(cfg) -> list[str]:
     if cfg.train.neftune_noise_alpha is not None:
         problems.append("neftune_noise_alpha (NEFTune) is not available on backend: megatron; remove it, or use "
                         "backend: single / fsdp2 / deepspeed")
+    if cfg.model.rope_scaling in ("dynamic", "yarn"):
+        problems.append(f"rope_scaling: {cfg.model.rope_scaling} is not available on backend: megatron (its rotary "
+                        "angles use fixed frequencies and no attention scaling); use rope_scaling: linear or llama3, "
+                        "or backend: single / fsdp2 / deepspeed")
     if cfg.model.gradient_checkpointing is True:
         problems.append("gradient_checkpointing: true does not apply on backend: megatron (the transformers model "
                         "is not what runs); use recompute_granularity: full (or selective)")

@@ -41,18 +41,21 @@ class RunFacts:
 
 
 def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
-    changes: dict[str, dict] = {"rl": {}, "train": {}, "finetune": {}}
+    changes: dict[str, dict] = {"rl": {}, "train": {}, "finetune": {}, "model": {}}
     stage = STAGES[cfg.finetune.stage]
     given_rl = cfg.rl.model_fields_set
     changes["rl"].update({k: v for k, v in stage.preset.items() if k not in given_rl})
     changes["train"]["backend"] = resolve_backend(cfg, facts)
     if cfg.train.eval_steps is None:
         changes["train"]["eval_steps"] = cfg.output.logging_steps
+    if cfg.model.rope_scaling and cfg.model.rope_max_length is None:
+        changes["model"]["rope_max_length"] = cfg.data.cutoff_len
     if cfg.finetune.lora_alpha is None:
         changes["finetune"]["lora_alpha"] = float(2 * cfg.finetune.lora_rank)
     if stage.is_online_rl:
         changes["rl"]["reward_funcs"] = _reward_funcs(cfg)
-        changes["rl"]["rollout_backend"] = resolve_rollout_backend(cfg.rl.rollout_backend, facts)
+        changes["rl"]["rollout_backend"] = resolve_rollout_backend(cfg.rl.rollout_backend, facts,
+                                                                 rope_scaled=bool(cfg.model.rope_scaling))
     resolved = cfg.replace(**{k: v for k, v in changes.items() if v})
     if stage.is_online_rl:
         check_online_rl(resolved)
@@ -76,13 +79,18 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
     return backend
 
 
-def resolve_rollout_backend(choice: str, facts: RunFacts) -> str:
+def resolve_rollout_backend(choice: str, facts: RunFacts, rope_scaled: bool = False) -> str:
     """auto: vllm when it is installed and the run is one process on a CUDA GPU, else hf (vllm under several
     processes, an engine on each, runs when named). A backend that cannot run here is refused before anything
-    loads."""
+    loads. rope_scaled: the policy's RoPE is scaled (rope_scaling), which vLLM's engine, built from the model's
+    own config.json, would not apply."""
     if choice == "auto":
-        return "vllm" if facts.has_vllm and facts.device_type == "cuda" and facts.world_size == 1 else "hf"
+        fits = facts.has_vllm and facts.device_type == "cuda" and facts.world_size == 1 and not rope_scaled
+        return "vllm" if fits else "hf"
     problems = []
+    if choice == "vllm" and rope_scaled:
+        problems.append("rollout_backend: vllm with rope_scaling: vLLM builds its engine from the model's own "
+                        "config.json, without the scaling; use rollout_backend: hf")
     if choice == "vllm" and not facts.has_vllm:
         problems.append("rollout_backend: vllm needs the vllm package: pip install 'tunesmith[vllm]' (on a machine "
                         "with a CUDA GPU), or use rollout_backend: hf")

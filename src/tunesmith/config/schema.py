@@ -48,6 +48,12 @@ class ModelConfig(_Group):
     moe_aux_loss_coef: float | None = Field(
         None, ge=0, description="Mixture-of-experts models: the weight of the router load-balancing loss "
         "(router_aux_loss_coef of config.json, saved with the model); unset: the model's own.")
+    rope_scaling: Literal["linear", "dynamic", "yarn", "llama3"] | None = Field(
+        None, description="Stretch RoPE to a longer context, as LLaMA-Factory: when rope_max_length exceeds the "
+        "positions the model was trained for, its RoPE gets this scaling with the factor ceil(rope_max_length / "
+        "positions), saved in config.json ([training.md](training.md#rope-scaling-rope_scaling)).")
+    rope_max_length: int | None = Field(
+        None, ge=1, description="The context rope_scaling stretches the model to; unset: cutoff_len.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
     flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "fa3", "flex", "disabled"] = Field(
         "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else varlen (PyTorch's "
@@ -245,6 +251,18 @@ class TrainConfig(_Group):
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: logging_steps).")
     eval_on_start: bool = Field(False, description="Evaluate once before the first step too (the starting model's "
                                 "eval_loss at step 0), where the run evaluates (eval_strategy or do_eval).")
+    load_best_model_at_end: bool = Field(
+        False, description="After training, load the checkpoint whose evaluation scored best on "
+        "metric_for_best_model (saved at an evaluation: save_strategy as eval_strategy, save_steps a multiple of "
+        "eval_steps; save_total_limit keeps it), so the model saved in output_dir is that one.")
+    metric_for_best_model: str | None = Field(
+        None, description="The evaluation metric that decides the best model and early stopping (eval_ may be left "
+        "out); unset: eval_loss.")
+    greater_is_better: bool | None = Field(
+        None, description="Whether a higher metric_for_best_model is better; unset: false for a loss, else true.")
+    early_stopping_steps: int | None = Field(
+        None, ge=1, description="Stop training after this many evaluations in a row without a better "
+        "metric_for_best_model (LLaMA-Factory's key; transformers' early_stopping_patience).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
     backend: Literal["auto", "single", "fsdp2", "deepspeed", "megatron"] = Field(
         "auto", description="Training engine: auto (deepspeed when `deepspeed` or `zero_stage` is set, fsdp2 with more "

@@ -11,7 +11,9 @@ import torch
 from ..errors import ModelError
 from ..models.families import family_of
 from ..models.load import auto_model_class, report_loading, with_chat_template
+from ..models.rope import scale_rope
 from ..models.tiny import resolve_model_path
+from .media import saved_config
 
 log = logging.getLogger("tunesmith")
 
@@ -51,8 +53,29 @@ def refuse_reward_model(path: str, adapters: list[str] | tuple[str, ...] = ()) -
                          f"score with it: tunesmith score --model {head} --data <file.jsonl>")
 
 
-def _head_kwargs(path: str) -> dict:
-    return {"num_labels": 1} if _is_reward_model(path) else {}
+def adapter_rope(folder: str) -> tuple[str, int] | None:
+    """(rope_scaling, rope_max_length) of the run that trained this adapter (its tunesmith_config.yaml), if it
+    scaled RoPE: the base model's config.json does not say so."""
+    saved = saved_config(folder)
+    if saved.get("rope_scaling") and saved.get("rope_max_length"):
+        return saved["rope_scaling"], int(saved["rope_max_length"])
+    return None
+
+
+def scale_rope_as_trained(config, adapters) -> None:
+    """The base's RoPE scaled as it was in training, for adapters trained with rope_scaling."""
+    for scaling in filter(None, map(adapter_rope, adapters)):
+        scale_rope(config, *scaling)
+
+
+def refuse_scaled_adapters(folders) -> None:
+    """Adapters served on a base loaded without their scaling (vLLM's LoRA serving, switchable lora_modules): one
+    trained with rope_scaling is refused."""
+    scaled = [folder for folder in folders if adapter_rope(folder)]
+    if scaled:
+        raise ModelError(f"{scaled[0]} was trained with rope_scaling, which serving it as a LoRA adapter on the base "
+                         "model does not apply (vLLM, lora_modules); merge it first (tunesmith export) and serve the "
+                         "merged folder")
 
 
 def _looks_local(path: str) -> bool:
@@ -132,10 +155,12 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
         config = AutoConfig.from_pretrained(base, **hub)
         multimodal = family_of(config) is not None
         preprocessor = _load_preprocessor(list(reversed(adapters)) + [base], multimodal, **hub)
-        head_kwargs = _head_kwargs(head)
+        scale_rope_as_trained(config, adapters)
+        reward = _is_reward_model(head)
+        config.num_labels = 1 if reward else config.num_labels
         model = report_loading(*_model_class(config, head).from_pretrained(
-            base, dtype=dtype, output_loading_info=True, **head_kwargs, **hub), base,
-            fresh_head=bool(adapters) and bool(head_kwargs))  # a reward adapter brings its score head
+            base, config=config, dtype=dtype, output_loading_info=True, **hub), base,
+            fresh_head=bool(adapters) and reward)  # a reward adapter brings its score head
         for i, adapter in enumerate(adapters):
             from peft import PeftModel
 

@@ -272,7 +272,9 @@ REFUSED: dict[str, str] = {
                             "then upload the folder with `hf upload <repo_id> <export_dir>` "
                             "(older huggingface_hub: `huggingface-cli upload <repo_id> <export_dir>`)"),
     "adapter_folder": "give the adapter folder(s) in adapter_name_or_path (comma-separated for several)",
-    "rope_scaling": "RoPE scaling at inference is not available; remove the key",
+    "rope_scaling": ("a model trained with rope_scaling brings its scaling (a full model in config.json, a LoRA "
+                     "adapter in its run's tunesmith_config.yaml); scaling another at inference is not available; "
+                     "remove the key"),
     "shift_attn": "shift short attention (LongLoRA) is not supported; remove the key",
     "mixture_of_depths": "mixture-of-depths is not supported; remove the key",
     "use_unsloth": "unsloth is not supported; remove the key",

@@ -23,6 +23,7 @@ from .kernels import linearize_patch_embeds
 from .liger_rope import pin_triton_rope
 from .norms import use_fused_rms_norms
 from .refused_families import load_refusal
+from .rope import scale_rope
 from .tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")
@@ -163,6 +164,8 @@ def load_config(cfg: ModelConfig):
                                             revision=cfg.model_revision)
     except (OSError, ValueError) as err:
         raise ModelError(_load_hint(cfg.model_name_or_path, err)) from None
+    if cfg.rope_scaling and cfg.rope_max_length:  # rope_max_length is set by config.resolve
+        scale_rope(config, cfg.rope_scaling, cfg.rope_max_length)
     if config.model_type == "qwen2_5_omni":
         raise ModelError(
             f"{cfg.model_name_or_path} is a full Qwen2.5-Omni checkpoint (thinker + talker); tunesmith fine-tunes the "
@@ -223,14 +226,13 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     path = resolve_model_path(cfg.model_name_or_path)
     config = load_config(cfg)
     model_class = auto_model_class(config)
-    extra = {}
     if reward_head:
         if family_of(config) is not None:
             raise ModelError("stage rm with a vision/audio-language model is not available yet; use a text model")
         from transformers import AutoModelForSequenceClassification
 
-        model_class, extra = AutoModelForSequenceClassification, {"num_labels": 1}
-    config.num_labels = extra.get("num_labels", config.num_labels)  # for the from_config branches
+        model_class = AutoModelForSequenceClassification
+        config.num_labels = 1
     dtype = torch.bfloat16 if cfg.pure_bf16 else torch.float32
     if cfg.enable_liger_kernel and not compiled_blocks:
         _apply_liger_for(path, cfg)
@@ -245,6 +247,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
     try:
         model = model_class.from_pretrained(
             path,
+            config=config,  # as load_config made it (rope_scaling), with a reward head's num_labels
             dtype=half or dtype,
             attn_implementation=attn_implementation(cfg, device, config),
             trust_remote_code=cfg.trust_remote_code,
@@ -252,7 +255,6 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
             revision=cfg.model_revision,
             device_map=device if device.type == "cuda" else None,  # converted to fp32 on the GPU, not the CPU
             output_loading_info=True,
-            **extra,
         )
         model = report_loading(*model, cfg.model_name_or_path, fresh_head=reward_head)
     except OSError as err:

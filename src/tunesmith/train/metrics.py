@@ -89,8 +89,9 @@ def write_trainer_state(output_dir: Path, state: dict, max_steps: int, final: di
     (LLaMA-Factory users' plotting scripts read its log_history): the logged rows of metrics.jsonl, then the run's
     closing metrics."""
     history = [{_HF_NAMES.get(k, k): v for k, v in row.items()} for row in read_metrics(output_dir / "metrics.jsonl")]
-    values = {"global_step": state.get("global_step", 0), "epoch": final.get("epoch"),
-              "max_steps": max_steps, "log_history": history + [{**final, "step": state.get("global_step", 0)}]}
+    values = {"global_step": state.get("global_step", 0), "epoch": final.get("epoch"), "max_steps": max_steps,
+              **{key: state.get(key) for key in ("best_metric", "best_global_step", "best_model_checkpoint")},
+              "log_history": history + [{**final, "step": state.get("global_step", 0)}]}
     (output_dir / "trainer_state.json").write_text(json.dumps(values, indent=2), encoding="utf-8")
 
 

@@ -26,6 +26,7 @@ from ..engines.base import NonFiniteError, combine_sum, metric_means
 from ..errors import TunesmithError
 from ..stages import STAGES, uses_reference
 from . import checkpoint as ckpt
+from .best import BestTracker
 from .metrics import build_sinks, plot_loss, write_results, write_trainer_state
 from .progress import TrainProgress
 from .resume import record_changes
@@ -44,6 +45,7 @@ class TrainResult:
     eval_loss: float | None = None
     eval_metrics: dict = field(default_factory=dict)
     interrupted: bool = False
+    stopped_early: bool = False  # early_stopping_steps ended it
 
 
 class Runner:
@@ -57,6 +59,7 @@ class Runner:
         self.bad_streak = 0  # consecutive updates that were skipped or had a zero gradient
         self.saved_step: int | None = None  # the step of the last checkpoint written or resumed
         self.result = TrainResult(output_dir, 0)
+        self.best = BestTracker.of(cfg.train)  # load_best_model_at_end / early stopping, else None
         self.timing: dict = {}
         self.marks: dict[str, float] = {}  # wall-clock times of the run's phases (set_up sets the first ones)
 
@@ -127,6 +130,10 @@ class Runner:
                     self._save()
                 self.result.interrupted = True
                 log.warning("stopped at step %d; resume with resume_from_checkpoint: true", self.state["global_step"])
+                return
+            if self.best is not None and self.best.should_stop(self.state):
+                log.warning(self.best.stop_message(self.state))
+                self.result.stopped_early = True
                 return
 
     def _queue_step(self, step: Step) -> "_Queued":
@@ -261,6 +268,8 @@ class Runner:
         step = self.state["global_step"]
         self.result.eval_metrics = metrics
         self.result.eval_loss = metrics.get("eval_loss")
+        if self.best is not None:
+            self.best.record(self.state, metrics, step)
         if bar is not None:
             bar.print_metrics(step, metrics)
         else:
@@ -282,16 +291,22 @@ class Runner:
         return self.result
 
     def _save(self) -> None:
+        step = self.state["global_step"]
+        if self.best is not None and self.state.get("best_global_step") == step:  # this step's evaluation is the best
+            self.state["best_model_checkpoint"] = str(self.output_dir / f"checkpoint-{step}")
         trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg),
                          "world_size": dist.data_world()}
         path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
                                     trainer_state, only_model=self.cfg.output.save_only_model,
                                     key_file=self.cfg.output.checkpoint_key_file)
         self.saved_step = self.state["global_step"]
-        ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit)
+        ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit,
+                    keep_also=self.state.get("best_model_checkpoint"))
         log.info("saved %s", path)
 
     def _finish(self) -> None:
+        if self.cfg.train.load_best_model_at_end:
+            self._load_best()
         if self.cfg.output.save_final_model:
             self.engine.export_hf(self.output_dir, self.saver)
         if not dist.is_main():
@@ -314,6 +329,23 @@ class Runner:
                    else "chat with it: tunesmith chat --model {}")
             log.info("model saved to %s; %s", self.output_dir, use.format(self.output_dir))
 
+
+    def _load_best(self) -> None:
+        """load_best_model_at_end: the best evaluation's checkpoint back into the engine (verified first), and its
+        metrics as the run's evaluation results; the last step's weights where they are the best."""
+        best, step = self.state.get("best_model_checkpoint"), self.state.get("best_global_step")
+        if step == self.state["global_step"] or best is None:
+            log.info("load_best_model_at_end: %s", "the last step's evaluation is the best; the model is kept"
+                     if best is not None else "no checkpoint was saved at a best evaluation; the model is the last "
+                     "step's")
+            return
+        output = self.cfg.output
+        ckpt.check_trusted(Path(best), output.checkpoint_key_file, output.trust_checkpoint)
+        self.engine.load(Path(best), trusted=True)
+        self.result.eval_metrics = dict(self.state["best_eval_metrics"])
+        self.result.eval_loss = self.result.eval_metrics.get("eval_loss")
+        log.info("load_best_model_at_end: loaded %s (%s %.4g at step %d)", best, self.best.metric,
+                 self.state["best_metric"], step)
 
     def _epoch(self) -> float:
         return round(self.state["global_step"] / self.source.steps_per_epoch, 4)

@@ -184,9 +184,28 @@ def test_megatron_keys_need_the_megatron_backend_and_its_stages():
     assert "loraplus_lr_ratio (LoRA+) is not available on backend: megatron" in text
     assert "'additional_target' = ['embed_tokens'] is not available with LoRA" in text
     text = "\n".join(problems_of({"backend": "megatron", "finetuning_type": "full", "gradient_checkpointing": True,
-                                  "fp16": True, "torch_compile": True, "neftune_noise_alpha": 5}))
+                                  "fp16": True, "torch_compile": True, "neftune_noise_alpha": 5,
+                                  "rope_scaling": "yarn"}))
     assert "use recompute_granularity: full" in text and "use bf16: true" in text and "torch_compile" in text
     assert "neftune_noise_alpha (NEFTune) is not available on backend: megatron" in text
+    assert "rope_scaling: yarn is not available on backend: megatron" in text
+    build_config(None, {"dataset": "x", "backend": "megatron", "finetuning_type": "full", "rope_scaling": "llama3"})
+
+
+def test_rope_scaling_stretches_to_cutoff_len_unless_given_and_keeps_rollouts_off_vllm():
+    from tunesmith.config.load import build_config
+    from tunesmith.config.resolve import RunFacts, resolve
+    from tunesmith.errors import ConfigError
+
+    given = {"dataset": "x", "cutoff_len": 8192, "rope_scaling": "linear"}
+    assert resolve(build_config(None, given)).model.rope_max_length == 8192
+    assert resolve(build_config(None, {**given, "rope_max_length": 32768})).model.rope_max_length == 32768
+    assert resolve(build_config(None, {"dataset": "x"})).model.rope_max_length is None
+    gpu = RunFacts(device_type="cuda", has_vllm=True)
+    rl = {**given, "stage": "grpo", "reward_funcs": "format"}
+    assert resolve(build_config(None, rl), gpu).rl.rollout_backend == "hf"
+    with pytest.raises(ConfigError, match="rollout_backend: vllm with rope_scaling"):
+        resolve(build_config(None, {**rl, "rollout_backend": "vllm"}), gpu)
 
 
 def test_translate_keeps_unknown_keys_for_the_caller():
@@ -211,3 +230,18 @@ def test_loraplus_outside_lora_and_a_conflict_inside_a_group_hide_no_other_probl
     text = "\n".join(problems_of({"stage": "dpo", "packing": True, "use_dft_loss": True, "use_eaft_loss": True}))
     assert "use_dft_loss and use_eaft_loss both weight the token loss" in text
     assert "stage dpo scores whole sequences and is not packed" in text
+
+
+def test_best_model_and_early_stopping_need_evaluations_saved_with_them():
+    base = {"load_best_model_at_end": True, "val_size": 0.1}
+    text = "\n".join(problems_of({**base, "early_stopping_steps": 3}))
+    assert "load_best_model_at_end and early_stopping_steps compare the run's evaluations: set eval_strategy" in text
+    text = "\n".join(problems_of({**base, "eval_strategy": "steps", "eval_steps": 30, "save_steps": 100,
+                                  "save_only_model": True}))
+    assert "save_steps (100) must be a multiple of eval_steps (30)" in text and "save_only_model: false" in text
+    text = "\n".join(problems_of({**base, "eval_strategy": "epoch"}))
+    assert "save_strategy (steps) must be eval_strategy (epoch)" in text
+    text = "\n".join(problems_of({"stage": "grpo", "reward_funcs": "format", "val_size": 0.1, "eval_strategy": "steps",
+                                  "early_stopping_steps": 2}))
+    assert "set metric_for_best_model: reward_mean" in text
+    build_config(None, {"dataset": "x", **base, "eval_strategy": "steps", "eval_steps": 50, "save_steps": 100})

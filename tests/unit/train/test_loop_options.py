@@ -234,3 +234,62 @@ def test_disable_shuffling_keeps_the_rows_in_order_every_epoch():
     ordered = EpochPlan([5] * 6, shuffle=False, **options)
     assert ordered.epoch_order(0) == ordered.epoch_order(1) == [[[0], [1]], [[2], [3]], [[4], [5]]]
     assert EpochPlan([5] * 6, **options).epoch_order(0) != ordered.epoch_order(0)  # a seeded shuffle by default
+
+
+def test_best_tracker_counts_evaluations_without_improvement():
+    from types import SimpleNamespace
+
+    from tunesmith.train.best import BestTracker
+
+    train = SimpleNamespace(load_best_model_at_end=False, early_stopping_steps=2, metric_for_best_model=None,
+                            greater_is_better=None)
+    tracker, state = BestTracker.of(train), {}
+    assert (tracker.metric, tracker.greater_is_better) == ("eval_loss", False)
+    assert [tracker.record(state, {"eval_loss": loss}, step) for step, loss in
+            enumerate([3.0, 2.0, 2.0, 1.5, 1.6], 1)] == [True, True, False, True, False]
+    assert state["best_global_step"] == 4 and not tracker.should_stop(state)
+    tracker.record(state, {"eval_loss": 1.5}, 6)  # equal is not better
+    assert tracker.should_stop(state) and "has not improved for 2 evaluations" in tracker.stop_message(
+        {**state, "global_step": 6})
+    accuracy = BestTracker.of(SimpleNamespace(**{**vars(train), "metric_for_best_model": "accuracy"}))
+    assert (accuracy.metric, accuracy.greater_is_better) == ("eval_accuracy", True)
+    with pytest.raises(TunesmithError, match="has no eval_accuracy; it reports eval_loss"):
+        accuracy.record({}, {"eval_loss": 1.0}, 2)
+
+
+def _eval_losses(output_dir) -> dict[int, float]:
+    import json
+
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["eval_loss"] for r in rows if "eval_loss" in r}
+
+
+def test_load_best_model_at_end_keeps_and_restores_the_best_checkpoint(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "o"
+    # greater_is_better on the loss: the best evaluation is the worst one, so it is not the last step's
+    result = train(run_config(out, max_steps=6, learning_rate=3e-3, val_size=0.25, eval_strategy="steps",
+                              eval_steps=2, save_strategy="steps", save_steps=2, save_total_limit=1,
+                              load_best_model_at_end=True, greater_is_better=True))
+    losses = _eval_losses(out)
+    best = max(losses, key=losses.get)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["best_global_step"] == best and state["best_metric"] == losses[best]
+    assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best}")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted({f"checkpoint-{best}", "checkpoint-6"})
+    final, kept = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best}" / "model.safetensors")
+    assert all(torch.equal(final[k], kept[k]) for k in kept)
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == losses[best] == result.eval_loss
+
+
+def test_early_stopping_ends_the_run_after_evaluations_without_improvement(tmp_path):
+    out = tmp_path / "o"
+    result = train(run_config(out, max_steps=12, learning_rate=3e-3, val_size=0.25, eval_strategy="steps",
+                              eval_steps=2, early_stopping_steps=1, greater_is_better=True))
+    losses = _eval_losses(out)
+    steps = sorted(losses)
+    stop = next(s for prev, s in zip(steps, steps[1:]) if losses[s] <= max(losses[p] for p in steps if p < s))
+    assert result.stopped_early and result.global_step == stop == steps[-1] < 12
