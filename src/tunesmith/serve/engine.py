@@ -148,22 +148,26 @@ class Engine(ABC):
     def _tokens(self, prepared: Prepared, stream: bool, cancel: CancelToken) -> Iterator[str | Finished]:
         """The backend's raw answer: text pieces, then one Finished; stops early once `cancel` is set."""
 
-    @staticmethod
-    def finish_text(prepared: Prepared, raw: str) -> str:
-        """A whole answer the backend wrote as run() returns it: cut before the first stop string, after the
-        `<think>` the prompt opened."""
-        cutter = StopCutter(prepared.sampling.stop)
-        text = cutter.feed(raw) + cutter.flush()
-        return ("<think>" if prepared.prompt.opens_think else "") + text
+    @classmethod
+    def finish_text(cls, prepared: Prepared, raw: str) -> str:
+        """A whole answer the backend wrote, shaped as run() shapes its pieces."""
+        shaped = cls._shaped(prepared, [raw, Finished("stop", 0, 0)])
+        return "".join(piece.text for piece in shaped if isinstance(piece, TextDelta))
 
     def run(self, prepared: Prepared, *, stream: bool = False,
             cancel: threading.Event | CancelToken | None = None) -> Iterator[TextDelta | Finished]:
         """The answer as TextDelta pieces (one piece when not streaming), then Finished."""
         cancel = CancelToken(cancel)  # this run's own: a stop string ends this answer, not the request's others
+        yield from self._shaped(prepared, self._tokens(prepared, stream, cancel), cancel)
+
+    @staticmethod
+    def _shaped(prepared: Prepared, pieces, cancel: CancelToken | None = None) -> Iterator[TextDelta | Finished]:
+        """The backend's raw pieces (text, then one Finished) as the answer: after the `<think>` the prompt
+        opened, cut before the first stop string (which sets `cancel`, so the backend stops at its next token)."""
         cutter = StopCutter(prepared.sampling.stop)
         if prepared.prompt.opens_think:
             yield TextDelta("<think>")  # the reply starts inside the block the prompt opened
-        for piece in self._tokens(prepared, stream, cancel):
+        for piece in pieces:
             if isinstance(piece, Finished):
                 tail = cutter.flush()
                 if tail:
@@ -174,8 +178,8 @@ class Engine(ABC):
             text = cutter.feed(piece)
             if text:
                 yield TextDelta(text)
-            if cutter.hit:
-                cancel.set()  # the backend stops at its next token; its Finished still comes
+            if cutter.hit and cancel is not None:
+                cancel.set()  # the backend's Finished still comes
 
     def answers(self, batch: list[Prepared]) -> list[str]:
         """Each prepared request's whole answer (not streamed), in order: run at once where the backend batches
