@@ -71,7 +71,7 @@ _MEGATRON_WHY = ("not available in tunesmith's Megatron-Core engine (backend: me
                  "it")
 _BRIDGE = ("Megatron Bridge is not used: tunesmith's Megatron-Core engine takes the same keys; use backend: megatron "
            "(or USE_MCA=1)")
-_QLORA = "quantized (QLoRA) training is not available yet; use finetuning_type: lora on the unquantized model"
+_QLORA_METHOD = "only bitsandbytes quantization is available; use quantization_method: bnb"
 _KT = ("KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload: true, or "
        "DeepSpeed ZeRO-3 with offload")
 _TOKENS = "adding tokens to the tokenizer is not available yet; use a model whose tokenizer has them"
@@ -129,11 +129,12 @@ _MODEL = section("model", [
     idle("print_param_status", "debug printing only"),
     honoured("trust_remote_code"),
     # quantization
-    refused("quantization_method", _QLORA, accept=("bnb", None)),
-    refused("quantization_bit", _QLORA, accept=(None,)),
-    idle("quantization_type", "only applies with quantization_bit (refused)"),
-    idle("double_quantization", "only applies with quantization_bit (refused)"),
-    idle("quantization_device_map", "only applies with quantization_bit (refused)"),
+    honoured("quantization_method", "bitsandbytes (bnb)",
+             check=RefuseValues({m: _QLORA_METHOD for m in ("hqq", "eetq")})),
+    honoured("quantization_bit", "4 or 8: QLoRA with bitsandbytes (finetuning_type: lora)"),
+    honoured("quantization_type"),
+    honoured("double_quantization"),
+    idle("quantization_device_map", "inference only (LLaMA-Factory's training ignores it too)"),
     # processor
     honoured("image_max_pixels"),
     honoured("image_min_pixels"),

@@ -237,8 +237,29 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
     problems.extend(_best_model_problems(cfg))
+    if cfg.model.quantization_bit:
+        problems.extend(_qlora_problems(cfg))
     problems.extend(_check_deepspeed(cfg))
     problems.extend(megatron_problems(cfg))
+    return problems
+
+
+def _qlora_problems(cfg: RunConfig) -> list[str]:
+    model, train, finetuning_type = cfg.model, cfg.train, cfg.finetune.finetuning_type
+    problems = []
+    if finetuning_type != "lora":
+        problems.append(f"quantization_bit (QLoRA) trains LoRA adapters on the quantized model: use finetuning_type: "
+                        f"lora, not {finetuning_type} (LLaMA-Factory refuses it too)")
+    if train.backend not in ("auto", "single") or train.wants_deepspeed:
+        problems.append(f"quantization_bit (QLoRA) runs on one process (backend: single), not backend: "
+                        f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings")
+    if model.random_init:
+        problems.append("quantization_bit quantizes a model's trained weights; random_init builds fresh ones: remove "
+                        "one of them")
+    if train.torch_compile:
+        problems.append("torch_compile with quantization_bit is not available; remove torch_compile")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        problems.append("quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'")
     return problems
 
 

@@ -54,8 +54,7 @@ def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
         changes["finetune"]["lora_alpha"] = float(2 * cfg.finetune.lora_rank)
     if stage.is_online_rl:
         changes["rl"]["reward_funcs"] = _reward_funcs(cfg)
-        changes["rl"]["rollout_backend"] = resolve_rollout_backend(cfg.rl.rollout_backend, facts,
-                                                                 rope_scaled=bool(cfg.model.rope_scaling))
+        changes["rl"]["rollout_backend"] = resolve_rollout_backend(cfg.rl.rollout_backend, facts, _unlike_vllm(cfg))
     resolved = cfg.replace(**{k: v for k, v in changes.items() if v})
     if stage.is_online_rl:
         check_online_rl(resolved)
@@ -71,6 +70,9 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
     backend = cfg.train.backend
     if cfg.train.wants_deepspeed:
         return "deepspeed"
+    if backend == "auto" and cfg.model.quantization_bit and facts.world_size > 1:
+        raise ConfigError([f"quantization_bit (QLoRA) runs on one process (backend: single), but {facts.world_size} "
+                           "were launched; launch one, or train LoRA on the unquantized model with fsdp2"])
     if backend == "auto":
         return "fsdp2" if facts.world_size > 1 or facts.resume_backend == "fsdp2" else "single"
     if backend == "single" and facts.world_size > 1:
@@ -79,18 +81,18 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
     return backend
 
 
-def resolve_rollout_backend(choice: str, facts: RunFacts, rope_scaled: bool = False) -> str:
+def resolve_rollout_backend(choice: str, facts: RunFacts, unlike_vllm: str | None = None) -> str:
     """auto: vllm when it is installed and the run is one process on a CUDA GPU, else hf (vllm under several
     processes, an engine on each, runs when named). A backend that cannot run here is refused before anything
-    loads. rope_scaled: the policy's RoPE is scaled (rope_scaling), which vLLM's engine, built from the model's
-    own config.json, would not apply."""
+    loads. unlike_vllm: the key whose policy vLLM's engine, built from the model's own config.json and
+    unquantized weights, would not reproduce (rope_scaling, quantization_bit)."""
     if choice == "auto":
-        fits = facts.has_vllm and facts.device_type == "cuda" and facts.world_size == 1 and not rope_scaled
+        fits = facts.has_vllm and facts.device_type == "cuda" and facts.world_size == 1 and not unlike_vllm
         return "vllm" if fits else "hf"
     problems = []
-    if choice == "vllm" and rope_scaled:
-        problems.append("rollout_backend: vllm with rope_scaling: vLLM builds its engine from the model's own "
-                        "config.json, without the scaling; use rollout_backend: hf")
+    if choice == "vllm" and unlike_vllm:
+        problems.append(f"rollout_backend: vllm with {unlike_vllm}: vLLM builds its engine from the model's own "
+                        "config.json and unquantized weights, not the policy's; use rollout_backend: hf")
     if choice == "vllm" and not facts.has_vllm:
         problems.append("rollout_backend: vllm needs the vllm package: pip install 'tunesmith[vllm]' (on a machine "
                         "with a CUDA GPU), or use rollout_backend: hf")
@@ -104,6 +106,10 @@ def resolve_rollout_backend(choice: str, facts: RunFacts, rope_scaled: bool = Fa
     if problems:
         raise ConfigError(problems)
     return choice
+
+
+def _unlike_vllm(cfg: RunConfig) -> str | None:
+    return "rope_scaling" if cfg.model.rope_scaling else "quantization_bit" if cfg.model.quantization_bit else None
 
 
 def resolve_reference(cfg: RunConfig) -> str:

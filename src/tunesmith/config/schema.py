@@ -54,6 +54,13 @@ class ModelConfig(_Group):
         "positions), saved in config.json ([training.md](training.md#rope-scaling-rope_scaling)).")
     rope_max_length: int | None = Field(
         None, ge=1, description="The context rope_scaling stretches the model to; unset: cutoff_len.")
+    quantization_bit: Literal[4, 8] | None = Field(
+        None, description="QLoRA: load the model's linear layers quantized to 4 or 8 bits with bitsandbytes and "
+        "train LoRA adapters on them (finetuning_type: lora; `pip install 'tunesmith[qlora]'`; "
+        "[training.md](training.md#qlora-quantization_bit)).")
+    quantization_method: Literal["bnb"] = Field("bnb", description="The quantization library: bnb (bitsandbytes).")
+    quantization_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type: nf4 or fp4.")
+    double_quantization: bool = Field(True, description="4-bit: quantize the quantization constants too.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
     flash_attn: Literal["auto", "sdpa", "varlen", "eager", "fa2", "fa3", "flex", "disabled"] = Field(
         "auto", description="Attention kernel: auto picks fa2 when installed on GPU, else varlen (PyTorch's "

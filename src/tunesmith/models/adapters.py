@@ -181,8 +181,11 @@ def _check_towers_adapted(model, targets: list[str], frozen: set[str]) -> None:
 
 def _plain_linear(module) -> bool:
     """A linear layer PEFT can wrap: a Linear subclass with a forward of its own (Llama 4's router returns scores
-    and logits) is left out, as its output is not the layer's product."""
-    return isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
+    and logits) is left out, as its output is not the layer's product; bitsandbytes' quantized linears (QLoRA)
+    are in."""
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    return type(module).forward is torch.nn.Linear.forward or type(module).__module__.startswith("bitsandbytes.")
 
 
 def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: set[str]):

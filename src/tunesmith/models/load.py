@@ -243,7 +243,9 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
         return _finish_model(_meta_model(model_class, config, dtype, cfg, device), cfg, None, checkpoint_layers)
     if cfg.random_init:
         return _finish_model(_random_model(model_class, config, dtype, cfg, device), cfg, device, checkpoint_layers)
-    half = checkpoint_half_dtype(path) if dtype == torch.float32 else None  # loaded as stored, upcast on the device
+    quantized = quantization_config(cfg)
+    # loaded as stored, upcast on the device (a quantized model is converted as it loads)
+    half = checkpoint_half_dtype(path) if dtype == torch.float32 and quantized is None else None
     try:
         model = model_class.from_pretrained(
             path,
@@ -255,6 +257,7 @@ def load_model(cfg: ModelConfig, device: torch.device, reward_head: bool = False
             revision=cfg.model_revision,
             device_map=device if device.type == "cuda" else None,  # converted to fp32 on the GPU, not the CPU
             output_loading_info=True,
+            **({"quantization_config": quantized} if quantized is not None else {}),
         )
         model = report_loading(*model, cfg.model_name_or_path, fresh_head=reward_head)
     except OSError as err:
@@ -331,7 +334,30 @@ def _finish_model(model, cfg: ModelConfig, device, checkpoint_layers: int):
     use_vision_varlen(model)
     if checkpoint_layers > 0:
         enable_checkpointing(model, checkpoint_layers)
+    if getattr(model, "is_quantized", False):  # placed as it loaded (device_map); bitsandbytes refuses .to()
+        return model
     return model.to(device) if device is not None else model
+
+
+def quantization_config(cfg: ModelConfig):
+    """QLoRA (quantization_bit): transformers' BitsAndBytesConfig as LLaMA-Factory builds it, the compute in the
+    run's precision; None without quantization."""
+    if not cfg.quantization_bit:
+        return None
+    try:
+        from transformers import BitsAndBytesConfig
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ModelError("quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'") from None
+    if cfg.quantization_bit == 8:
+        log.info("QLoRA: the linear layers load quantized to 8 bits (bitsandbytes LLM.int8)")
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = torch.bfloat16 if (cfg.bf16 or cfg.pure_bf16) else torch.float16 if cfg.fp16 else torch.float32
+    log.info("QLoRA: the linear layers load quantized to 4 bits (bitsandbytes %s%s), computing in %s",
+             cfg.quantization_type, ", double quantization" if cfg.double_quantization else "",
+             str(compute).removeprefix("torch."))
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute, bnb_4bit_quant_type=cfg.quantization_type,
+                              bnb_4bit_use_double_quant=cfg.double_quantization, bnb_4bit_quant_storage=compute)
 
 
 def set_router_aux_loss_coef(config, coef: float) -> None:

@@ -54,7 +54,7 @@ def test_every_hugging_face_training_argument_is_in_the_table():
 
 @pytest.mark.parametrize("overrides", [
     {"use_galore": False, "use_apollo": False, "use_badam": False, "use_unsloth": False},
-    {"quantization_bit": None, "quantization_method": "bnb", "double_quantization": True},
+    {"quantization_device_map": "auto", "use_badam": False},
     {"push_to_hub": False, "hub_model_id": "me/model", "save_safetensors": True, "fp16": False},
     {"expert_tensor_parallel_size": 1, "recompute_method": None, "masked_softmax_fusion": False,
      "mixed_precision": "bf16_mixed"},
@@ -72,7 +72,7 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
 
 @pytest.mark.parametrize("key, value, says", [
     ("use_galore", True, "GaLore is not supported; train with AdamW"),
-    ("quantization_bit", 4, "quantized (QLoRA) training is not available yet; use finetuning_type: lora"),
+    ("quantization_method", "hqq", "only bitsandbytes quantization is available; use quantization_method: bnb"),
     ("use_unsloth", True, "enable_liger_kernel: true"),
     ("masked_softmax_fusion", True, "not available in tunesmith's Megatron-Core engine (backend: megatron"),
     ("expert_tensor_parallel_size", 2, "not available in tunesmith's Megatron-Core engine"),
@@ -204,7 +204,7 @@ def test_rope_scaling_stretches_to_cutoff_len_unless_given_and_keeps_rollouts_of
     gpu = RunFacts(device_type="cuda", has_vllm=True)
     rl = {**given, "stage": "grpo", "reward_funcs": "format"}
     assert resolve(build_config(None, rl), gpu).rl.rollout_backend == "hf"
-    with pytest.raises(ConfigError, match="rollout_backend: vllm with rope_scaling"):
+    with pytest.raises(ConfigError, match="rollout_backend: vllm with rope_scaling: vLLM builds"):
         resolve(build_config(None, {**rl, "rollout_backend": "vllm"}), gpu)
 
 
