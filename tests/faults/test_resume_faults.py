@@ -153,3 +153,15 @@ def test_an_allowed_learning_rate_change_takes_effect_at_resume(tmp_path):
     resumed = {r["step"]: r["lr"] for r in _rows(out) if "lr" in r}
     straight = {r["step"]: r["lr"] for r in _rows(fresh) if "lr" in r}
     assert [resumed[s] for s in (3, 4)] == pytest.approx([straight[s] for s in (3, 4)])
+
+
+def test_keys_an_older_tunesmith_did_not_save_are_unchanged_at_their_defaults(tmp_path):
+    from tunesmith.config.schema import RunConfig
+    from tunesmith.train.resume import check_config
+
+    current = RunConfig().flat()
+    older = {k: v for k, v in current.items() if k not in ("quantization_type", "load_best_model_at_end")}
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"config": older}))
+    assert check_config(tmp_path, current, []) == {}
+    with pytest.raises(ConfigError, match="load_best_model_at_end: None -> True"):
+        check_config(tmp_path, {**current, "load_best_model_at_end": True}, [])

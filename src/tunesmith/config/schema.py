@@ -20,6 +20,11 @@ def _no_is_false(value):
     return "no" if value is False else value
 
 
+def _null_is_default(cls, value, info):
+    """A YAML `null` (LLaMA-Factory configs write it for "unset") is the field's default."""
+    return cls.model_fields[info.field_name].get_default() if value is None else value
+
+
 def split_names(value):
     """'a,b' / ['a','b'] / None -> list of stripped names."""
     if value is None:
@@ -85,6 +90,9 @@ class ModelConfig(_Group):
     bf16: bool = Field(False, description="bf16 mixed precision: bf16 compute, fp32 weights and optimizer states.")
     fp16: bool = Field(False, description="fp16 mixed precision with loss scaling.")
     pure_bf16: bool = Field(False, description="Keep weights, gradients and optimizer states in bf16 (less memory).")
+
+    _nulls = field_validator("quantization_method", "quantization_type", "double_quantization", mode="before")(
+        classmethod(_null_is_default))
 
 
 class DataConfig(_Group):
@@ -271,6 +279,7 @@ class TrainConfig(_Group):
         None, ge=1, description="Stop training after this many evaluations in a row without a better "
         "metric_for_best_model (LLaMA-Factory's key; transformers' early_stopping_patience).")
     _strategy = field_validator("eval_strategy", mode="before")(classmethod(lambda cls, v: _no_is_false(v)))
+    _nulls = field_validator("load_best_model_at_end", mode="before")(classmethod(_null_is_default))
     backend: Literal["auto", "single", "fsdp2", "deepspeed", "megatron"] = Field(
         "auto", description="Training engine: auto (deepspeed when `deepspeed` or `zero_stage` is set, fsdp2 with more "
         "than one process, else single), single, fsdp2, deepspeed, megatron (Megatron-Core modules; also selected by "

@@ -54,12 +54,22 @@ def refuse_reward_model(path: str, adapters: list[str] | tuple[str, ...] = ()) -
 
 
 def adapter_rope(folder: str) -> tuple[str, int] | None:
-    """(rope_scaling, rope_max_length) of the run that trained this adapter (its tunesmith_config.yaml), if it
-    scaled RoPE: the base model's config.json does not say so."""
-    saved = saved_config(folder)
+    """(rope_scaling, rope_max_length) of the run that trained this adapter, if it asked for RoPE scaling: its
+    tunesmith_config.yaml (a run's output_dir) or the config its checkpoint records; the base model's
+    config.json does not say so."""
+    saved = saved_config(folder) or _checkpoint_config(folder)
     if saved.get("rope_scaling") and saved.get("rope_max_length"):
         return saved["rope_scaling"], int(saved["rope_max_length"])
     return None
+
+
+def _checkpoint_config(folder: str) -> dict:
+    state = Path(folder) / "trainer_state.json"
+    try:
+        config = json.loads(state.read_text(encoding="utf-8")).get("config") if state.is_file() else None
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def scale_rope_as_trained(config, adapters) -> None:
@@ -68,10 +78,21 @@ def scale_rope_as_trained(config, adapters) -> None:
         scale_rope(config, *scaling)
 
 
+def scales_its_base(folder: str) -> bool:
+    """The adapter's training scaled its base's RoPE (rope_scaling past the base's positions)."""
+    from transformers import AutoConfig
+
+    scaling = adapter_rope(folder)
+    if scaling is None:
+        return False
+    base = json.loads((Path(folder) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    return scale_rope(AutoConfig.from_pretrained(resolve_model_path(base)), *scaling)
+
+
 def refuse_scaled_adapters(folders) -> None:
     """Adapters served on a base loaded without their scaling (vLLM's LoRA serving, switchable lora_modules): one
     trained with rope_scaling is refused."""
-    scaled = [folder for folder in folders if adapter_rope(folder)]
+    scaled = [folder for folder in folders if scales_its_base(folder)]
     if scaled:
         raise ModelError(f"{scaled[0]} was trained with rope_scaling, which serving it as a LoRA adapter on the base "
                          "model does not apply (vLLM, lora_modules); merge it first (tunesmith export) and serve the "

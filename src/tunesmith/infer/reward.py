@@ -11,7 +11,7 @@ from ..data.collate import collate_pairs, collate_rows
 from ..data.render import RenderOptions, render_sft
 from ..data.sample import make_sample
 from ..data.sources import read_json_records
-from ..errors import DataError
+from ..errors import DataError, ModelError
 from ..models.forward import sequence_rewards
 from ..models.load import pick_device
 
@@ -21,10 +21,13 @@ def load_reward_model(path: str, device, base: str | None = None):
     (default: the base its adapter_config.json records)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from ..infer.load import is_adapter
+    from ..infer.load import is_adapter, scales_its_base
     from ..models.load import report_loading
     from ..models.tiny import resolve_model_path
 
+    if is_adapter(path) and scales_its_base(path):
+        raise ModelError(f"{path} is a LoRA reward model trained with rope_scaling, which scoring with it on its base "
+                         "does not apply yet; merge it first (tunesmith export) and score with the merged folder")
     if is_adapter(path) and base is not None:
         from peft import PeftModel
 

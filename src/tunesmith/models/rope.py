@@ -20,9 +20,10 @@ log = logging.getLogger("tunesmith")
 ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "llama3")
 
 
-def scale_rope(config, kind: str, length: int) -> None:
+def scale_rope(config, kind: str, length: int) -> bool:
     """Apply `kind` scaling to `config` (a transformers config; a vision-language model's text config) so that it
-    covers `length` positions; a length within the model's positions leaves it unchanged, said in the log."""
+    covers `length` positions; a length within the model's positions leaves it unchanged, said in the log.
+    Returns whether the config changed."""
     part = _rope_holder(config)
     params = dict(part.rope_parameters or {})
     positions = part.max_position_embeddings
@@ -31,14 +32,14 @@ def scale_rope(config, kind: str, length: int) -> None:
         if length <= positions:
             _say(logging.INFO, f"rope_scaling: {config.model_type} already scales RoPE ({current}) to {positions} "
                                f"positions, which covers {length}; left as it is")
-            return
+            return False
         raise ModelError(f"rope_scaling: {config.model_type} already scales RoPE ({current}, factor "
                          f"{params.get('factor')}, {positions} positions); a second scaling would replace it. "
                          f"Remove rope_scaling, or lower cutoff_len (rope_max_length) to at most {positions}")
     if length <= positions:
         _say(logging.WARNING, f"rope_scaling: {length} positions (cutoff_len) are within the {positions} that "
                               f"{config.model_type} was trained for; RoPE is not scaled (as LLaMA-Factory)")
-        return
+        return False
     factor = float(math.ceil(length / positions))
     params.update(rope_type=kind, factor=factor)
     if kind in ("dynamic", "yarn", "llama3"):
@@ -52,6 +53,7 @@ def scale_rope(config, kind: str, length: int) -> None:
     part.max_position_embeddings = int(positions * factor)
     _say(logging.INFO, f"rope_scaling: {kind} RoPE, factor {factor:g}: {positions} -> "
                        f"{part.max_position_embeddings} positions")
+    return True
 
 
 @functools.cache

@@ -8,6 +8,7 @@ better. The record lives in the run's state, so a checkpoint carries it and a re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import TunesmithError
@@ -37,7 +38,7 @@ class BestTracker:
             raise TunesmithError(f"metric_for_best_model: the evaluation at step {step} has no {self.metric}; it "
                                  f"reports {', '.join(sorted(k for k in metrics if k.startswith('eval_')))}")
         value, best = float(metrics[self.metric]), state.get("best_metric")
-        better = best is None or (value > best if self.greater_is_better else value < best)
+        better = not math.isnan(value) and (best is None or (value > best if self.greater_is_better else value < best))
         if better:
             state.update(best_metric=value, best_global_step=step, best_eval_metrics=dict(metrics),
                          early_stopping_count=0)

@@ -90,7 +90,9 @@ def write_trainer_state(output_dir: Path, state: dict, max_steps: int, final: di
     closing metrics."""
     history = [{_HF_NAMES.get(k, k): v for k, v in row.items()} for row in read_metrics(output_dir / "metrics.jsonl")]
     values = {"global_step": state.get("global_step", 0), "epoch": final.get("epoch"), "max_steps": max_steps,
-              **{key: state.get(key) for key in ("best_metric", "best_global_step", "best_model_checkpoint")},
+              "best_metric": state.get("best_metric"), "best_global_step": state.get("best_global_step"),
+              "best_model_checkpoint": (str(output_dir / f"checkpoint-{state['best_checkpoint_step']}")
+                                        if state.get("best_checkpoint_step") is not None else None),
               "log_history": history + [{**final, "step": state.get("global_step", 0)}]}
     (output_dir / "trainer_state.json").write_text(json.dumps(values, indent=2), encoding="utf-8")
 

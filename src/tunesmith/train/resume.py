@@ -13,6 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from ..config.schema import RunConfig
 from ..errors import ConfigError
 from . import checkpoint as ckpt
 
@@ -101,8 +102,10 @@ def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size
         log.warning("%s records no config (written by another tool or an older tunesmith): the config is not "
                     "compared at resume", checkpoint)
         return {}
+    defaults = RunConfig().flat()  # a key an older tunesmith did not have is unchanged at its default
     changes = {k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current))
-               if saved.get(k) != current.get(k) and k not in _HARMLESS}
+               if saved.get(k) != current.get(k) and k not in _HARMLESS
+               and not (k not in saved and current.get(k) == defaults.get(k))}
     if _global_batch(saved, saved_world) == _global_batch(current, world_size):
         changes = {k: v for k, v in changes.items() if k not in _PER_PROCESS}
     refused = sorted(k for k in changes if k not in _LENGTH and k not in allowed)

@@ -105,6 +105,11 @@ class Runner:
         saved.pop("world_size", None)
         self.source.load_state_dict(saved.pop("data"))
         self.state.update(saved)
+        best = self._best_checkpoint()
+        if best is not None and not best.is_dir():  # the folder moved, or the checkpoint was removed by hand
+            log.warning("the best checkpoint recorded, %s, is gone; the best is looked for anew", best)
+            for key in ("best_checkpoint_step", "best_checkpoint_metrics"):
+                self.state.pop(key)
         self.saved_step = self.state["global_step"]
         self.result.global_step = self.state["global_step"]
         log.info("resumed from %s at step %d", path, self.state["global_step"])
@@ -131,7 +136,7 @@ class Runner:
                 self.result.interrupted = True
                 log.warning("stopped at step %d; resume with resume_from_checkpoint: true", self.state["global_step"])
                 return
-            if self.best is not None and self.best.should_stop(self.state):
+            if self.best is not None and dist.max_int(int(self.best.should_stop(self.state))):  # every rank stops
                 log.warning(self.best.stop_message(self.state))
                 self.result.stopped_early = True
                 return
@@ -268,7 +273,7 @@ class Runner:
         step = self.state["global_step"]
         self.result.eval_metrics = metrics
         self.result.eval_loss = metrics.get("eval_loss")
-        if self.best is not None:
+        if self.best is not None and step > 0:  # the starting model's evaluation is no candidate (transformers')
             self.best.record(self.state, metrics, step)
         if bar is not None:
             bar.print_metrics(step, metrics)
@@ -293,7 +298,7 @@ class Runner:
     def _save(self) -> None:
         step = self.state["global_step"]
         if self.best is not None and self.state.get("best_global_step") == step:  # this step's evaluation is the best
-            self.state["best_model_checkpoint"] = str(self.output_dir / f"checkpoint-{step}")
+            self.state.update(best_checkpoint_step=step, best_checkpoint_metrics=self.state["best_eval_metrics"])
         trainer_state = {**self.state, "data": self.source.state_dict(), "config": redacted(self.cfg),
                          "world_size": dist.data_world()}
         path = ckpt.save_checkpoint(self.output_dir, self.state["global_step"], self.engine, self.saver,
@@ -301,7 +306,7 @@ class Runner:
                                     key_file=self.cfg.output.checkpoint_key_file)
         self.saved_step = self.state["global_step"]
         ckpt.rotate(self.output_dir, self.cfg.output.save_total_limit,
-                    keep_also=self.state.get("best_model_checkpoint"))
+                    keep_also=self._best_checkpoint())
         log.info("saved %s", path)
 
     def _finish(self) -> None:
@@ -330,22 +335,30 @@ class Runner:
             log.info("model saved to %s; %s", self.output_dir, use.format(self.output_dir))
 
 
+    def _best_checkpoint(self) -> Path | None:
+        step = self.state.get("best_checkpoint_step")
+        return None if step is None else self.output_dir / f"checkpoint-{step}"
+
     def _load_best(self) -> None:
-        """load_best_model_at_end: the best evaluation's checkpoint back into the engine (verified first), and its
-        metrics as the run's evaluation results; the last step's weights where they are the best."""
-        best, step = self.state.get("best_model_checkpoint"), self.state.get("best_global_step")
-        if step == self.state["global_step"] or best is None:
-            log.info("load_best_model_at_end: %s", "the last step's evaluation is the best; the model is kept"
-                     if best is not None else "no checkpoint was saved at a best evaluation; the model is the last "
-                     "step's")
+        """load_best_model_at_end: the checkpoint saved at the best evaluation back into the engine (verified
+        first) and its evaluation as the run's results; the model is kept where that is the last step's."""
+        best, step = self._best_checkpoint(), self.state.get("best_checkpoint_step")
+        if best is None or step == self.state["global_step"]:
+            log.info("load_best_model_at_end: %s", "no checkpoint was saved at a best evaluation; the model is the "
+                     "last step's" if best is None else "the last step's checkpoint is the best; the model is kept")
+            return
+        if not best.is_dir():
+            log.warning("load_best_model_at_end: %s, the best checkpoint, is gone; the model is the last step's", best)
             return
         output = self.cfg.output
-        ckpt.check_trusted(Path(best), output.checkpoint_key_file, output.trust_checkpoint)
-        self.engine.load(Path(best), trusted=True)
-        self.result.eval_metrics = dict(self.state["best_eval_metrics"])
-        self.result.eval_loss = self.result.eval_metrics.get("eval_loss")
-        log.info("load_best_model_at_end: loaded %s (%s %.4g at step %d)", best, self.best.metric,
-                 self.state["best_metric"], step)
+        ckpt.check_trusted(best, output.checkpoint_key_file, output.trust_checkpoint)
+        self.engine.load(best, trusted=True)
+        metrics = self.state["best_checkpoint_metrics"]
+        self.result.eval_metrics, self.result.eval_loss = dict(metrics), metrics.get("eval_loss")
+        later = (f"; the best evaluation, at step {self.state['best_global_step']}, had no checkpoint"
+                 if self.state["best_global_step"] != step else "")
+        log.info("load_best_model_at_end: loaded %s (%s %.4g)%s", best, self.best.metric, metrics[self.best.metric],
+                 later)
 
     def _epoch(self) -> float:
         return round(self.state["global_step"] / self.source.steps_per_epoch, 4)

@@ -245,3 +245,9 @@ def test_best_model_and_early_stopping_need_evaluations_saved_with_them():
                                   "early_stopping_steps": 2}))
     assert "set metric_for_best_model: reward_mean" in text
     build_config(None, {"dataset": "x", **base, "eval_strategy": "steps", "eval_steps": 50, "save_steps": 100})
+
+
+def test_null_written_for_the_new_keys_is_their_default():
+    nulls = {"quantization_bit": None, "quantization_method": None, "quantization_type": None,
+             "double_quantization": None, "load_best_model_at_end": None, "rope_scaling": None}
+    assert build_config(None, {"dataset": "x", **nulls}) == build_config(None, {"dataset": "x"})

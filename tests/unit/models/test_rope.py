@@ -72,10 +72,14 @@ def test_a_full_run_saves_the_scaling_and_a_lora_adapter_is_loaded_with_it(tmp_p
     assert saved["max_position_embeddings"] == 8192
     assert full.step_losses != plain.step_losses  # halved frequencies: another model
 
-    train(run_config(tmp_path / "lora", max_steps=1, cutoff_len=8192, rope_scaling="linear", finetuning_type="lora"))
+    train(run_config(tmp_path / "lora", max_steps=1, cutoff_len=8192, rope_scaling="linear", finetuning_type="lora",
+                     save_strategy="steps", save_steps=1))
     model, _ = load_for_inference(str(tmp_path / "lora"), device=torch.device("cpu"))
     rotary = model.base_model.model.model.rotary_emb
     assert rotary.rope_type == "linear" and model.config.max_position_embeddings == 8192
     with pytest.raises(ModelError, match="trained with rope_scaling.*merge it first"):
         refuse_scaled_adapters([str(tmp_path / "lora")])
-    refuse_scaled_adapters([str(tmp_path / "plain")])  # no scaling: served as it is
+    checkpoint, _ = load_for_inference(str(tmp_path / "lora" / "checkpoint-1"), device=torch.device("cpu"))
+    assert checkpoint.config.max_position_embeddings == 8192  # a checkpoint records the run's config too
+    train(run_config(tmp_path / "within", max_steps=1, cutoff_len=4096, rope_scaling="linear", finetuning_type="lora"))
+    refuse_scaled_adapters([str(tmp_path / "within")])  # within the base's positions: nothing was scaled

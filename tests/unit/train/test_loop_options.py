@@ -251,6 +251,9 @@ def test_best_tracker_counts_evaluations_without_improvement():
     tracker.record(state, {"eval_loss": 1.5}, 6)  # equal is not better
     assert tracker.should_stop(state) and "has not improved for 2 evaluations" in tracker.stop_message(
         {**state, "global_step": 6})
+    nan_first = {}
+    assert [tracker.record(nan_first, {"eval_loss": loss}, step) for step, loss in
+            enumerate([float("nan"), 1.0, float("nan"), 0.5], 1)] == [False, True, False, True]
     accuracy = BestTracker.of(SimpleNamespace(**{**vars(train), "metric_for_best_model": "accuracy"}))
     assert (accuracy.metric, accuracy.greater_is_better) == ("eval_accuracy", True)
     with pytest.raises(TunesmithError, match="has no eval_accuracy; it reports eval_loss"):
@@ -270,12 +273,14 @@ def test_load_best_model_at_end_keeps_and_restores_the_best_checkpoint(tmp_path)
     from safetensors.torch import load_file
 
     out = tmp_path / "o"
-    # greater_is_better on the loss: the best evaluation is the worst one, so it is not the last step's
+    # greater_is_better on the loss: the best evaluation is the worst one, so it is not the last step's; the
+    # starting model's (eval_on_start, the worst of all) is no candidate, as in transformers
     result = train(run_config(out, max_steps=6, learning_rate=3e-3, val_size=0.25, eval_strategy="steps",
                               eval_steps=2, save_strategy="steps", save_steps=2, save_total_limit=1,
-                              load_best_model_at_end=True, greater_is_better=True))
+                              load_best_model_at_end=True, greater_is_better=True, eval_on_start=True))
     losses = _eval_losses(out)
-    best = max(losses, key=losses.get)
+    assert 0 in losses
+    best = max((step for step in losses if step > 0), key=losses.get)
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["best_global_step"] == best and state["best_metric"] == losses[best]
     assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best}")
