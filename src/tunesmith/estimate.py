@@ -71,7 +71,7 @@ import re
 
 import torch
 
-from .config.schema import RunConfig
+from .config.schema import ADAPTER_TYPES, RunConfig
 from .config.resolve import resolve_reference
 from .stages import STAGES
 
@@ -160,13 +160,22 @@ def meta_model(hf_config):
         return auto_model_class(hf_config).from_config(hf_config)
 
 
+def _adapter_params(ft, linear) -> int:
+    """Trainable parameters of one adapted linear: LoRA's A and B (and DoRA's magnitudes), or OFT's blocks (a
+    skew-symmetric b x b matrix each, in_features / b of them)."""
+    if ft.finetuning_type == "oft":
+        block = linear.in_features // ft.oft_rank if ft.oft_rank else ft.oft_block_size
+        return (linear.in_features // max(block, 1)) * block * (block - 1) // 2
+    return ft.lora_rank * (linear.in_features + linear.out_features) + (linear.out_features if ft.use_dora else 0)
+
+
 def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
     """(N, N_t) for the model and the config's finetuning settings (see the module docstring)."""
     from .models.adapters import apply_finetuning, frozen_parameters
 
     ft = cfg.finetune
     total = sum(p.numel() for p in model.parameters())
-    if ft.finetuning_type != "lora":
+    if ft.finetuning_type not in ADAPTER_TYPES:
         apply_finetuning(model, ft)  # only sets requires_grad: works on meta tensors
         return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = frozen_parameters(model, ft)
@@ -177,9 +186,7 @@ def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
             continue
         if "all" not in ft.lora_target and not any(name == t or name.endswith(f".{t}") for t in ft.lora_target):
             continue
-        trainable += ft.lora_rank * (module.in_features + module.out_features)
-        if ft.use_dora:
-            trainable += module.out_features
+        trainable += _adapter_params(ft, module)
     for name, module in model.named_modules():
         if any(name == t or name.endswith(f".{t}") for t in ft.additional_target):
             trainable += sum(p.numel() for p in module.parameters())

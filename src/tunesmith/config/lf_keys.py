@@ -131,7 +131,7 @@ _MODEL = section("model", [
     # quantization
     honoured("quantization_method", "bitsandbytes (bnb)",
              check=RefuseValues({m: _QLORA_METHOD for m in ("hqq", "eetq")})),
-    honoured("quantization_bit", "4 or 8: QLoRA with bitsandbytes (finetuning_type: lora)"),
+    honoured("quantization_bit", "4 or 8: QLoRA with bitsandbytes (finetuning_type: lora or oft)"),
     honoured("quantization_type"),
     honoured("double_quantization"),
     idle("quantization_device_map", "inference only (LLaMA-Factory's training ignores it too)"),
@@ -220,10 +220,11 @@ _FINETUNING = section("finetuning", [
     idle("pissa_convert", "only applies with pissa_init (refused)"),
     refused("create_new_adapter", "a new adapter on top of a loaded one is not available; merge it first "
              "(tunesmith export) and train a new LoRA on the merged model"),
-    idle("module_dropout", "OFT only (finetuning_type: oft is refused)"),
-    idle("oft_rank", "OFT only (finetuning_type: oft is refused)"),
-    idle("oft_block_size", "OFT only (finetuning_type: oft is refused)"),
-    idle("oft_target", "OFT only (finetuning_type: oft is refused)"),
+    honoured("module_dropout"),
+    honoured("oft_rank"),
+    honoured("oft_block_size"),
+    idle("oft_target", "LLaMA-Factory's OFT adapts lora_target (it parses oft_target and does not use it); so does "
+         "tunesmith's"),
     # RLHF
     honoured("pref_beta"),
     honoured("pref_ftx"),
@@ -278,8 +279,7 @@ _FINETUNING = section("finetuning", [
     honoured("stage", "LLaMA-Factory's pt, sft, rm, dpo, kto, and tunesmith's online-RL stages; ppo is refused",
               check=RefuseValues({"ppo": "PPO with a value model is not available yet; use stage: grpo (online RL "
                                  "without a value model) or dpo"})),
-    honoured("finetuning_type", "full, freeze, lora; oft is refused",
-              check=RefuseValues({"oft": "OFT is not available; use finetuning_type: lora"})),
+    honoured("finetuning_type", "full, freeze, lora, oft"),
     honoured("use_llama_pro", "the expanded blocks of a model LLaMA-Factory's scripts/llama_pro.py expanded train "
              "(freeze: those layers; lora: adapters on them); full is refused, as in LLaMA-Factory"),
     refused("use_adam_mini", "Adam-mini is not available; tunesmith trains with AdamW"),

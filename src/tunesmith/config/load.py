@@ -24,15 +24,16 @@ from .deepspeed import zero_settings
 from .lf_keys import LF_KEYS
 from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
-from .schema import GROUPS, SECRET_KEYS, RunConfig
+from .schema import ADAPTER_TYPES, GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
 
-# Keys that only matter for one finetuning_type: set elsewhere they do nothing, so we say so.
+# Keys that only matter for some finetuning types: set elsewhere they do nothing, so we say so.
 _ONLY_FOR = {
-    "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_target", "additional_target", "use_dora", "use_rslora",
-             "loraplus_lr_embedding"],
-    "freeze": ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
+    ("lora",): ["lora_rank", "lora_alpha", "lora_dropout", "use_dora", "use_rslora", "loraplus_lr_embedding"],
+    ADAPTER_TYPES: ["lora_target", "additional_target"],
+    ("oft",): ["oft_rank", "oft_block_size", "module_dropout"],
+    ("freeze",): ["freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"],
 }
 
 # Method keys that some stage's loss reads (stages.Stage.method_keys); two of them only for some pref_loss values
@@ -219,8 +220,8 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     renders_chat = STAGES[cfg.finetune.stage].data_kind != "text"  # pt renders plain text: no template is used
     if template is not None and template.use == REFUSED and renders_chat:
         problems.append(f"template: {template.refusal()}")
-    if cfg.model.adapter_name_or_path and cfg.finetune.finetuning_type != "lora":
-        problems.append(f"adapter_name_or_path: an adapter is loaded only for finetuning_type: lora, not "
+    if cfg.model.adapter_name_or_path and cfg.finetune.finetuning_type not in ADAPTER_TYPES:
+        problems.append(f"adapter_name_or_path: an adapter is loaded only for finetuning_type: lora or oft, not "
                         f"{cfg.finetune.finetuning_type} (LLaMA-Factory refuses it too); merge it into the model "
                         "first (tunesmith export) and train that, or use finetuning_type: lora")
     set_labels = [key for key in ("train_on_prompt", "mask_history") if getattr(cfg.data, key)]
@@ -247,9 +248,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
 def _qlora_problems(cfg: RunConfig) -> list[str]:
     model, train, finetuning_type = cfg.model, cfg.train, cfg.finetune.finetuning_type
     problems = []
-    if finetuning_type != "lora":
-        problems.append(f"quantization_bit (QLoRA) trains LoRA adapters on the quantized model: use finetuning_type: "
-                        f"lora, not {finetuning_type} (LLaMA-Factory refuses it too)")
+    if finetuning_type not in ADAPTER_TYPES:
+        problems.append(f"quantization_bit (QLoRA) trains adapters on the quantized model: use finetuning_type: "
+                        f"lora (or oft), not {finetuning_type} (LLaMA-Factory refuses it too)")
     if train.backend not in ("auto", "single") or train.wants_deepspeed:
         problems.append(f"quantization_bit (QLoRA) runs on one process (backend: single), not backend: "
                         f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings")
@@ -327,7 +328,7 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
 def _needs_frozen_copy(cfg: RunConfig) -> bool:
     """dpo/kto whose reference would be a deep copy of the policy (pref_reference copy, or auto without LoRA)."""
     ft = cfg.finetune
-    copy = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type != "lora")
+    copy = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type not in ADAPTER_TYPES)
     return uses_reference(cfg) and not STAGES[ft.stage].is_online_rl and copy
 
 
@@ -347,10 +348,10 @@ def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
     if best_keys and not (train.load_best_model_at_end or train.early_stopping_steps):
         log.warning("%s only apply with load_best_model_at_end or early_stopping_steps; no effect here",
                     " and ".join(best_keys))
-    for ftype, keys in _ONLY_FOR.items():
+    for types, keys in _ONLY_FOR.items():
         idle = sorted(given & set(keys) - ({"freeze_trainable_layers"} if cfg.finetune.use_llama_pro else set()))
-        if idle and cfg.finetune.finetuning_type != ftype:
-            log.warning("%s only apply to finetuning_type: %s; they have no effect here", idle, ftype)
+        if idle and cfg.finetune.finetuning_type not in types:
+            log.warning("%s only apply to finetuning_type: %s; they have no effect here", idle, " or ".join(types))
     stage = STAGES[cfg.finetune.stage]
     idle = sorted(given & _METHOD_KEYS - set(stage.method_keys))
     if not stage.is_online_rl:

@@ -24,9 +24,10 @@ def megatron_problems(cfg) -> list[str]:
     if cfg.finetune.stage not in MEGATRON_STAGES:
         problems.append(f"stage {cfg.finetune.stage} is not available on backend: megatron (it trains "
                         f"{', '.join(MEGATRON_STAGES)}); use backend: single, fsdp2 or deepspeed for it")
-    if cfg.finetune.finetuning_type == "freeze":
-        problems.append("finetuning_type: freeze is not available on backend: megatron (it trains full and lora); "
-                        "use finetuning_type: full or lora, or backend: single / fsdp2 for freeze")
+    if cfg.finetune.finetuning_type in ("freeze", "oft"):
+        problems.append(f"finetuning_type: {cfg.finetune.finetuning_type} is not available on backend: megatron (it "
+                        "trains full and lora); use finetuning_type: full or lora, or backend: single / fsdp2 for "
+                        f"{cfg.finetune.finetuning_type}")
     if cfg.finetune.finetuning_type == "lora":
         problems += _lora_problems(cfg.finetune)
         if STAGES[cfg.finetune.stage].reward_head:

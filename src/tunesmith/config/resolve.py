@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..stages import STAGES, uses_reference
-from .schema import RunConfig
+from .schema import ADAPTER_TYPES, RunConfig
 
 
 def vllm_cpu_build() -> bool:
@@ -91,8 +91,9 @@ def resolve_rollout_backend(choice: str, facts: RunFacts, unlike_vllm: str | Non
         return "vllm" if fits else "hf"
     problems = []
     if choice == "vllm" and unlike_vllm:
-        problems.append(f"rollout_backend: vllm with {unlike_vllm}: vLLM builds its engine from the model's own "
-                        "config.json and unquantized weights, not the policy's; use rollout_backend: hf")
+        problems.append(f"rollout_backend: vllm with {unlike_vllm}: vLLM's engine, built from the model's own "
+                        "config.json and unquantized weights with merged LoRA weights pushed, would not run this "
+                        "policy; use rollout_backend: hf")
     if choice == "vllm" and not facts.has_vllm:
         problems.append("rollout_backend: vllm needs the vllm package: pip install 'tunesmith[vllm]' (on a machine "
                         "with a CUDA GPU), or use rollout_backend: hf")
@@ -109,20 +110,26 @@ def resolve_rollout_backend(choice: str, facts: RunFacts, unlike_vllm: str | Non
 
 
 def _unlike_vllm(cfg: RunConfig) -> str | None:
-    return "rope_scaling" if cfg.model.rope_scaling else "quantization_bit" if cfg.model.quantization_bit else None
+    """The setting whose policy a vLLM rollout engine would not reproduce (its engine is built from the model's own
+    config.json and unquantized weights; it takes merged LoRA weights, not OFT's), or None."""
+    if cfg.model.rope_scaling:
+        return "rope_scaling"
+    if cfg.model.quantization_bit:
+        return "quantization_bit"
+    return "finetuning_type: oft" if cfg.finetune.finetuning_type == "oft" else None
 
 
 def resolve_reference(cfg: RunConfig) -> str:
-    """The reference the loss uses: none when it needs none; auto is the base with LoRA adapters off for a LoRA
-    run, else a frozen copy."""
+    """The reference the loss uses: none when it needs none; auto is the base with the adapters off for a LoRA
+    (or OFT) run, else a frozen copy."""
     mode = cfg.finetune.pref_reference
     if not uses_reference(cfg):
         return "none"
-    lora = cfg.finetune.finetuning_type == "lora"
+    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES
     if mode == "auto":
-        return "adapters_off" if lora else "copy"
-    if mode == "adapters_off" and not lora:
-        raise ConfigError(["pref_reference: adapters_off needs finetuning_type: lora; use copy or auto"])
+        return "adapters_off" if adapters else "copy"
+    if mode == "adapters_off" and not adapters:
+        raise ConfigError(["pref_reference: adapters_off needs finetuning_type: lora (or oft); use copy or auto"])
     if mode == "precomputed" and STAGES[cfg.finetune.stage].is_online_rl:
         raise ConfigError(["pref_reference: precomputed does not apply to online RL (responses are new each step); "
                            "use auto, copy or none"])

@@ -145,11 +145,17 @@ class DataConfig(_Group):
     )
 
 
+# The finetuning types that train PEFT adapters on a frozen model (a reference is the model with them off).
+ADAPTER_TYPES = ("lora", "oft")
+
+
 class FinetuneConfig(_Group):
     stage: Literal[STAGE_NAMES] = Field(
         "sft", description="Training stage: " + "; ".join(f"{s.name} ({s.summary})" for s in STAGES.values()) + "."
     )
-    finetuning_type: Literal["full", "freeze", "lora"] = Field("lora", description="Which parameters train.")
+    finetuning_type: Literal["full", "freeze", "lora", "oft"] = Field(
+        "lora", description="Which parameters train: full, freeze, lora, or oft (orthogonal fine-tuning, PEFT's OFT "
+        "adapters on lora_target).")
     freeze_trainable_layers: int = Field(
         2, description="freeze: train the last N layers (negative: the first -N layers); more than the model has: all."
     )
@@ -167,11 +173,16 @@ class FinetuneConfig(_Group):
     lora_alpha: float | None = Field(None, description="LoRA alpha (default: 2 x rank).")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     lora_target: list[str] = Field(
-        default_factory=lambda: ["all"], description="Modules that get LoRA: all (every linear layer) or names."
-    )
-    additional_target: list[str] = Field(default_factory=list, description="Extra modules trained in full with LoRA.")
+        default_factory=lambda: ["all"], description="Modules that get LoRA (or OFT) adapters: all (every linear "
+        "layer) or names.")
+    additional_target: list[str] = Field(default_factory=list, description="Extra modules trained in full with LoRA "
+                                         "(or OFT).")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
+    oft_rank: int = Field(0, ge=0, description="OFT: the number of orthogonal blocks per layer (0: set by "
+                          "oft_block_size; give one of the two).")
+    oft_block_size: int = Field(32, ge=0, description="OFT: the size of each orthogonal block (0: set by oft_rank).")
+    module_dropout: float = Field(0.0, ge=0, lt=1, description="OFT: the probability of dropping a block in training.")
     use_dft_loss: bool = Field(
         False, description="sft/pt: Dynamic Fine-Tuning (Wu et al. 2025): each token's NLL weighted by its "
         "probability, detached. The loss needs the logits (the fused Liger head is not used).")

@@ -89,6 +89,15 @@ def scales_its_base(folder: str) -> bool:
     return scale_rope(AutoConfig.from_pretrained(resolve_model_path(base)), *scaling)
 
 
+def refuse_non_lora(folders) -> None:
+    """vLLM serves LoRA adapters only; an OFT one (finetuning_type: oft) is served merged."""
+    for folder in folders:
+        peft_type = json.loads((Path(folder) / "adapter_config.json").read_text()).get("peft_type")
+        if peft_type not in (None, "LORA"):
+            raise ModelError(f"{folder} is a {peft_type} adapter, and vLLM serves LoRA adapters only; merge it first "
+                             "(tunesmith export) and serve the merged folder, or use infer_backend: huggingface")
+
+
 def refuse_scaled_adapters(folders) -> None:
     """Adapters served on a base loaded without their scaling (vLLM's LoRA serving, switchable lora_modules): one
     trained with rope_scaling is refused."""

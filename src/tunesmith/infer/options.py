@@ -53,8 +53,8 @@ class ModelKeys(_Keys):
         "for several (all but the last are merged first, as in LLaMA-Factory).")
     template: str = Field("auto", description="Chat template: auto (the tokenizer's own) or a name "
                           "(qwen3, qwen3_nothink, chatml, llama3, ...); export saves it into the tokenizer.")
-    finetuning_type: Literal["lora", "full", "freeze"] | None = Field(
-        None, description="How the model was trained; only lora takes adapter_name_or_path.")
+    finetuning_type: Literal["lora", "oft", "full", "freeze"] | None = Field(
+        None, description="How the model was trained; only lora and oft take adapter_name_or_path.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (off unless you trust it).")
     infer_backend: Literal["huggingface", "vllm"] = Field(
         "huggingface", description="Generation backend of chat and serve: huggingface (transformers generate) "
@@ -493,8 +493,8 @@ def _cross_checks(flat: dict[str, Any], parsed: dict[str, _Keys]) -> list[str]:
             get_template(model.template)
         except ModelError as err:
             problems.append(f"template: {err}")
-    if model and model.adapter_name_or_path and model.finetuning_type not in (None, "lora"):
-        problems.append(f"adapter_name_or_path needs finetuning_type: lora (it is {model.finetuning_type}); "
+    if model and model.adapter_name_or_path and model.finetuning_type not in (None, "lora", "oft"):
+        problems.append(f"adapter_name_or_path needs finetuning_type: lora or oft (it is {model.finetuning_type}); "
                         "set finetuning_type: lora or remove the adapter")
     generation = parsed.get("generation")
     if generation and generation.do_sample and "temperature" in flat and generation.temperature == 0:

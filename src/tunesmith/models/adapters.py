@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from ..config.schema import FinetuneConfig
+from ..config.schema import ADAPTER_TYPES, FinetuneConfig
 from ..errors import ConfigError
 from .families import family_of, module_groups
 
@@ -17,15 +17,15 @@ _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 def apply_finetuning(model, cfg: FinetuneConfig, adapter_path: str | None = None):
-    """Return the model ready to train (a PeftModel for LoRA).
+    """Return the model ready to train (a PeftModel for LoRA and OFT).
 
     Vision/audio-language models: the parts named by freeze_vision_tower (also the audio
     encoder), freeze_multi_modal_projector and freeze_language_model stay frozen in every
     finetuning type, and never get LoRA adapters.
     """
     frozen = frozen_parameters(model, cfg)
-    if cfg.finetuning_type == "lora":
-        return _apply_lora(model, cfg, adapter_path, frozen)
+    if cfg.finetuning_type in ADAPTER_TYPES:
+        return _apply_adapters(model, cfg, adapter_path, frozen)
     if cfg.finetuning_type == "full":
         model.requires_grad_(True)
     else:
@@ -188,30 +188,38 @@ def _plain_linear(module) -> bool:
     return type(module).forward is torch.nn.Linear.forward or type(module).__module__.startswith("bitsandbytes.")
 
 
-def _apply_lora(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: set[str]):
-    from peft import LoraConfig, PeftModel, get_peft_model
+def _apply_adapters(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: set[str]):
+    from peft import PeftModel, get_peft_model
 
     if adapter_path:
         return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
-    targets = _lora_targets(model, cfg, frozen)
     reward_model = getattr(model, "score", None) is not None and model.get_output_embeddings() is None
-    lora = LoraConfig(
-        task_type="SEQ_CLS" if reward_model else "CAUSAL_LM",
-        r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=targets,
-        modules_to_save=cfg.additional_target or None,
-        use_dora=cfg.use_dora,
-        use_rslora=cfg.use_rslora,
-    )
+    common = dict(task_type="SEQ_CLS" if reward_model else "CAUSAL_LM", target_modules=_lora_targets(model, cfg, frozen),
+                  modules_to_save=cfg.additional_target or None)
     try:
-        peft_model = get_peft_model(model, lora)
+        peft_model = get_peft_model(model, _lora_config(cfg, common) if cfg.finetuning_type == "lora"
+                                    else _oft_config(cfg, common))
     except ValueError as err:
-        raise ConfigError([f"lora_target {cfg.lora_target}: {err}"]) from None
+        raise ConfigError([f"finetuning_type {cfg.finetuning_type}, lora_target {cfg.lora_target}: {err}"]) from None
     if getattr(model, "is_activation_checkpointing", False):
         peft_model.enable_input_require_grads()
     return peft_model
+
+
+def _lora_config(cfg: FinetuneConfig, common: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank, lora_dropout=cfg.lora_dropout,
+                      use_dora=cfg.use_dora, use_rslora=cfg.use_rslora, **common)
+
+
+def _oft_config(cfg: FinetuneConfig, common: dict):
+    """PEFT's OFT as LLaMA-Factory configures it: oft_rank blocks or blocks of oft_block_size (PEFT takes one of
+    the two: a rank given alone drops the default block size)."""
+    from peft import OFTConfig
+
+    block_size = cfg.oft_block_size if not cfg.oft_rank or "oft_block_size" in cfg.model_fields_set else 0
+    return OFTConfig(r=cfg.oft_rank, oft_block_size=block_size, module_dropout=cfg.module_dropout, **common)
 
 
 def trainable_report(model) -> str:

@@ -52,8 +52,8 @@ def test_missing_dataset_and_eval_without_data():
 
 @pytest.mark.parametrize("overrides, problem", [
     ({"finetuning_type": "full", "adapter_name_or_path": "/runs/lora"}, "an adapter is loaded only for finetuning_type: "
-                                                                         "lora, not full"),
-    ({"finetuning_type": "freeze", "adapter_name_or_path": "/runs/lora"}, "lora, not freeze"),
+                                                                         "lora or oft, not full"),
+    ({"finetuning_type": "freeze", "adapter_name_or_path": "/runs/lora"}, "lora or oft, not freeze"),
     ({"stage": "pt", "train_on_prompt": True}, "train_on_prompt: only the SFT stage chooses"),
     ({"stage": "dpo", "mask_history": True}, "mask_history: only the SFT stage chooses"),
 ])

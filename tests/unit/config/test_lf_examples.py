@@ -35,7 +35,6 @@ _MEGATRON = "needs the Megatron-Core engine: set backend: megatron (or run with 
 # QLoRA runs with bitsandbytes (in the dev extras); without it, its examples are refused with the install line
 _QLORA = ([] if importlib.util.find_spec("bitsandbytes")
           else ["quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'"])
-_OFT = "'finetuning_type' = 'oft': OFT is not available; use finetuning_type: lora"
 _ASFT = "ASFT (the DFT loss plus a KL to a reference model) is not available"
 _KT = "KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload"
 _V1_KERNELS = "'use_v1_kernels' = True: LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel"
@@ -71,12 +70,8 @@ REFUSED = {
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",
     ],
     "extras/muon/qwen2_full_sft.yaml": ["'use_muon' = True: the Muon optimizer is not available"],
-    "extras/oft/llama3_oft_sft.yaml": [_OFT],
-    "extras/oft/qwen2_5vl_oft_sft.yaml": [_OFT],
     "extras/pissa/llama3_lora_sft.yaml": ["'pissa_init' = True: PiSSA initialisation is not available"],
-    "extras/qoft/llama3_oft_sft_awq.yaml": [_OFT],
-    "extras/qoft/llama3_oft_sft_bnb_npu.yaml": [_OFT, *_QLORA],
-    "extras/qoft/llama3_oft_sft_gptq.yaml": [_OFT],
+    **({"extras/qoft/llama3_oft_sft_bnb_npu.yaml": _QLORA} if _QLORA else {}),
     "ktransformers/train_lora/deepseek_v2_lora_sft_kt.yaml": ["'use_kt' = True: " + _KT],
     "ktransformers/train_lora/deepseek_v3_int8_lora_sft_kt.yaml": [_KT],
     "ktransformers/train_lora/deepseek_v3_lora_sft_kt.yaml": [_KT],

@@ -78,7 +78,6 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
     ("expert_tensor_parallel_size", 2, "not available in tunesmith's Megatron-Core engine"),
     ("push_to_hub", True, "upload output_dir yourself"),
     ("stage", "ppo", "PPO with a value model is not available yet; use stage: grpo"),
-    ("finetuning_type", "oft", "OFT is not available; use finetuning_type: lora"),
     ("pref_loss", "kto_pair", "use stage: kto"),
     ("optim", "paged_adamw_8bit", "use optim: adamw_torch"),
     ("streaming", True, "streaming datasets are not available yet"),
@@ -204,7 +203,7 @@ def test_rope_scaling_stretches_to_cutoff_len_unless_given_and_keeps_rollouts_of
     gpu = RunFacts(device_type="cuda", has_vllm=True)
     rl = {**given, "stage": "grpo", "reward_funcs": "format"}
     assert resolve(build_config(None, rl), gpu).rl.rollout_backend == "hf"
-    with pytest.raises(ConfigError, match="rollout_backend: vllm with rope_scaling: vLLM builds"):
+    with pytest.raises(ConfigError, match="rollout_backend: vllm with rope_scaling: vLLM.s engine"):
         resolve(build_config(None, {**rl, "rollout_backend": "vllm"}), gpu)
 
 

@@ -48,7 +48,7 @@ def test_qlora_needs_lora_one_process_and_trained_weights():
         build_config(None, {"dataset": "x", "quantization_bit": 4, "finetuning_type": "full", "backend": "fsdp2",
                             "random_init": True, "torch_compile": True})
     text = "\n".join(info.value.problems)
-    assert "use finetuning_type: lora, not full" in text and "not backend: fsdp2" in text
+    assert "use finetuning_type: lora (or oft), not full" in text and "not backend: fsdp2" in text
     assert "random_init builds fresh ones" in text and "torch_compile with quantization_bit" in text
     with pytest.raises(ConfigError, match="hqq.*only bitsandbytes|only bitsandbytes"):
         build_config(None, {"dataset": "x", "quantization_bit": 4, "quantization_method": "hqq"})
