@@ -298,3 +298,19 @@ def test_early_stopping_ends_the_run_after_evaluations_without_improvement(tmp_p
     steps = sorted(losses)
     stop = next(s for prev, s in zip(steps, steps[1:]) if losses[s] <= max(losses[p] for p in steps if p < s))
     assert result.stopped_early and result.global_step == stop == steps[-1] < 12
+
+
+def test_the_best_checkpoint_survives_a_moved_run_folder_and_resume(tmp_path):
+    import json
+    import shutil
+
+    options = dict(learning_rate=3e-3, val_size=0.25, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+                   save_steps=2, save_total_limit=1, load_best_model_at_end=True, greater_is_better=True)
+    train(run_config(tmp_path / "a", max_steps=4, **options))
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    train(run_config(tmp_path / "b", max_steps=6, **options))
+    losses = _eval_losses(tmp_path / "b")
+    best = max(losses, key=losses.get)
+    state = json.loads((tmp_path / "b" / "trainer_state.json").read_text())
+    assert state["best_model_checkpoint"] == str(tmp_path / "b" / f"checkpoint-{best}")
+    assert (tmp_path / "b" / f"checkpoint-{best}").is_dir()
