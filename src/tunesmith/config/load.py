@@ -24,6 +24,7 @@ from .deepspeed import zero_settings
 from .lf_keys import LF_KEYS
 from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
+from .recorded import trained_rope
 from .schema import ADAPTER_TYPES, GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
@@ -228,6 +229,11 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if set_labels and STAGES[cfg.finetune.stage].data_kind != "conversations":
         problems.append(f"{' and '.join(set_labels)}: only the SFT stage chooses which turns are supervised (stage "
                         f"{cfg.finetune.stage} decides that itself; LLaMA-Factory refuses it too); remove it")
+    trained = trained_rope(cfg.model.adapter_name_or_path) if cfg.model.adapter_name_or_path else None
+    if trained and not cfg.model.rope_scaling:
+        problems.append(f"adapter_name_or_path {cfg.model.adapter_name_or_path} was trained with rope_scaling: "
+                        f"{trained[0]} (rope_max_length {trained[1]}); continuing it on the unscaled model would "
+                        f"change it: set rope_scaling: {trained[0]} and rope_max_length: {trained[1]}")
     if cfg.train.loraplus_lr_ratio is not None and cfg.finetune.finetuning_type != "lora":
         problems.append(f"loraplus_lr_ratio (LoRA+) raises the learning rate of LoRA's B matrices, which finetuning_type: "
                         f"{cfg.finetune.finetuning_type} has not (LLaMA-Factory refuses it too); remove it, or use "
@@ -269,7 +275,7 @@ def _best_model_problems(cfg: RunConfig) -> list[str]:
     at one (transformers' rules)."""
     train, output = cfg.train, cfg.output
     asked = [key for key in ("load_best_model_at_end", "early_stopping_steps") if getattr(train, key)]
-    if not asked:
+    if not asked or not train.do_train:  # an evaluation-only run has no best to keep (LLaMA-Factory accepts it)
         return []
     if train.eval_strategy == "no":
         return [f"{' and '.join(asked)} compare the run's evaluations: set eval_strategy: steps (or epoch), with "

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
+from ..config.recorded import trained_rope
 from ..errors import ModelError
 from ..models.families import family_of
 from ..models.load import auto_model_class, report_loading, with_chat_template
 from ..models.rope import scale_rope
 from ..models.tiny import resolve_model_path
-from .media import saved_config
 
 log = logging.getLogger("tunesmith")
 
@@ -53,28 +53,9 @@ def refuse_reward_model(path: str, adapters: list[str] | tuple[str, ...] = ()) -
                          f"score with it: tunesmith score --model {head} --data <file.jsonl>")
 
 
-def adapter_rope(folder: str) -> tuple[str, int] | None:
-    """(rope_scaling, rope_max_length) of the run that trained this adapter, if it asked for RoPE scaling: its
-    tunesmith_config.yaml (a run's output_dir) or the config its checkpoint records; the base model's
-    config.json does not say so."""
-    saved = saved_config(folder) or _checkpoint_config(folder)
-    if saved.get("rope_scaling") and saved.get("rope_max_length"):
-        return saved["rope_scaling"], int(saved["rope_max_length"])
-    return None
-
-
-def _checkpoint_config(folder: str) -> dict:
-    state = Path(folder) / "trainer_state.json"
-    try:
-        config = json.loads(state.read_text(encoding="utf-8")).get("config") if state.is_file() else None
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
 def scale_rope_as_trained(config, adapters) -> None:
     """The base's RoPE scaled as it was in training, for adapters trained with rope_scaling."""
-    for scaling in filter(None, map(adapter_rope, adapters)):
+    for scaling in filter(None, map(trained_rope, adapters)):
         scale_rope(config, *scaling)
 
 
@@ -82,7 +63,7 @@ def scales_its_base(folder: str) -> bool:
     """The adapter's training scaled its base's RoPE (rope_scaling past the base's positions)."""
     from transformers import AutoConfig
 
-    scaling = adapter_rope(folder)
+    scaling = trained_rope(folder)
     if scaling is None:
         return False
     base = json.loads((Path(folder) / "adapter_config.json").read_text())["base_model_name_or_path"]

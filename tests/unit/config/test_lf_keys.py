@@ -244,6 +244,7 @@ def test_best_model_and_early_stopping_need_evaluations_saved_with_them():
                                   "early_stopping_steps": 2}))
     assert "set metric_for_best_model: reward_mean" in text
     build_config(None, {"dataset": "x", **base, "eval_strategy": "steps", "eval_steps": 50, "save_steps": 100})
+    build_config(None, {"dataset": "x", "do_train": False, "do_eval": True, "early_stopping_steps": 3})
 
 
 def test_null_written_for_the_new_keys_is_their_default():

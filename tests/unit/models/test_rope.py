@@ -7,7 +7,7 @@ import torch
 from transformers import Gemma3TextConfig, LlamaConfig, Qwen2VLConfig, Qwen3Config
 
 from conftest import run_config
-from tunesmith.errors import ModelError
+from tunesmith.errors import ConfigError, ModelError
 from tunesmith.models.rope import scale_rope
 
 
@@ -83,3 +83,5 @@ def test_a_full_run_saves_the_scaling_and_a_lora_adapter_is_loaded_with_it(tmp_p
     assert checkpoint.config.max_position_embeddings == 8192  # a checkpoint records the run's config too
     train(run_config(tmp_path / "within", max_steps=1, cutoff_len=4096, rope_scaling="linear", finetuning_type="lora"))
     refuse_scaled_adapters([str(tmp_path / "within")])  # within the base's positions: nothing was scaled
+    with pytest.raises(ConfigError, match="was trained with rope_scaling: linear .rope_max_length 8192.; continuing"):
+        run_config(tmp_path / "more", finetuning_type="lora", adapter_name_or_path=str(tmp_path / "lora"))
