@@ -267,29 +267,6 @@ def _eval_losses(output_dir) -> dict[int, float]:
     return {r["step"]: r["eval_loss"] for r in rows if "eval_loss" in r}
 
 
-def test_load_best_model_at_end_keeps_and_restores_the_best_checkpoint(tmp_path):
-    import json
-
-    from safetensors.torch import load_file
-
-    out = tmp_path / "o"
-    # greater_is_better on the loss: the best evaluation is the worst one, so it is not the last step's; the
-    # starting model's (eval_on_start, the worst of all) is no candidate, as in transformers
-    result = train(run_config(out, max_steps=6, learning_rate=3e-3, val_size=0.25, eval_strategy="steps",
-                              eval_steps=2, save_strategy="steps", save_steps=2, save_total_limit=1,
-                              load_best_model_at_end=True, greater_is_better=True, eval_on_start=True))
-    losses = _eval_losses(out)
-    assert 0 in losses
-    best = max((step for step in losses if step > 0), key=losses.get)
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["best_global_step"] == best and state["best_metric"] == losses[best]
-    assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best}")
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted({f"checkpoint-{best}", "checkpoint-6"})
-    final, kept = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best}" / "model.safetensors")
-    assert all(torch.equal(final[k], kept[k]) for k in kept)
-    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == losses[best] == result.eval_loss
-
-
 def test_early_stopping_ends_the_run_after_evaluations_without_improvement(tmp_path):
     out = tmp_path / "o"
     result = train(run_config(out, max_steps=12, learning_rate=3e-3, val_size=0.25, eval_strategy="steps",
@@ -300,17 +277,29 @@ def test_early_stopping_ends_the_run_after_evaluations_without_improvement(tmp_p
     assert result.stopped_early and result.global_step == stop == steps[-1] < 12
 
 
-def test_the_best_checkpoint_survives_a_moved_run_folder_and_resume(tmp_path):
+def test_load_best_model_at_end_keeps_and_restores_the_best_checkpoint_across_a_moved_folder(tmp_path):
+    """greater_is_better on the loss: the best evaluation is the worst one, so it is not the last step's; the
+    starting model's (eval_on_start, the worst of all) is no candidate, as in transformers. The run is moved and
+    resumed half-way: the best checkpoint is found by its step."""
     import json
     import shutil
 
+    from safetensors.torch import load_file
+
     options = dict(learning_rate=3e-3, val_size=0.25, eval_strategy="steps", eval_steps=2, save_strategy="steps",
-                   save_steps=2, save_total_limit=1, load_best_model_at_end=True, greater_is_better=True)
+                   save_steps=2, save_total_limit=1, load_best_model_at_end=True, greater_is_better=True,
+                   eval_on_start=True)
     train(run_config(tmp_path / "a", max_steps=4, **options))
     shutil.move(tmp_path / "a", tmp_path / "b")
-    train(run_config(tmp_path / "b", max_steps=6, **options))
-    losses = _eval_losses(tmp_path / "b")
-    best = max(losses, key=losses.get)
-    state = json.loads((tmp_path / "b" / "trainer_state.json").read_text())
-    assert state["best_model_checkpoint"] == str(tmp_path / "b" / f"checkpoint-{best}")
-    assert (tmp_path / "b" / f"checkpoint-{best}").is_dir()
+    out = tmp_path / "b"
+    result = train(run_config(out, max_steps=6, **options))
+    losses = _eval_losses(out)
+    assert 0 in losses
+    best = max((step for step in losses if step > 0), key=losses.get)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["best_global_step"] == best and state["best_metric"] == losses[best]
+    assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best}")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted({f"checkpoint-{best}", "checkpoint-6"})
+    final, kept = load_file(out / "model.safetensors"), load_file(out / f"checkpoint-{best}" / "model.safetensors")
+    assert all(torch.equal(final[k], kept[k]) for k in kept)
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == losses[best] == result.eval_loss
