@@ -188,9 +188,10 @@ def second_run_and_compare(page, url, root, tmp_path):
     page.check("#compare-picks input[value='slow-lr']")
     page.check("#compare-picks input[value='fast-lr']")
     page.wait_for_function("""() => { const c = comparePage.charts.charts.get("loss");
-        const points = (values) => values.filter((v) => v !== null).length;
-        const counts = c && c.plot ? [points(c.plot.data[1]), points(c.plot.data[2])].sort((a, b) => a - b) : [];
-        return c && c.plot && c.plot.series.length === 3 && counts[0] === 100 && counts[1] === 150; }""")
+        if (!(c && c.plot && c.plot.series.length === 3 && c.plot.data.length === 3)) return false;
+        const points = (values) => (values || []).filter((v) => v !== null).length;
+        const counts = [points(c.plot.data[1]), points(c.plot.data[2])].sort((a, b) => a - b);
+        return counts[0] === 100 && counts[1] === 150; }""")
     shot(page, "compare", tmp_path)
 
 
