@@ -46,6 +46,16 @@ def held_back(name: str = "tunesmith"):
         logger.setLevel(level)
 
 
+_said: set[str] = set()  # messages already said: a run reads its config and decides its kernels several times
+
+
+def say_once(message: str, level: int = logging.INFO) -> None:
+    """Log `message` to tunesmith's log the first time this process says it."""
+    if message not in _said:
+        _said.add(message)
+        logging.getLogger("tunesmith").log(level, message)
+
+
 def _has_cuda() -> bool:
     import torch
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import logging
 import os
@@ -13,6 +12,7 @@ import torch
 
 from ..config.schema import ModelConfig
 from ..errors import ModelError
+from ..quiet import say_once
 from .attention import VARLEN, use_varlen_in_vision_tower, varlen_available
 from .attention import register as register_varlen
 from .autocast_linear import use_autocast_linears
@@ -27,7 +27,6 @@ from .rope import scale_rope
 from .tiny import resolve_model_path
 
 log = logging.getLogger("tunesmith")
-_said: set[str] = set()  # attention choices already logged: a run decides its attention several times
 
 
 def pick_device() -> torch.device:
@@ -48,20 +47,14 @@ def attn_implementation(cfg: ModelConfig, device: torch.device, config=None) -> 
     family = text_family_of(config) if config is not None else None
     if name == "sdpa" and family is not None and not family.sdpa:
         # GPT-OSS's attention sinks have no SDPA path in transformers: its own eager attention runs them
-        _say_once(f"flash_attn: {family.name} has no SDPA attention in transformers; using its eager attention")
+        say_once(f"flash_attn: {family.name} has no SDPA attention in transformers; using its eager attention")
         return "eager"
     if name == "sdpa" and config is not None and not _language_model_has_sdpa(config):
         # Gemma 2 (PaliGemma 2's language model) caps its attention logits, which SDPA cannot
-        _say_once(f"flash_attn: this model's language model ({config.get_text_config().model_type}) has no SDPA "
+        say_once(f"flash_attn: this model's language model ({config.get_text_config().model_type}) has no SDPA "
                   "attention in transformers; using eager attention")
         return "eager"
     return name
-
-
-def _say_once(message: str) -> None:
-    if message not in _said:
-        _said.add(message)
-        log.info(message)
 
 
 def select_flash_kernels(cfg: ModelConfig, device: torch.device) -> None:
@@ -114,7 +107,7 @@ def _attn_choice(cfg: ModelConfig, device: torch.device, config) -> str:
         # LLaMA-Factory's `sdpa` means PyTorch's own attention. For packed rows PyTorch's variable-length
         # FlashAttention kernel is that too, and needs no dense block-diagonal mask; everything else (unpacked
         # rows, generation, the vision tower) goes through SDPA unchanged.
-        _say_once("flash_attn: sdpa — packed rows use PyTorch's variable-length FlashAttention kernel (no mask); "
+        say_once("flash_attn: sdpa — packed rows use PyTorch's variable-length FlashAttention kernel (no mask); "
                   "other attention calls use SDPA")
         return register_varlen()
     return {"sdpa": "sdpa", "eager": "eager", "disabled": "eager", "flex": "flex_attention"}[choice]
@@ -365,15 +358,11 @@ def set_router_aux_loss_coef(config, coef: float) -> None:
     Qwen3-VL MoE keeps it) of a model that has one; for any other model the key has no effect, said once."""
     holders = [part for part in (config, getattr(config, "text_config", None))
                if part is not None and hasattr(part, "router_aux_loss_coef")]
-    if not holders:
-        _no_router_loss(config.model_type)
+    if not holders:  # said once a process (the model may be built twice)
+        say_once(f"moe_aux_loss_coef: {config.model_type} has no router load-balancing loss; the key has no effect",
+                 logging.WARNING)
     for part in holders:
         part.router_aux_loss_coef = coef
-
-
-@functools.cache
-def _no_router_loss(model_type: str) -> None:  # said once a process (the model may be built twice)
-    log.warning("moe_aux_loss_coef: %s has no router load-balancing loss; the key has no effect", model_type)
 
 
 def use_vision_varlen(model) -> None:

@@ -9,15 +9,11 @@ carries the scaling to every later load (transformers, PEFT, vLLM).
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 
 from ..errors import ModelError
-
-log = logging.getLogger("tunesmith")
-
-ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "llama3")
+from ..quiet import say_once
 
 
 def scale_rope(config, kind: str, length: int) -> bool:
@@ -30,15 +26,15 @@ def scale_rope(config, kind: str, length: int) -> bool:
     current = params.get("rope_type", "default")
     if current != "default":
         if length <= positions:
-            _say(logging.INFO, f"rope_scaling: {config.model_type} already scales RoPE ({current}) to {positions} "
-                               f"positions, which covers {length}; left as it is")
+            say_once(f"rope_scaling: {config.model_type} already scales RoPE ({current}) to {positions} positions, "
+                     f"which covers {length}; left as it is")
             return False
         raise ModelError(f"rope_scaling: {config.model_type} already scales RoPE ({current}, factor "
                          f"{params.get('factor')}, {positions} positions); a second scaling would replace it. "
                          f"Remove rope_scaling, or lower cutoff_len (rope_max_length) to at most {positions}")
     if length <= positions:
-        _say(logging.WARNING, f"rope_scaling: {length} positions (cutoff_len) are within the {positions} that "
-                              f"{config.model_type} was trained for; RoPE is not scaled (as LLaMA-Factory)")
+        say_once(f"rope_scaling: {length} positions (cutoff_len) are within the {positions} that "
+                 f"{config.model_type} was trained for; RoPE is not scaled (as LLaMA-Factory)", logging.WARNING)
         return False
     factor = float(math.ceil(length / positions))
     params.update(rope_type=kind, factor=factor)
@@ -47,18 +43,12 @@ def scale_rope(config, kind: str, length: int) -> bool:
     if kind == "llama3":
         params.update(low_freq_factor=1.0, high_freq_factor=4.0)
     if kind == "dynamic":
-        _say(logging.WARNING, "rope_scaling: dynamic NTK scaling changes the frequencies with the sequence length, "
-                              "which may not suit fine-tuning (LLaMA-Factory warns too); linear or yarn keep them fixed")
+        say_once("rope_scaling: dynamic NTK scaling changes the frequencies with the sequence length, which may not "
+                 "suit fine-tuning (LLaMA-Factory warns too); linear or yarn keep them fixed", logging.WARNING)
     part.rope_parameters = params
     part.max_position_embeddings = int(positions * factor)
-    _say(logging.INFO, f"rope_scaling: {kind} RoPE, factor {factor:g}: {positions} -> "
-                       f"{part.max_position_embeddings} positions")
+    say_once(f"rope_scaling: {kind} RoPE, factor {factor:g}: {positions} -> {part.max_position_embeddings} positions")
     return True
-
-
-@functools.cache
-def _say(level: int, message: str) -> None:  # once a process: the config is read several times a run
-    log.log(level, message)
 
 
 def _rope_holder(config):

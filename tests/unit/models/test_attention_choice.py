@@ -5,6 +5,7 @@ import importlib.util
 import pytest
 import torch
 
+from tunesmith import quiet
 from tunesmith.config.schema import ModelConfig
 from tunesmith.errors import ModelError
 from tunesmith.models import load
@@ -62,7 +63,7 @@ def test_the_attention_choice_is_logged_once_however_often_a_run_makes_it(monkey
     """set_up (flash_impl), the merge estimate and the model load each ask for the attention."""
     monkeypatch.setattr(load, "varlen_available", lambda device: device.type == "cuda")
     monkeypatch.setattr(load, "register_varlen", lambda: "tunesmith_varlen")
-    monkeypatch.setattr(load, "_said", set())
+    monkeypatch.setattr(quiet, "_said", set())
     with caplog.at_level("INFO", logger="tunesmith"):
         for _ in range(3):
             load.attn_implementation(ModelConfig(flash_attn="sdpa", bf16=True), torch.device("cuda"))

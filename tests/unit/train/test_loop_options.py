@@ -185,15 +185,15 @@ def test_loraplus_moves_lora_b_at_the_ratio_times_the_learning_rate(tmp_path):
                                                                                (1, 4e-3, 0.0)]
 
 
-def test_moe_aux_loss_coef_weights_the_router_loss_and_is_saved(tmp_path, caplog):
+def test_moe_aux_loss_coef_weights_the_router_loss_and_is_saved(tmp_path, caplog, monkeypatch):
     import json
+
+    from tunesmith import quiet
 
     train(run_config(tmp_path / "moe", model_name_or_path="tiny:qwen3_moe", template="qwen3", max_steps=1,
                      moe_aux_loss_coef=0.5))
     assert json.loads((tmp_path / "moe" / "config.json").read_text())["router_aux_loss_coef"] == 0.5
-    from tunesmith.models.load import _no_router_loss
-
-    _no_router_loss.cache_clear()  # said once a process
+    monkeypatch.setattr(quiet, "_said", set())  # said once a process
     with caplog.at_level("WARNING", logger="tunesmith"):
         train(run_config(tmp_path / "dense", max_steps=1, moe_aux_loss_coef=0.5))
     assert "moe_aux_loss_coef: qwen3 has no router load-balancing loss; the key has no effect" in caplog.text
