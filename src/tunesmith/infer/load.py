@@ -22,16 +22,20 @@ def is_adapter(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").exists()
 
 
+def adapter_config(path: str | Path) -> dict:
+    """An adapter folder's adapter_config.json (PEFT's)."""
+    return json.loads((Path(path) / "adapter_config.json").read_text())
+
+
 def adapter_base(path: str | Path) -> str | None:
     """The base model an adapter folder records (PEFT's base_model_name_or_path)."""
-    return json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    return adapter_config(path).get("base_model_name_or_path")
 
 
 def _is_reward_model(path: str) -> bool:
     """A `stage: rm` output: a sequence-classification folder or a SEQ_CLS LoRA adapter."""
-    adapter = Path(path) / "adapter_config.json"
-    if adapter.exists():
-        return json.loads(adapter.read_text()).get("task_type") == "SEQ_CLS"
+    if is_adapter(path):
+        return adapter_config(path).get("task_type") == "SEQ_CLS"
     config = Path(path) / "config.json"
     return config.exists() and any(a.endswith("ForSequenceClassification")
                                    for a in json.loads(config.read_text()).get("architectures") or [])
@@ -66,14 +70,13 @@ def scales_its_base(folder: str) -> bool:
     scaling = trained_rope(folder)
     if scaling is None:
         return False
-    base = json.loads((Path(folder) / "adapter_config.json").read_text())["base_model_name_or_path"]
-    return scale_rope(AutoConfig.from_pretrained(resolve_model_path(base)), *scaling)
+    return scale_rope(AutoConfig.from_pretrained(resolve_model_path(adapter_base(folder))), *scaling)
 
 
 def refuse_non_lora(folders) -> None:
     """vLLM serves LoRA adapters only; an OFT one (finetuning_type: oft) is served merged."""
     for folder in folders:
-        peft_type = json.loads((Path(folder) / "adapter_config.json").read_text()).get("peft_type")
+        peft_type = adapter_config(folder).get("peft_type")
         if peft_type not in (None, "LORA"):
             raise ModelError(f"{folder} is a {peft_type} adapter, and vLLM serves LoRA adapters only; merge it first "
                              "(tunesmith export) and serve the merged folder, or use infer_backend: huggingface")

@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 from ..errors import ModelError
-from ..infer.load import adapter_base, is_adapter
-from ..infer.media import saved_config
+from ..infer.load import adapter_base, adapter_config, is_adapter
+from ..config.recorded import saved_config
 from ..infer.options import ChatOptions
 from ..models.tiny import resolve_model_path
 from .engine import ServedModel
@@ -25,7 +25,7 @@ def check_adapter(name: str, path: str, base: str) -> str:
     if not is_adapter(folder):
         raise ModelError(f"adapter '{name}': '{path}' holds no adapter_config.json: give the output_dir of a LoRA "
                          "run (a full model is served on its own: model_name_or_path)")
-    task = json.loads((Path(folder) / "adapter_config.json").read_text()).get("task_type")
+    task = adapter_config(folder).get("task_type")
     if task == "SEQ_CLS":
         raise ModelError(f"adapter '{name}': '{path}' is a reward-model adapter; it scores, it does not generate "
                          "(use `tunesmith score`)")
