@@ -247,9 +247,9 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         notes.append(f"backend: single runs one process, but {W} GPUs would be launched; use fsdp2 or auto")
     shards = W if sharded else 1
     weights = N * (2 if pure else 4) / shards / GIB
-    if m.quantization_bit and W > 1:
-        notes.append(f"quantization_bit (QLoRA) runs on one process; the {W} GPUs counted here would be refused")
     if m.quantization_bit:  # QLoRA: the layers' linears quantized; embeddings, adapters and norms as they were
+        if W > 1:
+            notes.append(f"quantization_bit (QLoRA) runs on one process; the {W} GPUs counted here would be refused")
         kept = dims["V"] * dims["H"] * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2) + N_t
         weights = (max(N - kept, 0) * m.quantization_bit / 8 + kept * (2 if pure else 4)) / GIB
     gradients = N_t * (2 if pure else 4) / shards / GIB

@@ -1,5 +1,6 @@
 """What a run recorded beside its weights: its flat config, in tunesmith_config.yaml (a run's output_dir) or in a
-checkpoint's trainer_state.json. Light (yaml and json only): config validation reads it for an adapter to continue.
+checkpoint's trainer_state.json. Light (yaml and json only): config validation reads it for an adapter to continue,
+inference for the data budget and the RoPE scaling of an adapter, resume for the config a checkpoint trained with.
 """
 
 from __future__ import annotations
@@ -9,26 +10,37 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import DataError
 
-def recorded_config(folder: str | Path) -> dict:
-    """The flat config of the run that wrote `folder`, {} where none is recorded or it cannot be read."""
-    folder = Path(folder)
-    try:
-        if (folder / "tunesmith_config.yaml").is_file():
-            flat = yaml.safe_load((folder / "tunesmith_config.yaml").read_text(encoding="utf-8"))
-        elif (folder / "trainer_state.json").is_file():
-            flat = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8")).get("config")
-        else:
-            return {}
-    except (OSError, ValueError, yaml.YAMLError):
+
+def saved_config(folder: str | Path) -> dict:
+    """The flat config a run saved beside its model (tunesmith_config.yaml), {} for other folders."""
+    saved = Path(folder) / "tunesmith_config.yaml"
+    if not saved.exists():
         return {}
+    try:
+        flat = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise DataError(f"{saved} is not valid YAML: {err}") from None
     return flat if isinstance(flat, dict) else {}
+
+
+def checkpoint_config(folder: str | Path) -> dict | None:
+    """The flat config a checkpoint's trainer_state.json records; None where it records none (another tool's or an
+    older tunesmith's checkpoint, or no checkpoint)."""
+    state = Path(folder) / "trainer_state.json"
+    if not state.is_file():
+        return None
+    try:
+        return json.loads(state.read_text(encoding="utf-8")).get("config")
+    except ValueError as err:
+        raise DataError(f"{state} is not valid JSON: {err}") from None
 
 
 def trained_rope(folder: str | Path) -> tuple[str, int] | None:
     """(rope_scaling, rope_max_length) of the run that trained the adapter in `folder`, if it asked for RoPE
     scaling: the base model's config.json does not say so."""
-    flat = recorded_config(folder)
+    flat = saved_config(folder) or checkpoint_config(folder) or {}
     if flat.get("rope_scaling") and flat.get("rope_max_length"):
         return flat["rope_scaling"], int(flat["rope_max_length"])
     return None

@@ -61,7 +61,7 @@ class ModelConfig(_Group):
         None, ge=1, description="The context rope_scaling stretches the model to; unset: cutoff_len.")
     quantization_bit: Literal[4, 8] | None = Field(
         None, description="QLoRA: load the model's linear layers quantized to 4 or 8 bits with bitsandbytes and "
-        "train LoRA adapters on them (finetuning_type: lora; `pip install 'tunesmith[qlora]'`; "
+        "train adapters on them (finetuning_type: lora or oft; `pip install 'tunesmith[qlora]'`; "
         "[training.md](training.md#qlora-quantization_bit)).")
     quantization_method: Literal["bnb"] = Field("bnb", description="The quantization library: bnb (bitsandbytes).")
     quantization_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type: nf4 or fp4.")

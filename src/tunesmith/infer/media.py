@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
+from ..config.recorded import saved_config
 from ..config.schema import DataConfig
 from ..data import media as M
-from ..errors import DataError
 
 
 @dataclass
@@ -63,18 +60,6 @@ class MediaInputs:
 
     def generate_kwargs(self) -> dict:
         return {"use_audio_in_video": True} if self.video_audios else {}
-
-
-def saved_config(model_path: str) -> dict:
-    """The flat config a run saved beside its model (tunesmith_config.yaml), {} for other folders."""
-    saved = Path(model_path) / "tunesmith_config.yaml"
-    if not saved.exists():
-        return {}
-    try:
-        flat = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise DataError(f"{saved} is not valid YAML: {err}") from None
-    return flat if isinstance(flat, dict) else {}
 
 
 def _budget_of(model_path: str, overrides: dict) -> DataConfig:

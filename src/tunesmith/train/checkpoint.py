@@ -253,7 +253,7 @@ def _save_failure(output_dir: Path, final: Path, err: Exception) -> str:
             "save_total_limit and save_only_model: true keep less) or make it writable, then resume")
 
 
-def rotate(output_dir: Path, keep: int | None, keep_also: str | None = None) -> None:
+def rotate(output_dir: Path, keep: int | None, keep_also: Path | None = None) -> None:
     """Keep the newest `keep` of our checkpoints, and `keep_also` (the best one, for load_best_model_at_end);
     remove what interrupted saves left behind."""
     if not dist.is_main():
@@ -264,7 +264,7 @@ def rotate(output_dir: Path, keep: int | None, keep_also: str | None = None) -> 
     if keep is None:
         return
     for old in _ours(output_dir)[:-keep]:
-        if keep_also is None or old.resolve() != Path(keep_also).resolve():
+        if keep_also is None or old.resolve() != keep_also.resolve():
             shutil.rmtree(old, ignore_errors=True)
 
 

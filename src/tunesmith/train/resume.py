@@ -13,6 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from ..config.recorded import checkpoint_config
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from . import checkpoint as ckpt
@@ -79,11 +80,6 @@ def step_of(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "trainer_state.json").read_text()).get("global_step", 0))
 
 
-def saved_config(checkpoint: Path) -> dict | None:
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    return state.get("config")
-
-
 # Per-device batch, accumulation and steps per epoch follow the number of processes: resuming on another
 # number of processes (sharded state reshards) keeps the training when the global batch is the same.
 _PER_PROCESS = frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "num_steps_per_epoch"})
@@ -96,7 +92,7 @@ def _global_batch(config: dict, world: int) -> int:
 def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size: int = 1) -> dict[str, list]:
     """The changes from the checkpoint's config to this run's ({key: [old, new]}), or a refusal listing the
     ones that change training and are not allowed."""
-    saved = saved_config(checkpoint)
+    saved = checkpoint_config(checkpoint)
     saved_world = int(json.loads((checkpoint / "trainer_state.json").read_text()).get("world_size", 1))
     if saved is None:
         log.warning("%s records no config (written by another tool or an older tunesmith): the config is not "

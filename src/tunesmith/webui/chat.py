@@ -12,7 +12,7 @@ from typing import Iterator, Literal
 from pydantic import BaseModel, Field
 
 from ..errors import TunesmithError
-from ..infer.media import saved_config
+from ..config.recorded import saved_config
 from ..infer.options import GenerationKeys, MediaKeys, chat_options
 from ..serve.backends import load_engine
 from ..serve.content import load_image_url
