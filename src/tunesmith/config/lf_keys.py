@@ -282,7 +282,7 @@ _FINETUNING = section("finetuning", [
     honoured("finetuning_type", "full, freeze, lora, oft"),
     honoured("use_llama_pro", "the expanded blocks of a model LLaMA-Factory's scripts/llama_pro.py expanded train "
              "(freeze: those layers; lora: adapters on them); full is refused, as in LLaMA-Factory"),
-    refused("use_adam_mini", "Adam-mini is not available; tunesmith trains with AdamW"),
+    honoured("use_adam_mini", "needs pip install 'tunesmith[adam-mini]'; full or freeze, one process"),
     mapped("use_mca", "backend", switch_key("backend", "megatron"),
             "true -> backend: megatron (the Megatron-Core engine, as USE_MCA=1)"),
     refused("use_megatron_bridge", _BRIDGE),
@@ -290,7 +290,7 @@ _FINETUNING = section("finetuning", [
     unless_null("hyper_parallel_args", "HyperParallel is not available; use backend: fsdp2"),
     refused("hyper_parallel_cp_size", "HyperParallel is not available; for context parallelism use "
              "context_parallel_size with backend: megatron", accept=(1, None)),
-    refused("use_muon", "the Muon optimizer is not available; tunesmith trains with AdamW"),
+    honoured("use_muon", "torch.optim.Muon for the hidden matrices, AdamW for the rest; one process"),
     honoured("use_dft_loss"),
     refused("use_asft_loss", _ASFT),
     idle("asft_alpha", "only applies with use_asft_loss (refused)"),

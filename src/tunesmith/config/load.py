@@ -243,6 +243,7 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
                         "use finetuning_type: freeze (or lora)")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
+    problems.extend(_optimizer_problems(cfg))
     problems.extend(_best_model_problems(cfg))
     if cfg.model.quantization_bit:
         problems.extend(_qlora_problems(cfg))
@@ -267,6 +268,30 @@ def _qlora_problems(cfg: RunConfig) -> list[str]:
         problems.append("torch_compile with quantization_bit is not available; remove torch_compile")
     if importlib.util.find_spec("bitsandbytes") is None:
         problems.append("quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'")
+    return problems
+
+
+def _optimizer_problems(cfg: RunConfig) -> list[str]:
+    """use_muon and use_adam_mini: one optimizer of the two, in one process, without LoRA+'s groups."""
+    train = cfg.train
+    asked = [key for key in ("use_muon", "use_adam_mini") if getattr(train, key)]
+    if not asked:
+        return []
+    problems = []
+    if len(asked) > 1:
+        problems.append("use_muon and use_adam_mini each choose the optimizer: keep one")
+    if train.loraplus_lr_ratio is not None:
+        problems.append(f"{asked[0]} and loraplus_lr_ratio (LoRA+, AdamW's groups) each choose the optimizer: keep "
+                        "one")
+    if train.backend not in ("auto", "single") or train.wants_deepspeed:
+        problems.append(f"{asked[0]} runs on one process (backend: single), not backend: "
+                        f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings "
+                        "(several GPUs: train with AdamW)")
+    if train.use_adam_mini and cfg.finetune.finetuning_type in ADAPTER_TYPES:
+        problems.append(f"use_adam_mini partitions whole weight matrices by attention head and neuron, not "
+                        f"{cfg.finetune.finetuning_type} adapters: use finetuning_type full or freeze, or AdamW")
+    if train.use_adam_mini and importlib.util.find_spec("adam_mini") is None:
+        problems.append("use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'")
     return problems
 
 

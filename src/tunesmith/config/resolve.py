@@ -70,15 +70,22 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
     backend = cfg.train.backend
     if cfg.train.wants_deepspeed:
         return "deepspeed"
-    if backend == "auto" and cfg.model.quantization_bit and facts.world_size > 1:
-        raise ConfigError([f"quantization_bit (QLoRA) runs on one process (backend: single), but {facts.world_size} "
-                           "were launched; launch one, or train LoRA on the unquantized model with fsdp2"])
+    alone = one_process_features(cfg)
+    if backend == "auto" and alone and facts.world_size > 1:
+        raise ConfigError([f"{alone[0]} runs on one process (backend: single), but {facts.world_size} were launched; "
+                           "launch one, or remove it to train with fsdp2"])
     if backend == "auto":
         return "fsdp2" if facts.world_size > 1 or facts.resume_backend == "fsdp2" else "single"
     if backend == "single" and facts.world_size > 1:
         raise ConfigError([f"backend: single runs one process, but {facts.world_size} were launched; use fsdp2 or "
                            "deepspeed (or backend: auto)"])
     return backend
+
+
+def one_process_features(cfg: RunConfig) -> list[str]:
+    """The settings that train in one process only (backend: single)."""
+    return [key for key, on in (("quantization_bit", cfg.model.quantization_bit), ("use_muon", cfg.train.use_muon),
+                                ("use_adam_mini", cfg.train.use_adam_mini)) if on]
 
 
 def resolve_rollout_backend(choice: str, facts: RunFacts, unlike_vllm: str | None = None) -> str:

@@ -260,6 +260,15 @@ class TrainConfig(_Group):
     optim: Literal["adamw_torch", "adamw_torch_fused"] = Field(
         "adamw_torch", description="Optimiser (AdamW; the fused kernel is used on CUDA either way)."
     )
+    use_muon: bool = Field(
+        False, description="Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz, its step scaled by "
+        "0.2 x sqrt(max(rows, columns)) to match AdamW's, as LLaMA-Factory's) for the hidden layers' weight matrices, "
+        "AdamW for the embeddings, the output head, norms and biases; one learning rate. One process (backend: "
+        "single).")
+    use_adam_mini: bool = Field(
+        False, description="Adam-mini (pip install 'tunesmith[adam-mini]'): one second-moment value per attention "
+        "head of q/k, per output neuron of the other matrices, per token of the embeddings (about half AdamW's "
+        "state). finetuning_type full or freeze, one process (backend: single).")
     max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
     neftune_noise_alpha: float | None = Field(
         None, gt=0, description="NEFTune: uniform noise of bound alpha / sqrt(tokens x hidden) on the input embeddings "

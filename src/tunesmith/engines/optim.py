@@ -3,15 +3,66 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
 
 from ..config.schema import TrainConfig
+from ..errors import TunesmithError
+
+log = logging.getLogger("tunesmith")
 
 
 def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, or LLaMA-Factory's use_muon (engines/muon.py) / use_adam_mini."""
+    if cfg.use_muon:
+        return _muon(model, cfg, device)
+    if cfg.use_adam_mini:
+        return _adam_mini(model, cfg)
     return torch.optim.AdamW(parameter_groups(model, cfg), **adamw_options(cfg), fused=device.type == "cuda")
+
+
+def _muon(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """The trainable parameters split between Muon and AdamW (engines/muon.py), each part in groups with and
+    without weight decay as parameter_groups makes them."""
+    from .muon import MuonWithAdamW, takes_muon
+
+    split: dict[tuple[bool, bool], list] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            split.setdefault((takes_muon(name, param), decays(name, param)), []).append(param)
+
+    def groups(muon: bool) -> list[dict]:
+        return [{"params": split[muon, decay], "weight_decay": cfg.weight_decay if decay else 0.0}
+                for decay in (True, False) if (muon, decay) in split]
+
+    muon_groups, adamw_groups = groups(True), groups(False)
+    if not muon_groups:
+        raise TunesmithError("use_muon: this model has no trainable weight matrices for Muon (it takes the 2-D "
+                             "weights of the hidden layers); remove use_muon")
+    log.info("Muon for %d weight matrices, AdamW for %d other parameters",
+             sum(len(g["params"]) for g in muon_groups), sum(len(g["params"]) for g in adamw_groups))
+    return MuonWithAdamW(muon_groups, adamw_groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                         eps=cfg.adam_epsilon, fused=device.type == "cuda")
+
+
+def _adam_mini(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam-mini (the adam-mini package, as LLaMA-Factory builds it): one second-moment value per attention head
+    of q and k, per output neuron of the other matrices and per token of the embeddings, so its state is about
+    half of AdamW's. It partitions by the model's hidden size and head counts and by parameter names."""
+    try:
+        from adam_mini import Adam_mini
+    except ImportError:
+        raise TunesmithError("use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'") from None
+    text = model.config.get_text_config()
+    optimizer = Adam_mini(named_parameters=[(n, p) for n, p in model.named_parameters() if p.requires_grad],
+                          lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
+                          weight_decay=cfg.weight_decay, dim=text.hidden_size, n_heads=text.num_attention_heads,
+                          n_kv_heads=getattr(text, "num_key_value_heads", None), verbose=False)
+    optimizer.world_size = 1  # it counts the machine's GPUs as processes; tunesmith runs it in one
+    log.info("Adam-mini over %d parameters", len(optimizer.param_groups))
+    return optimizer
 
 
 def parameter_groups(model, cfg: TrainConfig) -> list[dict]:
@@ -21,17 +72,22 @@ def parameter_groups(model, cfg: TrainConfig) -> list[dict]:
     buckets: dict[tuple[str, bool], list] = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
-            decays = param.ndim >= 2 and "norm" not in name.lower()
-            buckets.setdefault((_loraplus_part(name, param) if cfg.loraplus_lr_ratio else "", decays), []).append(param)
+            part = _loraplus_part(name, param) if cfg.loraplus_lr_ratio else ""
+            buckets.setdefault((part, decays(name, param)), []).append(param)
     rates = {"A": cfg.learning_rate, "B": cfg.learning_rate * (cfg.loraplus_lr_ratio or 1.0),
              "embedding": cfg.loraplus_lr_embedding}
     groups = []
     for part in ("", "A", "B", "embedding"):
-        for decays in (True, False):
-            if (part, decays) in buckets:
-                groups.append({"params": buckets[part, decays], "weight_decay": cfg.weight_decay if decays else 0.0,
+        for decay in (True, False):
+            if (part, decay) in buckets:
+                groups.append({"params": buckets[part, decay], "weight_decay": cfg.weight_decay if decay else 0.0,
                                **({"lr": rates[part]} if part else {})})
     return groups
+
+
+def decays(name: str, param) -> bool:
+    """Whether weight decay applies: not to biases and norms."""
+    return param.ndim >= 2 and "norm" not in name.lower()
 
 
 def _loraplus_part(name: str, param) -> str:

@@ -50,7 +50,8 @@ REFUSED = {
     "ascend/qwen3moe_full_sft_fsdp.yaml": [_V1_KERNELS],
     "ascend/qwen3vlmoe_full_sft_fsdp2.yaml": [_V1_KERNELS],
     "ascend/qwen3vlmoe_lora_sft_fsdp.yaml": [_V1_KERNELS],
-    "extras/adam_mini/qwen2_full_sft.yaml": ["'use_adam_mini' = True: Adam-mini is not available"],
+    **({} if importlib.util.find_spec("adam_mini") else {"extras/adam_mini/qwen2_full_sft.yaml": [
+        "use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'"]}),
     "extras/apollo/llama3_full_sft.yaml": ["'use_apollo' = True: APOLLO is not supported; train with AdamW"],
     "extras/asft/llama2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
     "extras/asft/qwen2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
@@ -69,7 +70,6 @@ REFUSED = {
         "'mixture_of_depths' = 'convert': mixture-of-depths is not available",
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",
     ],
-    "extras/muon/qwen2_full_sft.yaml": ["'use_muon' = True: the Muon optimizer is not available"],
     "extras/pissa/llama3_lora_sft.yaml": ["'pissa_init' = True: PiSSA initialisation is not available"],
     **({"extras/qoft/llama3_oft_sft_bnb_npu.yaml": _QLORA} if _QLORA else {}),
     "ktransformers/train_lora/deepseek_v2_lora_sft_kt.yaml": ["'use_kt' = True: " + _KT],

@@ -1,0 +1,130 @@
+"""LLaMA-Factory's other optimizers: use_muon (engines/muon.py) and use_adam_mini (engines/optim.py)."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from conftest import run_config
+from tunesmith.config.load import build_config
+from tunesmith.engines.muon import MuonWithAdamW
+from tunesmith.engines.optim import build_optimizer, build_scheduler
+from tunesmith.errors import ConfigError
+from tunesmith.train.setup import train
+
+
+def _toy():
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(10, 8)
+    model.proj = torch.nn.Linear(8, 16)
+    model.norm = torch.nn.LayerNorm(16)
+    return model
+
+
+def _step(model, optimizer, seed):
+    torch.manual_seed(seed)
+    ids = torch.randint(0, 10, (64,))
+    model.norm(model.proj(model.embed_tokens(ids))).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tmp_path):
+    model = _toy()
+    cfg = run_config(tmp_path / "c", use_muon=True, weight_decay=0.1).train
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
+    muon, adamw = optimizer.parts
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert [p for g in muon.param_groups for p in g["params"]] == [model.proj.weight]
+    assert {id(p) for g in adamw.param_groups for p in g["params"]} == {
+        id(model.embed_tokens.weight), id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)}
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    assert decay[id(model.proj.weight)] == decay[id(model.embed_tokens.weight)] == 0.1
+    assert decay[id(model.proj.bias)] == decay[id(model.norm.weight)] == 0.0
+
+    # torch.optim.Muon's step with Moonlight's scaling, as LLaMA-Factory's Muon: lr x 0.2 x sqrt(max(16, 8))
+    alone = torch.nn.Parameter(model.proj.weight.detach().clone())
+    reference = torch.optim.Muon([alone], lr=1e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    _step(model, optimizer, 1)
+    twin = _toy()
+    torch.manual_seed(1)  # the same gradient again
+    twin.norm(twin.proj(twin.embed_tokens(torch.randint(0, 10, (64,))))).square().mean().backward()
+    alone.grad = twin.proj.weight.grad
+    reference.step()
+    assert torch.allclose(model.proj.weight, alone, atol=1e-7)
+    update = (alone - twin.proj.weight).detach()
+    assert torch.linalg.matrix_norm(update, ord=2).item() == pytest.approx(1e-3 * 0.2 * math.sqrt(16), rel=0.6)
+
+
+def test_the_schedule_reaches_both_parts_and_a_resumed_state_steps_as_the_original(tmp_path):
+    cfg = run_config(tmp_path / "c", use_muon=True, lr_scheduler_type="linear").train
+    model = _toy()
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
+    scheduler = build_scheduler(optimizer, cfg, total_steps=4)
+    _step(model, optimizer, 1)
+    scheduler.step()
+    assert [g["lr"] for part in optimizer.parts for g in part.param_groups] == [pytest.approx(7.5e-4)] * 3
+
+    resumed_model = _toy()
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = build_optimizer(resumed_model, cfg, torch.device("cpu"))
+    resumed_scheduler = build_scheduler(resumed, cfg, total_steps=4)
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as a checkpoint gives it: not shared
+    resumed_scheduler.load_state_dict(scheduler.state_dict())
+    assert "momentum_buffer" in resumed.parts[0].state[resumed_model.proj.weight]
+    assert "exp_avg" in resumed.parts[1].state[resumed_model.norm.weight]
+    for opt, m, sched in ((optimizer, model, scheduler), (resumed, resumed_model, resumed_scheduler)):
+        _step(m, opt, 2)
+        sched.step()
+    for name, param in model.named_parameters():
+        assert torch.equal(param, dict(resumed_model.named_parameters())[name]), name
+
+
+def test_lora_matrices_alone_take_muon_without_an_adamw_part(tmp_path):
+    model = torch.nn.Module()
+    model.lora_A, model.lora_B = torch.nn.Parameter(torch.ones(4, 8)), torch.nn.Parameter(torch.zeros(8, 4))
+    optimizer = build_optimizer(model, run_config(tmp_path / "c", use_muon=True).train, torch.device("cpu"))
+    assert [type(part) for part in optimizer.parts] == [torch.optim.Muon]
+    assert isinstance(optimizer, MuonWithAdamW)
+
+
+@pytest.mark.parametrize("options", [dict(use_muon=True), dict(use_muon=True, finetuning_type="lora"),
+                                     dict(use_adam_mini=True)], ids=["muon", "muon-lora", "adam-mini"])
+def test_runs_learns_and_resumes_where_it_stopped(tmp_path, options):
+    pytest.importorskip("adam_mini") if options.get("use_adam_mini") else None
+    common = dict(learning_rate=3e-3, lr_scheduler_type="constant", save_strategy="steps", save_steps=3, **options)
+    straight = train(run_config(tmp_path / "straight", max_steps=6, **common))
+    assert straight.step_losses[-1] < straight.step_losses[0]
+    train(run_config(tmp_path / "parted", max_steps=3, **common))
+    resumed = train(run_config(tmp_path / "parted", max_steps=6, resume_from_checkpoint=True, **common))
+    assert resumed.step_losses == pytest.approx(straight.step_losses[3:], rel=1e-5)
+
+
+def _problems(tmp_path, **overrides) -> list[str]:
+    base = {"model_name_or_path": "tiny:qwen3", "dataset": "alpaca_demo", "template": "chatml",
+            "output_dir": str(tmp_path / "o")}
+    with pytest.raises(ConfigError) as err:
+        build_config(None, {**base, **overrides})
+    return err.value.problems
+
+
+def test_the_optimizer_choices_that_do_not_go_together_are_refused(tmp_path):
+    problems = _problems(tmp_path, use_muon=True, use_adam_mini=True)
+    assert any("use_muon and use_adam_mini each choose the optimizer: keep one" in p for p in problems)
+    problems = _problems(tmp_path, use_muon=True, finetuning_type="lora", loraplus_lr_ratio=16)
+    assert any("use_muon and loraplus_lr_ratio" in p for p in problems)
+    problems = _problems(tmp_path, use_muon=True, backend="fsdp2")
+    assert any("use_muon runs on one process (backend: single), not backend: fsdp2" in p for p in problems)
+    problems = _problems(tmp_path, use_adam_mini=True, finetuning_type="lora")
+    assert any("use_adam_mini partitions whole weight matrices" in p for p in problems)
+
+
+def test_several_processes_are_refused_when_the_backend_is_left_to_choose(tmp_path):
+    from tunesmith.config.resolve import RunFacts, resolve_backend
+
+    cfg = run_config(tmp_path / "o", use_muon=True)
+    assert resolve_backend(cfg, RunFacts(world_size=1)) == "single"
+    with pytest.raises(ConfigError, match="use_muon runs on one process .* but 2 were launched"):
+        resolve_backend(cfg, RunFacts(world_size=2))
