@@ -436,15 +436,15 @@ TEXT_FAMILIES: dict[str, TextFamily] = {
         TextFamily("mistral", ("mistral", "ministral"), ATTENTION_Q_K_V_O + GATED_MLP),
         TextFamily("phi3", ("phi3",), ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),  # Phi-4, Phi-3
         TextFamily("glm4", ("glm4",), ATTENTION_Q_K_V_O + ("gate_up_proj", "down_proj")),
-        # MLA: low-rank query and joint key/value projections (the dense first layers and the shared expert
-        # are gated MLPs, which PEFT leaves out, see lora_parameters). Its value head is narrower than its
-        # query/key head.
+        # MLA: low-rank query and joint key/value projections; the dense first layers and the shared expert are
+        # gated MLPs of nn.Linear (the routed experts are batched parameters, see lora_parameters). Its value head
+        # is narrower than its query/key head.
         TextFamily("deepseek_v3", ("deepseek_v3",),
-                   ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"),
+                   ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj") + GATED_MLP,
                    lora_parameters=_EXPERTS_AND_ROUTER, balancing="bias", varlen=False),
         # GLM-4.5 / 4.6 / 4.7: DeepSeek-V3's routing (sigmoid scores, the aux-loss-free bias, a shared expert, dense
         # first layers) under GLM's half-rotary attention with biases.
-        TextFamily("glm4_moe", ("glm4_moe",), ATTENTION_Q_K_V_O, lora_parameters=_EXPERTS_AND_ROUTER,
+        TextFamily("glm4_moe", ("glm4_moe",), ATTENTION_Q_K_V_O + GATED_MLP, lora_parameters=_EXPERTS_AND_ROUTER,
                    balancing="bias"),
         TextFamily("qwen3_moe", ("qwen3_moe",), ATTENTION_Q_K_V_O, lora_parameters=_EXPERTS_AND_ROUTER,
                    balancing="aux_loss"),
