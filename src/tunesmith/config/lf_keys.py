@@ -215,9 +215,9 @@ _FINETUNING = section("finetuning", [
     honoured("loraplus_lr_embedding"),
     honoured("use_rslora"),
     honoured("use_dora"),
-    refused("pissa_init", "PiSSA initialisation is not available; remove it"),
-    idle("pissa_iter", "only applies with pissa_init (refused)"),
-    idle("pissa_convert", "only applies with pissa_init (refused)"),
+    honoured("pissa_init", "LoRA only, one process, stages without a reference"),
+    honoured("pissa_iter"),
+    honoured("pissa_convert", "writes pissa_init/ and pissa_converted/ in output_dir as LLaMA-Factory"),
     refused("create_new_adapter", "a new adapter on top of a loaded one is not available; merge it first "
              "(tunesmith export) and train a new LoRA on the merged model"),
     honoured("module_dropout"),

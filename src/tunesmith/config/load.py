@@ -244,6 +244,8 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
     problems.extend(_optimizer_problems(cfg))
+    if cfg.finetune.pissa_init:
+        problems.extend(_pissa_problems(cfg))
     problems.extend(_best_model_problems(cfg))
     if cfg.model.quantization_bit:
         problems.extend(_qlora_problems(cfg))
@@ -292,6 +294,30 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
                         f"{cfg.finetune.finetuning_type} adapters: use finetuning_type full or freeze, or AdamW")
     if train.use_adam_mini and importlib.util.find_spec("adam_mini") is None:
         problems.append("use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'")
+    return problems
+
+
+def _pissa_problems(cfg: RunConfig) -> list[str]:
+    """pissa_init starts new LoRA adapters from the weights' principal components, leaving the residual as the base
+    (models/pissa.py): refused where a base without the adapters must be the starting model (LLaMA-Factory's rules)."""
+    ft, train = cfg.finetune, cfg.train
+    problems = []
+    if ft.finetuning_type != "lora":
+        problems.append(f"pissa_init initialises LoRA adapters: use finetuning_type: lora, not {ft.finetuning_type} "
+                        "(LLaMA-Factory refuses it too)")
+    if cfg.model.adapter_name_or_path:
+        problems.append("pissa_init initialises new adapters; adapter_name_or_path continues one (a PiSSA adapter "
+                        "goes on as it was trained): remove pissa_init")
+    if cfg.model.quantization_bit:
+        problems.append("pissa_init on a quantized model (quantization_bit) is not available (LLaMA-Factory refuses "
+                        "it too): remove one of them")
+    if uses_reference(cfg):
+        problems.append(f"pissa_init with stage {ft.stage}'s reference: the base under PiSSA's adapters is their "
+                        "residual, not the starting model; remove pissa_init, or use a loss without a reference "
+                        "(pref_loss: orpo or simpo; online RL: kl_coef: 0)")
+    if train.backend not in ("auto", "single") or train.wants_deepspeed:
+        problems.append(f"pissa_init runs on one process (backend: single), not backend: "
+                        f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings")
     return problems
 
 

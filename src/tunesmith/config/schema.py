@@ -179,6 +179,15 @@ class FinetuneConfig(_Group):
                                          "(or OFT).")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
+    pissa_init: bool = Field(
+        False, description="LoRA: initialise the adapters with PiSSA (the top lora_rank singular components of each "
+        "adapted weight move into the adapter, the residual stays in the base layer), as LLaMA-Factory's; "
+        "docs/training.md.")
+    pissa_iter: int = Field(16, ge=-1, description="pissa_init: iterations of the fast SVD (-1: the exact SVD).")
+    pissa_convert: bool = Field(
+        False, description="pissa_init: also write output_dir/pissa_converted, the trained adapter as an ordinary "
+        "LoRA (twice the rank) of the pretrained model, which loads anywhere (plain PEFT, vLLM); its initial "
+        "adapter is kept in output_dir/pissa_init.")
     oft_rank: int = Field(0, ge=0, description="OFT: the number of orthogonal blocks per layer (0: set by "
                           "oft_block_size; give one of the two).")
     oft_block_size: int = Field(32, ge=0, description="OFT: the size of each orthogonal block (0: set by oft_rank).")

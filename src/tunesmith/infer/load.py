@@ -82,14 +82,20 @@ def refuse_non_lora(folders) -> None:
                              "(tunesmith export) and serve the merged folder, or use infer_backend: huggingface")
 
 
-def refuse_scaled_adapters(folders) -> None:
-    """Adapters served on a base loaded without their scaling (vLLM's LoRA serving, switchable lora_modules): one
-    trained with rope_scaling is refused."""
-    scaled = [folder for folder in folders if scales_its_base(folder)]
-    if scaled:
-        raise ModelError(f"{scaled[0]} was trained with rope_scaling, which serving it as a LoRA adapter on the base "
-                         "model does not apply (vLLM, lora_modules); merge it first (tunesmith export) and serve the "
-                         "merged folder")
+def refuse_unservable_adapters(folders) -> None:
+    """Adapters served on a base shared as loaded (vLLM's LoRA serving, switchable lora_modules): one trained with
+    rope_scaling, or a PiSSA adapter (whose base is its own residual), is refused."""
+    from ..models.pissa import is_pissa
+
+    for folder in folders:
+        if scales_its_base(folder):
+            raise ModelError(f"{folder} was trained with rope_scaling, which serving it as a LoRA adapter on the base "
+                             "model does not apply (vLLM, lora_modules); merge it first (tunesmith export) and serve "
+                             "the merged folder")
+        if is_pissa(folder):
+            raise ModelError(f"{folder} is a PiSSA adapter, whose base is the residual of its own initialisation, "
+                             "not the shared base model (vLLM, lora_modules); serve its run's pissa_converted folder "
+                             "(pissa_convert: true) or merge it first (tunesmith export)")
 
 
 def _looks_local(path: str) -> bool:
@@ -176,9 +182,9 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
             base, config=config, dtype=dtype, output_loading_info=True, **hub), base,
             fresh_head=bool(adapters) and reward)  # a reward adapter brings its score head
         for i, adapter in enumerate(adapters):
-            from peft import PeftModel
+            from ..models.pissa import load_adapter_model
 
-            model = PeftModel.from_pretrained(model, adapter)
+            model = load_adapter_model(model, adapter)
             if merge or i < len(adapters) - 1:
                 model = model.merge_and_unload()
     except OSError as err:

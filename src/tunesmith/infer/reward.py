@@ -29,15 +29,18 @@ def load_reward_model(path: str, device, base: str | None = None):
         raise ModelError(f"{path} is a LoRA reward model trained with rope_scaling, which scoring with it on its base "
                          "does not apply yet; merge it first (tunesmith export) and score with the merged folder")
     if is_adapter(path) and base is not None:
-        from peft import PeftModel
+        from ..models.pissa import load_adapter_model
 
         model = report_loading(*AutoModelForSequenceClassification.from_pretrained(
             resolve_model_path(base), num_labels=1, output_loading_info=True), base, fresh_head=True)
-        model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        model = load_adapter_model(model, path).merge_and_unload()
     elif is_adapter(path):
         from peft import AutoPeftModelForSequenceClassification
 
-        model = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
+        from ..models.pissa import is_pissa, seeded
+
+        with seeded(is_pissa(path)):
+            model = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
     else:
         model = report_loading(*AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, output_loading_info=True), path)

@@ -189,16 +189,19 @@ def _plain_linear(module) -> bool:
 
 
 def _apply_adapters(model, cfg: FinetuneConfig, adapter_path: str | None, frozen: set[str]):
-    from peft import PeftModel, get_peft_model
+    from peft import get_peft_model
+
+    from . import pissa
 
     if adapter_path:
-        return PeftModel.from_pretrained(model, adapter_path, is_trainable=True)
+        return pissa.load_adapter_model(model, adapter_path, is_trainable=True)
     reward_model = getattr(model, "score", None) is not None and model.get_output_embeddings() is None
     common = dict(task_type="SEQ_CLS" if reward_model else "CAUSAL_LM", target_modules=_lora_targets(model, cfg, frozen),
                   modules_to_save=cfg.additional_target or None)
     try:
-        peft_model = get_peft_model(model, _lora_config(cfg, common) if cfg.finetuning_type == "lora"
-                                    else _oft_config(cfg, common))
+        with pissa.seeded(cfg.pissa_init):
+            peft_model = get_peft_model(model, _lora_config(cfg, common) if cfg.finetuning_type == "lora"
+                                        else _oft_config(cfg, common))
     except ValueError as err:
         raise ConfigError([f"finetuning_type {cfg.finetuning_type}, lora_target {cfg.lora_target}: {err}"]) from None
     if getattr(model, "is_activation_checkpointing", False):
@@ -209,8 +212,11 @@ def _apply_adapters(model, cfg: FinetuneConfig, adapter_path: str | None, frozen
 def _lora_config(cfg: FinetuneConfig, common: dict):
     from peft import LoraConfig
 
+    from .pissa import init_lora_weights
+
+    init = init_lora_weights(cfg.pissa_iter) if cfg.pissa_init else True
     return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank, lora_dropout=cfg.lora_dropout,
-                      use_dora=cfg.use_dora, use_rslora=cfg.use_rslora, **common)
+                      use_dora=cfg.use_dora, use_rslora=cfg.use_rslora, init_lora_weights=init, **common)
 
 
 def _oft_config(cfg: FinetuneConfig, common: dict):

@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
-from ..infer.load import load_for_inference, refuse_reward_model, refuse_scaled_adapters, resolve_sources
+from ..infer.load import load_for_inference, refuse_reward_model, refuse_unservable_adapters, resolve_sources
 from ..infer.options import ChatOptions
 from ..models.inputs import widen_half_pixels
 from ..models.load import pick_device
@@ -69,7 +69,7 @@ class HFEngine(Engine):
     def load(cls, options: ChatOptions, lora_modules: dict[str, str], served_model_name: str | None = None):
         spec = options.model
         refuse_reward_model(spec.model_name_or_path, spec.adapter_name_or_path)
-        refuse_scaled_adapters(lora_modules.values())
+        refuse_unservable_adapters(lora_modules.values())
         model, preprocessor = load_for_inference(
             spec.model_name_or_path, device=pick_device(), dtype=DTYPES[spec.infer_dtype],
             adapters=spec.adapter_name_or_path, merge=bool(lora_modules), trust_remote_code=spec.trust_remote_code,

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 
 from ..errors import ConfigError, ModelError
-from ..infer.load import load_preprocessor, refuse_non_lora, refuse_reward_model, refuse_scaled_adapters
+from ..infer.load import load_preprocessor, refuse_non_lora, refuse_reward_model, refuse_unservable_adapters
 from ..infer.options import ChatOptions
 from .engine import CancelToken, Engine, Finished, Prepared
 from .errors import RequestError
@@ -137,7 +137,7 @@ class VllmEngine(Engine):
         _check_options(options, stacked)
         folders = {name: check_adapter(name, path, base) for name, path in lora_modules.items()}
         lora = {**({_DEFAULT: stacked[0]} if stacked else {}), **folders}
-        refuse_scaled_adapters(lora.values())
+        refuse_unservable_adapters(lora.values())
         refuse_non_lora(lora.values())
         requests = {name: LoRARequest(name, i + 1, folder) for i, (name, folder) in enumerate(lora.items())}
         models = served_models(options, preprocessor, folders, {name: name for name in folders}, served_model_name)

@@ -24,6 +24,7 @@ from .. import dist
 from ..config.load import redacted, save_config
 from ..engines.base import NonFiniteError, combine_sum, metric_means
 from ..errors import TunesmithError
+from ..models import pissa
 from ..stages import STAGES, uses_reference
 from . import checkpoint as ckpt
 from .best import BestTracker
@@ -67,6 +68,9 @@ class Runner:
         self.source.prepare(self.engine)
         if not self.cfg.train.do_train:
             return self._evaluate_only()
+        converts_pissa = self.cfg.finetune.pissa_convert and self.cfg.finetune.pissa_init and dist.is_main()
+        if converts_pissa:  # the adapter as initialised, before a checkpoint's weights replace it
+            pissa.save_initial(self.engine.model, self.output_dir)
         if self.resume is not None:
             self._restore(self.resume)
         if dist.is_main():  # the config this run trains with; a resume's changes once its checkpoint is restored
@@ -316,6 +320,8 @@ class Runner:
             self.engine.export_hf(self.output_dir, self.saver)
         if not dist.is_main():
             return
+        if self.cfg.output.save_final_model and self.cfg.finetune.pissa_convert and self.cfg.finetune.pissa_init:
+            pissa.save_converted(self.engine.model, self.output_dir)
         self.marks["saved"] = time.time()
         summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing,
                    "phases": phase_seconds(self.marks), "start_up_parts": phase_seconds(self.marks, _START_UP_PARTS)}

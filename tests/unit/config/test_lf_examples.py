@@ -70,7 +70,6 @@ REFUSED = {
         "'mixture_of_depths' = 'convert': mixture-of-depths is not available",
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",
     ],
-    "extras/pissa/llama3_lora_sft.yaml": ["'pissa_init' = True: PiSSA initialisation is not available"],
     **({"extras/qoft/llama3_oft_sft_bnb_npu.yaml": _QLORA} if _QLORA else {}),
     "ktransformers/train_lora/deepseek_v2_lora_sft_kt.yaml": ["'use_kt' = True: " + _KT],
     "ktransformers/train_lora/deepseek_v3_int8_lora_sft_kt.yaml": [_KT],

@@ -62,7 +62,7 @@ def test_rope_per_layer_type_is_refused():
 
 
 def test_a_full_run_saves_the_scaling_and_a_lora_adapter_is_loaded_with_it(tmp_path):
-    from tunesmith.infer.load import load_for_inference, refuse_scaled_adapters
+    from tunesmith.infer.load import load_for_inference, refuse_unservable_adapters
     from tunesmith.train.setup import train
 
     plain = train(run_config(tmp_path / "plain", max_steps=1))
@@ -78,10 +78,10 @@ def test_a_full_run_saves_the_scaling_and_a_lora_adapter_is_loaded_with_it(tmp_p
     rotary = model.base_model.model.model.rotary_emb
     assert rotary.rope_type == "linear" and model.config.max_position_embeddings == 8192
     with pytest.raises(ModelError, match="trained with rope_scaling.*merge it first"):
-        refuse_scaled_adapters([str(tmp_path / "lora")])
+        refuse_unservable_adapters([str(tmp_path / "lora")])
     checkpoint, _ = load_for_inference(str(tmp_path / "lora" / "checkpoint-1"), device=torch.device("cpu"))
     assert checkpoint.config.max_position_embeddings == 8192  # a checkpoint records the run's config too
     train(run_config(tmp_path / "within", max_steps=1, cutoff_len=4096, rope_scaling="linear", finetuning_type="lora"))
-    refuse_scaled_adapters([str(tmp_path / "within")])  # within the base's positions: nothing was scaled
+    refuse_unservable_adapters([str(tmp_path / "within")])  # within the base's positions: nothing was scaled
     with pytest.raises(ConfigError, match="was trained with rope_scaling: linear .rope_max_length 8192.; continuing"):
         run_config(tmp_path / "more", finetuning_type="lora", adapter_name_or_path=str(tmp_path / "lora"))

@@ -1,0 +1,84 @@
+"""PiSSA (LLaMA-Factory's pissa_init): LoRA adapters initialised from the principal singular vectors of each
+adapted weight, PEFT's init_lora_weights "pissa" / "pissa_niter_<n>".
+
+PEFT moves the top lora_rank singular components of each weight W into the adapter (B A) and leaves the residual
+W - B A in the base layer, so the model starts unchanged and the adapter trains the principal part. The base under
+the adapter is then the residual, not the pretrained weight: a PiSSA adapter folder is only right on a base that
+PEFT re-initialised the same way, which it does when it loads one (the residual is recomputed from the pretrained
+weight). The fast SVD ("pissa_niter_<n>", LLaMA-Factory's default of 16 iterations) draws random numbers, so both
+the training run and every load draw them from PISSA_SEED: the residual is the same in training, on resume and in
+chat / serve / export. pissa_convert also writes LLaMA-Factory's pissa_converted/: an ordinary LoRA of twice the
+rank on the pretrained model (PEFT's conversion against the initial adapter in pissa_init/), which loads anywhere
+(plain PEFT, vLLM) without PiSSA's initialisation."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("tunesmith")
+
+PISSA_SEED = 0
+INITIAL_DIR, CONVERTED_DIR = "pissa_init", "pissa_converted"
+
+
+def init_lora_weights(iterations: int) -> str:
+    """PEFT's name for PiSSA with `iterations` of the fast SVD (-1: the exact SVD)."""
+    return "pissa" if iterations == -1 else f"pissa_niter_{iterations}"
+
+
+def is_pissa(adapter_dir: str | Path) -> bool:
+    config = Path(adapter_dir) / "adapter_config.json"
+    if not config.is_file():
+        return False
+    init = json.loads(config.read_text()).get("init_lora_weights")
+    return isinstance(init, str) and init.startswith("pissa")
+
+
+@contextlib.contextmanager
+def seeded(applies: bool = True):
+    """PiSSA's random draws from PISSA_SEED, the run's own random state untouched."""
+    if not applies:
+        yield
+        return
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(PISSA_SEED)
+        yield
+
+
+def load_adapter_model(model, adapter_dir: str | Path, **kwargs):
+    """PeftModel.from_pretrained, a PiSSA adapter's residual base recomputed as its training run computed it."""
+    from peft import PeftModel
+
+    with seeded(is_pissa(adapter_dir)):
+        return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
+
+
+@contextlib.contextmanager
+def _swapped(config):
+    kept, config.init_lora_weights = config.init_lora_weights, True
+    try:
+        yield
+    finally:
+        config.init_lora_weights = kept
+
+
+def save_initial(model, output_dir: Path) -> Path:
+    """The adapter as initialised (before any step), which conversion subtracts: output_dir/pissa_init."""
+    folder = output_dir / INITIAL_DIR
+    with _swapped(model.peft_config["default"]):
+        model.save_pretrained(str(folder))
+    return folder
+
+
+def save_converted(model, output_dir: Path) -> Path:
+    """output_dir/pissa_converted: the trained adapter as an ordinary LoRA of the pretrained weights."""
+    folder = output_dir / CONVERTED_DIR
+    model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(output_dir / INITIAL_DIR))
+    log.info("PiSSA adapter converted to an ordinary LoRA (rank x 2): %s", folder)
+    return folder
