@@ -311,10 +311,9 @@ def _pissa_problems(cfg: RunConfig) -> list[str]:
     if cfg.model.quantization_bit:
         problems.append("pissa_init on a quantized model (quantization_bit) is not available (LLaMA-Factory refuses "
                         "it too): remove one of them")
-    if uses_reference(cfg):
-        problems.append(f"pissa_init with stage {ft.stage}'s reference: the base under PiSSA's adapters is their "
-                        "residual, not the starting model; remove pissa_init, or use a loss without a reference "
-                        "(pref_loss: orpo or simpo; online RL: kl_coef: 0)")
+    if uses_reference(cfg) and ft.pref_reference == "adapters_off":
+        problems.append("pissa_init with pref_reference: adapters_off: the base under PiSSA's adapters is their "
+                        "residual, not the starting model; use pref_reference: copy (or auto, which takes it)")
     if train.backend not in ("auto", "single") or train.wants_deepspeed:
         problems.append(f"pissa_init runs on one process (backend: single), not backend: "
                         f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings")

@@ -129,11 +129,11 @@ def _unlike_vllm(cfg: RunConfig) -> str | None:
 
 def resolve_reference(cfg: RunConfig) -> str:
     """The reference the loss uses: none when it needs none; auto is the base with the adapters off for a LoRA
-    (or OFT) run, else a frozen copy."""
+    (or OFT) run, else a frozen copy (also for PiSSA, whose base without the adapters is their residual)."""
     mode = cfg.finetune.pref_reference
     if not uses_reference(cfg):
         return "none"
-    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES
+    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init
     if mode == "auto":
         return "adapters_off" if adapters else "copy"
     if mode == "adapters_off" and not adapters:

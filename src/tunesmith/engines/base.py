@@ -210,6 +210,17 @@ def schedule_at(optimizer, scheduler, step: int) -> None:
     realign_schedule(optimizer, scheduler)
 
 
+def load_own_optimizer(optimizer, state: dict, path: Path) -> None:
+    """A tunesmith checkpoint's optimizer state; one written by another optimizer (use_muon, use_adam_mini or
+    loraplus_lr_ratio changed at resume) is refused by name, not with torch's error."""
+    try:
+        optimizer.load_state_dict(state)
+    except (KeyError, ValueError) as err:
+        raise CheckpointError(f"{path}: its optimizer state does not fit this run's optimizer ({type(err).__name__}: "
+                              f"{str(err)[:120]}); resume with the optimizer settings it was saved with (use_muon, "
+                              "use_adam_mini, loraplus_lr_ratio)") from None
+
+
 def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:
     """Load another trainer's optimizer state (moments, step counts) if its groups hold parameters of our shapes
     in our order; our hyperparameters (lr, betas, weight decay) stay. Otherwise warn and start fresh."""

@@ -8,8 +8,8 @@ import torch
 
 from ..models.safetensors_write import save_weights
 from ..models.weights import load_model_weights
-from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, read_torch_file, schedule_at,
-                   switched_to_reference, write_torch_file)
+from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, load_own_optimizer, read_torch_file,
+                   schedule_at, switched_to_reference, write_torch_file)
 from .optim import load_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
@@ -53,7 +53,7 @@ class SingleEngine:
         engine_state.pt (weights_only: tensors and numbers, never code, whether trusted or not)."""
         load_model_weights(self.model, Path(path))
         state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_own_optimizer(self.optimizer, state["optimizer"], path)
         load_schedule(self.optimizer, self.scheduler, state["scheduler"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

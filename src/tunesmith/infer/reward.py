@@ -21,26 +21,22 @@ def load_reward_model(path: str, device, base: str | None = None):
     (default: the base its adapter_config.json records)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from ..infer.load import is_adapter, scales_its_base
+    from ..infer.load import adapter_base, is_adapter, scales_its_base
     from ..models.load import report_loading
     from ..models.tiny import resolve_model_path
 
     if is_adapter(path) and scales_its_base(path):
         raise ModelError(f"{path} is a LoRA reward model trained with rope_scaling, which scoring with it on its base "
                          "does not apply yet; merge it first (tunesmith export) and score with the merged folder")
-    if is_adapter(path) and base is not None:
+    if is_adapter(path) and (base := base or adapter_base(path)) is not None:
         from ..models.pissa import load_adapter_model
 
         model = report_loading(*AutoModelForSequenceClassification.from_pretrained(
             resolve_model_path(base), num_labels=1, output_loading_info=True), base, fresh_head=True)
         model = load_adapter_model(model, path).merge_and_unload()
     elif is_adapter(path):
-        from peft import AutoPeftModelForSequenceClassification
-
-        from ..models.pissa import is_pissa, seeded
-
-        with seeded(is_pissa(path)):
-            model = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
+        raise ModelError(f"{path}/adapter_config.json names no base model (base_model_name_or_path); give the base "
+                         "it was trained on")
     else:
         model = report_loading(*AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, output_loading_info=True), path)

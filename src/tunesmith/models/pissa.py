@@ -41,14 +41,23 @@ def is_pissa(adapter_dir: str | Path) -> bool:
 
 @contextlib.contextmanager
 def seeded(applies: bool = True):
-    """PiSSA's random draws from PISSA_SEED, the run's own random state untouched."""
+    """PiSSA's random draws (the fast SVD's torch.randn) from one CPU generator seeded with PISSA_SEED, moved to the
+    weight's device: the same numbers whether the weights are on a GPU (training) or the CPU (chat, export), and
+    the run's own random state untouched. The rest of PEFT's initialisation draws as usual."""
     if not applies:
         yield
         return
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(PISSA_SEED)
+    generator, real = torch.Generator().manual_seed(PISSA_SEED), torch.randn
+
+    def randn(*size, device=None, **kwargs):
+        kwargs.setdefault("generator", generator)
+        return real(*size, **kwargs).to(device) if device is not None else real(*size, **kwargs)
+
+    torch.randn = randn
+    try:
         yield
+    finally:
+        torch.randn = real
 
 
 def load_adapter_model(model, adapter_dir: str | Path, **kwargs):

@@ -39,7 +39,8 @@ _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train
               "adapter_model.safetensors", "adapter_config.json", "config.json", "generation_config.json",
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
               "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json", "vocab.json",
-              "merges.txt", "added_tokens.json", "tokenizer.model", "trainer_state.json", "runs")
+              "merges.txt", "added_tokens.json", "tokenizer.model", "trainer_state.json", "runs",
+              "pissa_init", "pissa_converted")
 
 
 def find_resume(cfg) -> Path | None:

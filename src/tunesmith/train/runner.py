@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,7 +322,9 @@ class Runner:
         if not dist.is_main():
             return
         if self.cfg.output.save_final_model and self.cfg.finetune.pissa_convert and self.cfg.finetune.pissa_init:
-            pissa.save_converted(self.engine.model, self.output_dir)
+            converted = pissa.save_converted(self.engine.model, self.output_dir)
+            self.saver.save_pretrained(str(converted))  # its tokenizer (chat template) and the run's record, as the
+            shutil.copy(self.output_dir / "tunesmith_config.yaml", converted)  # adapter beside it has them
         self.marks["saved"] = time.time()
         summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing,
                    "phases": phase_seconds(self.marks), "start_up_parts": phase_seconds(self.marks, _START_UP_PARTS)}

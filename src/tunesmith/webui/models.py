@@ -25,6 +25,8 @@ def list_models(root: RunsRoot) -> list[dict]:
 
 
 def _walk(folder: Path, depth: int, found: list[Path]) -> None:
+    if folder.name == "pissa_init":  # a PiSSA run's adapter as initialised (models/pissa.py): not a model
+        return
     if has_weights(folder):
         found.append(folder)
     if depth >= _MAX_DEPTH:

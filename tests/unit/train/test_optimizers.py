@@ -128,3 +128,13 @@ def test_several_processes_are_refused_when_the_backend_is_left_to_choose(tmp_pa
     assert resolve_backend(cfg, RunFacts(world_size=1)) == "single"
     with pytest.raises(ConfigError, match="use_muon runs on one process .* but 2 were launched"):
         resolve_backend(cfg, RunFacts(world_size=2))
+
+
+def test_a_resume_with_another_optimizer_is_refused_by_name(tmp_path):
+    from tunesmith.engines.base import CheckpointError
+
+    common = dict(finetuning_type="lora", save_strategy="steps", save_steps=2)
+    train(run_config(tmp_path / "o", max_steps=2, use_muon=True, **common))
+    with pytest.raises(CheckpointError, match="optimizer state does not fit this run's optimizer.*use_muon"):
+        train(run_config(tmp_path / "o", max_steps=4, resume_from_checkpoint=True, resume_allow_changes=["use_muon"],
+                         **common))
