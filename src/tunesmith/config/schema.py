@@ -211,8 +211,8 @@ class FinetuneConfig(_Group):
     simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma.")
     pref_reference: Literal["auto", "copy", "adapters_off", "precomputed", "none"] = Field(
         "auto",
-        description="dpo/kto/online-RL KL reference: auto (LoRA: the base with adapters off; else a frozen copy), "
-        "copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
+        description="dpo/kto/online-RL KL reference: auto (LoRA: the base with adapters off; else, and with "
+        "pissa_init, a frozen copy), copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
         "none (reference-free). Resolved before the run: the saved config names the one used.",
     )
     kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of desirable examples.")

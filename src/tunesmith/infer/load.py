@@ -160,15 +160,20 @@ def load_preprocessor(path: str, adapters: list[str] | tuple[str, ...] = (), *, 
 
 def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = torch.float32, merge: bool = False,
                        adapters: list[str] | tuple[str, ...] = (), trust_remote_code: bool = False,
-                       cache_dir: str | None = None, revision: str = "main"):
+                       cache_dir: str | None = None, revision: str = "main", quantization=None):
     """(model, preprocessor): the processor for vision/audio-language models, else the tokenizer.
 
     `path` is a model folder, a hub id, or an adapter folder (loaded on its recorded base); `adapters` are
-    applied to `path` in order. All but the last are merged; merge=True folds the last in too.
+    applied to `path` in order. All but the last are merged; merge=True folds the last in too. `quantization`
+    (a BitsAndBytesConfig) loads the base's linear layers quantized, on `device`; an adapter then stays unmerged.
     """
     from transformers import AutoConfig
 
     base, adapters = resolve_sources(path, adapters)
+    if quantization is not None and (merge or len(adapters) > 1):
+        raise ModelError("quantization_bit: a quantized model cannot take merged adapters (several adapters, or "
+                         "lora_modules beside one); merge them into the unquantized model first (tunesmith export)")
+    placed = {"quantization_config": quantization, "device_map": {"": device}} if quantization is not None else {}
     head = adapters[-1] if adapters else base
     hub = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir, "revision": revision}
     try:
@@ -179,7 +184,7 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
         reward = _is_reward_model(head)
         config.num_labels = 1 if reward else config.num_labels
         model = report_loading(*_model_class(config, head).from_pretrained(
-            base, config=config, dtype=dtype, output_loading_info=True, **hub), base,
+            base, config=config, dtype=dtype, output_loading_info=True, **placed, **hub), base,
             fresh_head=bool(adapters) and reward)  # a reward adapter brings its score head
         for i, adapter in enumerate(adapters):
             from ..models.pissa import load_adapter_model
@@ -190,4 +195,4 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
     except OSError as err:
         raise ModelError(f"cannot load '{head}': {err}") from None
     model.config.use_cache = True
-    return model.to(device).eval(), preprocessor
+    return (model if placed else model.to(device)).eval(), preprocessor

@@ -63,6 +63,14 @@ class ModelKeys(_Keys):
         "auto", description="Weights dtype: auto = float32 for chat, bfloat16 for export.")
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
+    quantization_bit: Literal[4, 8] | None = Field(
+        None, description="chat / serve (huggingface backend): load the model's linear layers quantized to 4 or 8 "
+        "bits with bitsandbytes (pip install 'tunesmith[qlora]'), as LLaMA-Factory's on-the-fly quantization; an "
+        "adapter stays unmerged on top. Not for export (merge into the unquantized model).")
+    quantization_method: Literal["bnb", "bitsandbytes"] = Field(
+        "bnb", description="bitsandbytes only (LLaMA-Factory's hqq and eetq are not available).")
+    quantization_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit quantization data type.")
+    double_quantization: bool = Field(True, description="4-bit: quantize the quantization constants too.")
 
     _split = field_validator("adapter_name_or_path", mode="before")(classmethod(lambda cls, v: split_names(v)))
 
@@ -255,7 +263,6 @@ ALL_GROUPS: dict[str, type[_Keys]] = {**SERVE_GROUPS, **EXPORT_GROUPS}
 
 _VLLM = ("only used by infer_backend sglang/ktransformers, which tunesmith does not have; generation runs on "
          "transformers (infer_backend: huggingface) or vLLM (infer_backend: vllm); remove the key")
-_QUANT = "quantized loading is not available; the model loads unquantized (remove the key)"
 _EXPORT_QUANT = ("quantized (GPTQ) export is not available; export unquantized, then quantize the folder with "
                  "a quantization tool (e.g. gptqmodel or llm-compressor)")
 
@@ -264,8 +271,6 @@ REFUSED: dict[str, str] = {
     **{k: _VLLM for k in ("sglang_maxlen", "sglang_mem_fraction", "sglang_tp_size", "sglang_config",
                           "sglang_lora_backend", "use_kt", "kt_optimize_rule", "cpu_infer", "chunk_size", "mode",
                           "kt_maxlen", "kt_use_cuda_graph", "kt_mode", "kt_force_think")},
-    **{k: _QUANT for k in ("quantization_bit", "quantization_method", "quantization_type", "double_quantization",
-                           "quantization_device_map")},
     **{k: _EXPORT_QUANT for k in ("export_quantization_bit", "export_quantization_dataset",
                                   "export_quantization_nsamples", "export_quantization_maxlen")},
     "export_hub_model_id": ("tunesmith export does not upload to the hub (it works offline); export to export_dir, "
@@ -298,6 +303,7 @@ NO_EFFECT: dict[str, str] = {
     "use_unsloth_gc": "no gradients at inference",
     "use_reentrant_gc": "no gradients at inference",
     "upcast_layernorm": "not used at inference",
+    "quantization_device_map": "the quantized model loads on the device chat / serve picks",
     "upcast_lmhead_output": "not used at inference",
     "moe_aux_loss_coef": "no loss at inference",
     "train_from_scratch": "inference loads trained weights",
@@ -501,6 +507,23 @@ def _cross_checks(flat: dict[str, Any], parsed: dict[str, _Keys]) -> list[str]:
         problems.append("do_sample: true with temperature: 0; set temperature > 0 to sample, or do_sample: false")
     if model and generation:  # the commands that generate
         problems.extend(_backend_checks(model, parsed))
+    if model and model.quantization_bit:
+        problems.extend(_quantization_checks(model, generation is not None))
+    return problems
+
+
+def _quantization_checks(model: ModelKeys, generates: bool) -> list[str]:
+    import importlib.util
+
+    if not generates:
+        return ["quantization_bit: export merges into the unquantized model (LLaMA-Factory says the same: do not "
+                "quantize when merging); remove quantization_bit"]
+    problems = []  # (infer_backend: vllm refuses it where it loads, serve/vllm_engine.py)
+    if len(model.adapter_name_or_path) > 1:
+        problems.append("quantization_bit with several adapters: all but the last are merged, which a quantized "
+                        "model cannot take; merge them first (tunesmith export), then chat with the last on that")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        problems.append("quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'")
     return problems
 
 

@@ -337,20 +337,25 @@ def quantization_config(cfg: ModelConfig):
     run's precision; None without quantization."""
     if not cfg.quantization_bit:
         return None
+    compute = torch.bfloat16 if (cfg.bf16 or cfg.pure_bf16) else torch.float16 if cfg.fp16 else torch.float32
+    return bnb_config(cfg.quantization_bit, cfg.quantization_type, cfg.double_quantization, compute)
+
+
+def bnb_config(bits: int, quant_type: str, double: bool, compute: torch.dtype):
+    """bitsandbytes' 8-bit (LLM.int8) or 4-bit (quant_type nf4/fp4, double quantization) linears, computing in
+    `compute` (training's QLoRA and chat / serve's quantization_bit)."""
     try:
         from transformers import BitsAndBytesConfig
         import bitsandbytes  # noqa: F401
     except ImportError:
         raise ModelError("quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'") from None
-    if cfg.quantization_bit == 8:
-        log.info("QLoRA: the linear layers load quantized to 8 bits (bitsandbytes LLM.int8)")
+    if bits == 8:
+        log.info("the linear layers load quantized to 8 bits (bitsandbytes LLM.int8)")
         return BitsAndBytesConfig(load_in_8bit=True)
-    compute = torch.bfloat16 if (cfg.bf16 or cfg.pure_bf16) else torch.float16 if cfg.fp16 else torch.float32
-    log.info("QLoRA: the linear layers load quantized to 4 bits (bitsandbytes %s%s), computing in %s",
-             cfg.quantization_type, ", double quantization" if cfg.double_quantization else "",
-             str(compute).removeprefix("torch."))
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute, bnb_4bit_quant_type=cfg.quantization_type,
-                              bnb_4bit_use_double_quant=cfg.double_quantization, bnb_4bit_quant_storage=compute)
+    log.info("the linear layers load quantized to 4 bits (bitsandbytes %s%s), computing in %s", quant_type,
+             ", double quantization" if double else "", str(compute).removeprefix("torch."))
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute, bnb_4bit_quant_type=quant_type,
+                              bnb_4bit_use_double_quant=double, bnb_4bit_quant_storage=compute)
 
 
 def set_router_aux_loss_coef(config, coef: float) -> None:

@@ -13,7 +13,7 @@ from transformers import LogitsProcessor, StoppingCriteria
 from ..infer.load import load_for_inference, refuse_reward_model, refuse_unservable_adapters, resolve_sources
 from ..infer.options import ChatOptions
 from ..models.inputs import widen_half_pixels
-from ..models.load import pick_device
+from ..models.load import bnb_config, pick_device
 from .adapters import AdapterGate, NoGate, attach
 from .engine import CancelToken, Engine, Finished, Prepared, ServedModel
 from .models import check_adapter, served_models
@@ -70,10 +70,13 @@ class HFEngine(Engine):
         spec = options.model
         refuse_reward_model(spec.model_name_or_path, spec.adapter_name_or_path)
         refuse_unservable_adapters(lora_modules.values())
+        dtype = DTYPES[spec.infer_dtype]
+        quantization = (bnb_config(spec.quantization_bit, spec.quantization_type, spec.double_quantization,
+                                   dtype) if spec.quantization_bit else None)
         model, preprocessor = load_for_inference(
-            spec.model_name_or_path, device=pick_device(), dtype=DTYPES[spec.infer_dtype],
-            adapters=spec.adapter_name_or_path, merge=bool(lora_modules), trust_remote_code=spec.trust_remote_code,
-            cache_dir=spec.cache_dir, revision=spec.model_revision)
+            spec.model_name_or_path, device=pick_device(), dtype=dtype, adapters=spec.adapter_name_or_path,
+            merge=bool(lora_modules), trust_remote_code=spec.trust_remote_code, cache_dir=spec.cache_dir,
+            revision=spec.model_revision, quantization=quantization)
         base = resolve_sources(spec.model_name_or_path, spec.adapter_name_or_path)[0]
         folders = {name: check_adapter(name, path, base) for name, path in lora_modules.items()}
         gate, handles = None, {}

@@ -106,6 +106,9 @@ def _check_options(options: ChatOptions, stacked: list[str]) -> None:
     if options.generation.num_beams > 1:
         problems.append("num_beams > 1: beam search is not available with infer_backend: vllm; set num_beams: 1, "
                         "or use infer_backend: huggingface")
+    if options.model.quantization_bit:
+        problems.append("quantization_bit (bitsandbytes) is not available with infer_backend: vllm; remove it, or "
+                        "use infer_backend: huggingface")
     if len(stacked) > 1:
         problems.append("vLLM applies one LoRA adapter per request, and adapter_name_or_path lists "
                         f"{len(stacked)}: merge them first (`tunesmith export`), or use infer_backend: huggingface")
