@@ -118,7 +118,8 @@ _MODEL = section("model", [
     refused("infer_backend", "inference backends are not used in training; remove it", accept=("huggingface",)),
     idle("offload_folder", "inference only"),
     idle("use_kv_cache", "generation only"),
-    refused("use_v1_kernels", "LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel: true"),
+    idle("use_v1_kernels", "LLaMA-Factory applies its v1 kernels on Ascend NPUs only (on CUDA it changes nothing); "
+         "tunesmith's fused kernels: enable_liger_kernel"),
     idle("infer_dtype", "inference only"),
     refused("hf_hub_token", "tokens are not read from the config; set the HF_TOKEN environment variable",
              accept=(None,)),

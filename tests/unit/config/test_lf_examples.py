@@ -37,7 +37,6 @@ _QLORA = ([] if importlib.util.find_spec("bitsandbytes")
           else ["quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'"])
 _ASFT = "ASFT (the DFT loss plus a KL to a reference model) is not available"
 _KT = "KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload"
-_V1_KERNELS = "'use_v1_kernels' = True: LLaMA-Factory's v1 kernels are not available; use enable_liger_kernel"
 
 # file -> substrings: every problem of the file contains one of them, and each of them is in some problem.
 _MOSS_VL = "template: Template 'moss_vl' is for MOSS-VL models, whose code is remote (trust_remote_code)"
@@ -45,11 +44,6 @@ _MOSS_VL = "template: Template 'moss_vl' is for MOSS-VL models, whose code is re
 REFUSED = {
     "train_full/mossvl_full_sft.yaml": [_MOSS_VL],
     "train_lora/mossvl_lora_sft.yaml": [_MOSS_VL],
-    "ascend/qwen3_5_full_sft_fsdp2.yaml": [_V1_KERNELS],
-    "ascend/qwen3_full_sft_fsdp2.yaml": [_V1_KERNELS],
-    "ascend/qwen3moe_full_sft_fsdp.yaml": [_V1_KERNELS],
-    "ascend/qwen3vlmoe_full_sft_fsdp2.yaml": [_V1_KERNELS],
-    "ascend/qwen3vlmoe_lora_sft_fsdp.yaml": [_V1_KERNELS],
     **({} if importlib.util.find_spec("adam_mini") else {"extras/adam_mini/qwen2_full_sft.yaml": [
         "use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'"]}),
     "extras/apollo/llama3_full_sft.yaml": ["'use_apollo' = True: APOLLO is not supported; train with AdamW"],
