@@ -25,16 +25,21 @@ def saved_config(folder: str | Path) -> dict:
     return flat if isinstance(flat, dict) else {}
 
 
-def checkpoint_config(folder: str | Path) -> dict | None:
-    """The flat config a checkpoint's trainer_state.json records; None where it records none (another tool's or an
-    older tunesmith's checkpoint, or no checkpoint)."""
+def checkpoint_state(folder: str | Path) -> dict | None:
+    """A checkpoint's trainer_state.json; None where there is none."""
     state = Path(folder) / "trainer_state.json"
     if not state.is_file():
         return None
     try:
-        return json.loads(state.read_text(encoding="utf-8")).get("config")
+        return json.loads(state.read_text(encoding="utf-8"))
     except ValueError as err:
         raise DataError(f"{state} is not valid JSON: {err}") from None
+
+
+def checkpoint_config(folder: str | Path) -> dict | None:
+    """The flat config a checkpoint's trainer_state.json records; None where it records none (another tool's or an
+    older tunesmith's checkpoint, or no checkpoint)."""
+    return (checkpoint_state(folder) or {}).get("config")
 
 
 def trained_rope(folder: str | Path) -> tuple[str, int] | None:

@@ -13,7 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..config.recorded import checkpoint_config
+from ..config.recorded import checkpoint_state
 from ..config.schema import RunConfig
 from ..errors import ConfigError
 from . import checkpoint as ckpt
@@ -78,7 +78,7 @@ def _peft_model_card(path: Path) -> bool:
 
 
 def step_of(checkpoint: Path) -> int:
-    return int(json.loads((checkpoint / "trainer_state.json").read_text()).get("global_step", 0))
+    return int((checkpoint_state(checkpoint) or {}).get("global_step", 0))
 
 
 # Per-device batch, accumulation and steps per epoch follow the number of processes: resuming on another
@@ -93,8 +93,8 @@ def _global_batch(config: dict, world: int) -> int:
 def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size: int = 1) -> dict[str, list]:
     """The changes from the checkpoint's config to this run's ({key: [old, new]}), or a refusal listing the
     ones that change training and are not allowed."""
-    saved = checkpoint_config(checkpoint)
-    saved_world = int(json.loads((checkpoint / "trainer_state.json").read_text()).get("world_size", 1))
+    state = checkpoint_state(checkpoint) or {}
+    saved, saved_world = state.get("config"), int(state.get("world_size", 1))
     if saved is None:
         log.warning("%s records no config (written by another tool or an older tunesmith): the config is not "
                     "compared at resume", checkpoint)
