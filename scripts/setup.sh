@@ -30,7 +30,7 @@ installed_location() {
 
 is_installed_here() {
     # the test-only dev extras too (a machine that installed tunesmith before they were added gets them)
-    "$PYTHON" -c "import tunesmith, torch, transformers, peft, datasets, fastapi, uvicorn, openai, xdist, num2words, timm, adam_mini" >/dev/null 2>&1 || return 1
+    "$PYTHON" -c "import tunesmith, torch, transformers, peft, datasets, fastapi, uvicorn, openai, xdist, num2words, timm, adam_mini, galore_torch, apollo_torch" >/dev/null 2>&1 || return 1
     local where
     where="$(installed_location)"
     [ -n "$where" ] && [ -d "$where" ] && [ "$(cd "$where" && pwd -P)" = "$ROOT" ]

@@ -274,14 +274,15 @@ def _qlora_problems(cfg: RunConfig) -> list[str]:
 
 
 def _optimizer_problems(cfg: RunConfig) -> list[str]:
-    """use_muon and use_adam_mini: one optimizer of the two, in one process, without LoRA+'s groups."""
+    """use_muon, use_adam_mini, use_galore and use_apollo: one optimizer of them, in one process, without LoRA+'s
+    groups; Adam-mini, GaLore and APOLLO on whole weight matrices (not adapters), with their package installed."""
     train = cfg.train
-    asked = [key for key in ("use_muon", "use_adam_mini") if getattr(train, key)]
+    asked = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo") if getattr(train, key)]
     if not asked:
         return []
     problems = []
     if len(asked) > 1:
-        problems.append("use_muon and use_adam_mini each choose the optimizer: keep one")
+        problems.append(f"{' and '.join(asked)} each choose the optimizer: keep one")
     if train.loraplus_lr_ratio is not None:
         problems.append(f"{asked[0]} and loraplus_lr_ratio (LoRA+, AdamW's groups) each choose the optimizer: keep "
                         "one")
@@ -289,11 +290,19 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"{asked[0]} runs on one process (backend: single), not backend: "
                         f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings "
                         "(several GPUs: train with AdamW)")
-    if train.use_adam_mini and cfg.finetune.finetuning_type in ADAPTER_TYPES:
-        problems.append(f"use_adam_mini partitions whole weight matrices by attention head and neuron, not "
-                        f"{cfg.finetune.finetuning_type} adapters: use finetuning_type full or freeze, or AdamW")
-    if train.use_adam_mini and importlib.util.find_spec("adam_mini") is None:
-        problems.append("use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'")
+    whole = {"use_adam_mini": "partitions whole weight matrices by attention head and neuron",
+             "use_galore": "projects whole weight matrices' gradients", "use_apollo": "projects whole weight "
+             "matrices' gradients"}
+    packages = {"use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
+                "use_galore": ("galore_torch", "galore-torch", "galore"),
+                "use_apollo": ("apollo_torch", "apollo-torch", "apollo")}
+    for key in asked[:1]:
+        if key in whole and cfg.finetune.finetuning_type in ADAPTER_TYPES:
+            problems.append(f"{key} {whole[key]}, not {cfg.finetune.finetuning_type} adapters (LLaMA-Factory refuses "
+                            "it too): use finetuning_type full or freeze, or AdamW")
+        if key in packages and importlib.util.find_spec(packages[key][0]) is None:
+            module, package, extra = packages[key]
+            problems.append(f"{key} needs the {package} package: pip install 'tunesmith[{extra}]'")
     return problems
 
 

@@ -278,6 +278,33 @@ class TrainConfig(_Group):
         False, description="Adam-mini (pip install 'tunesmith[adam-mini]'): one second-moment value per attention "
         "head of q/k, per output neuron of the other matrices, per token of the embeddings (about half AdamW's "
         "state). finetuning_type full or freeze, one process (backend: single).")
+    use_galore: bool = Field(
+        False, description="GaLore (pip install 'tunesmith[galore]'): AdamW's moments in a low-rank projection of "
+        "each galore_target weight's gradient, as LLaMA-Factory's; full or freeze, one process.")
+    galore_target: list[str] = Field(default_factory=lambda: ["all"], description="GaLore: the linear layers "
+                                     "projected: all, or names (comma-separated).")
+    galore_rank: int = Field(16, ge=1, description="GaLore: the projection's rank.")
+    galore_update_interval: int = Field(200, ge=1, description="GaLore: steps between projection updates (an SVD).")
+    galore_scale: float = Field(2.0, gt=0, description="GaLore: the update's scale.")
+    galore_proj_type: Literal["std", "reverse_std", "right", "left", "full"] = Field(
+        "std", description="GaLore: which side of the gradient is projected.")
+    use_apollo: bool = Field(
+        False, description="APOLLO (pip install 'tunesmith[apollo]'): AdamW with its moments in a low-rank "
+        "projection, scaling each apollo_target gradient channel- or tensor-wise, as LLaMA-Factory's; full or "
+        "freeze, one process.")
+    apollo_target: list[str] = Field(default_factory=lambda: ["all"], description="APOLLO: the linear layers "
+                                     "projected: all, or names (comma-separated).")
+    apollo_rank: int = Field(16, ge=1, description="APOLLO: the projection's rank.")
+    apollo_update_interval: int = Field(200, ge=1, description="APOLLO: steps between projection updates.")
+    apollo_scale: float = Field(32.0, gt=0, description="APOLLO: the update's scale.")
+    apollo_proj: Literal["svd", "random"] = Field("random", description="APOLLO: the projection (random or SVD).")
+    apollo_proj_type: Literal["std", "right", "left"] = Field("std", description="APOLLO: which side is projected.")
+    apollo_scale_type: Literal["channel", "tensor"] = Field("channel", description="APOLLO: the scaling's "
+                                                           "granularity.")
+    apollo_scale_front: bool = Field(False, description="APOLLO: scale the raw gradient before the "
+                                     "norm-growth limiter.")
+    _low_rank_targets = field_validator("galore_target", "apollo_target", mode="before")(
+        classmethod(lambda cls, v: split_names(v)))
     max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
     neftune_noise_alpha: float | None = Field(
         None, gt=0, description="NEFTune: uniform noise of bound alpha / sqrt(tokens x hidden) on the input embeddings "

@@ -15,11 +15,16 @@ log = logging.getLogger("tunesmith")
 
 
 def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, or LLaMA-Factory's use_muon (engines/muon.py) / use_adam_mini."""
+    """AdamW, or LLaMA-Factory's use_muon (engines/muon.py) / use_adam_mini / use_galore and use_apollo
+    (engines/low_rank.py)."""
     if cfg.use_muon:
         return _muon(model, cfg, device)
     if cfg.use_adam_mini:
         return _adam_mini(model, cfg)
+    if cfg.use_galore or cfg.use_apollo:
+        from .low_rank import build_low_rank
+
+        return build_low_rank(model, cfg, decays)
     return torch.optim.AdamW(parameter_groups(model, cfg), **adamw_options(cfg), fused=device.type == "cuda")
 
 

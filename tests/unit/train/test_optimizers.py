@@ -90,10 +90,22 @@ def test_lora_matrices_alone_take_muon_without_an_adamw_part(tmp_path):
     assert isinstance(optimizer, MuonWithAdamW)
 
 
-@pytest.mark.parametrize("options", [dict(use_muon=True), dict(use_muon=True, finetuning_type="lora"),
-                                     dict(use_adam_mini=True)], ids=["muon", "muon-lora", "adam-mini"])
+_PACKAGES = {"use_adam_mini": "adam_mini", "use_galore": "galore_torch", "use_apollo": "apollo_torch"}
+
+
+@pytest.mark.parametrize("options", [
+    dict(use_muon=True), dict(use_muon=True, finetuning_type="lora"), dict(use_adam_mini=True),
+    dict(use_galore=True, galore_rank=4, galore_update_interval=2),
+    dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_scale=1.0),
+    dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_proj="svd", apollo_scale=1.0,
+         apollo_target="q_proj,v_proj"),
+], ids=["muon", "muon-lora", "adam-mini", "galore", "apollo", "apollo-svd"])
 def test_runs_learns_and_resumes_where_it_stopped(tmp_path, options):
-    pytest.importorskip("adam_mini") if options.get("use_adam_mini") else None
+    """A checkpoint holds the whole optimizer state (GaLore's and APOLLO's projectors as plain values, loaded
+    weights_only) and the resumed steps are the uninterrupted run's."""
+    for key, module in _PACKAGES.items():
+        if options.get(key):
+            pytest.importorskip(module)
     common = dict(learning_rate=3e-3, lr_scheduler_type="constant", save_strategy="steps", save_steps=3, **options)
     straight = train(run_config(tmp_path / "straight", max_steps=6, **common))
     assert straight.step_losses[-1] < straight.step_losses[0]
@@ -119,6 +131,12 @@ def test_the_optimizer_choices_that_do_not_go_together_are_refused(tmp_path):
     assert any("use_muon runs on one process (backend: single), not backend: fsdp2" in p for p in problems)
     problems = _problems(tmp_path, use_adam_mini=True, finetuning_type="lora")
     assert any("use_adam_mini partitions whole weight matrices" in p for p in problems)
+    problems = _problems(tmp_path, use_galore=True, finetuning_type="lora")
+    assert any("use_galore projects whole weight matrices' gradients, not lora adapters" in p for p in problems)
+    problems = _problems(tmp_path, use_apollo=True, use_galore=True, finetuning_type="full")
+    assert any("use_galore and use_apollo each choose the optimizer" in p for p in problems)
+    problems = _problems(tmp_path, use_galore=True, galore_layerwise=True, finetuning_type="full")
+    assert any("per-layer GaLore" in p and "galore_layerwise: false" in p for p in problems)
 
 
 def test_several_processes_are_refused_when_the_backend_is_left_to_choose(tmp_path):
