@@ -48,3 +48,17 @@ def test_a_lora_run_chats_on_its_base_quantized(tmp_path):
         assert torch.isfinite(engine.model(input_ids=ids).logits).all()
     with pytest.raises(ModelError, match="cannot take merged adapters"):
         HFEngine.load(options, {"other": str(tmp_path / "lora")})
+
+
+def test_lora_modules_serve_on_a_quantized_base_and_a_pissa_adapter_is_refused(tmp_path):
+    from tunesmith.infer.options import serve_options
+    from tunesmith.serve.hf_engine import HFEngine
+    from tunesmith.train.setup import train
+
+    train(run_config(tmp_path / "lora", max_steps=1, finetuning_type="lora"))
+    engine = HFEngine.load(serve_options({"model_name_or_path": "tiny:qwen3", "quantization_bit": 4}),
+                           {"mine": str(tmp_path / "lora")})
+    assert "mine" in engine.models
+    train(run_config(tmp_path / "pissa", max_steps=1, finetuning_type="lora", pissa_init=True, pissa_iter=2))
+    with pytest.raises(ModelError, match="is a PiSSA adapter.*pissa_converted"):
+        HFEngine.load(chat_options({"model_name_or_path": str(tmp_path / "pissa"), "quantization_bit": 4}), {})

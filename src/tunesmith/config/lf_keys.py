@@ -61,11 +61,6 @@ def _optim(value):
     return "tunesmith trains with AdamW; use optim: adamw_torch (or adamw_torch_fused)"
 
 
-_LAYERWISE = ("per-layer {0} (each layer's update inside the backward pass, without gradient clipping) is not "
-              "available; set {1}_layerwise: false to run {0} as one optimizer after the backward pass (the same "
-              "updates, clipped by max_grad_norm; the full gradients are held until the step)")
-
-
 def _one_adapter(value):
     if isinstance(value, str) and "," in value:
         return "tunesmith loads one adapter; merge the others into the model first (tunesmith export)"
@@ -261,11 +256,11 @@ _FINETUNING = section("finetuning", [
     honoured("use_galore", "needs pip install 'tunesmith[galore]'; full or freeze, one process"),
     *[honoured(k) for k in ("galore_target", "galore_rank", "galore_update_interval", "galore_scale",
                             "galore_proj_type")],
-    refused("galore_layerwise", _LAYERWISE.format("GaLore", "galore")),
+    honoured("galore_layerwise", "true is refused with use_galore (per-layer updates are not available)"),
     honoured("use_apollo", "needs pip install 'tunesmith[apollo]'; full or freeze, one process"),
     *[honoured(k) for k in ("apollo_target", "apollo_rank", "apollo_update_interval", "apollo_scale", "apollo_proj",
                             "apollo_proj_type", "apollo_scale_type", "apollo_scale_front")],
-    refused("apollo_layerwise", _LAYERWISE.format("APOLLO", "apollo")),
+    honoured("apollo_layerwise", "true is refused with use_apollo (per-layer updates are not available)"),
     refused("use_badam", "BAdam is not supported; train with AdamW (finetuning_type: full, freeze or lora)"),
     *[idle(k, "only applies with use_badam (refused)")
       for k in ("badam_mode", "badam_start_block", "badam_switch_mode", "badam_switch_interval",

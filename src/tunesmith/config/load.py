@@ -296,6 +296,12 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     packages = {"use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
                 "use_galore": ("galore_torch", "galore-torch", "galore"),
                 "use_apollo": ("apollo_torch", "apollo-torch", "apollo")}
+    for kind, name in (("galore", "GaLore"), ("apollo", "APOLLO")):
+        if getattr(train, f"use_{kind}") and getattr(train, f"{kind}_layerwise"):
+            problems.append(f"{kind}_layerwise: per-layer {name} (each layer's update inside the backward pass, "
+                            f"without gradient clipping) is not available; set {kind}_layerwise: false to run {name} "
+                            "as one optimizer after the backward pass (the same updates, clipped by max_grad_norm; "
+                            "the full gradients are held until the step)")
     for key in asked[:1]:
         if key in whole and cfg.finetune.finetuning_type in ADAPTER_TYPES:
             problems.append(f"{key} {whole[key]}, not {cfg.finetune.finetuning_type} adapters (LLaMA-Factory refuses "

@@ -68,7 +68,19 @@ class PlainProjectorState:
         super().load_state_dict({**state_dict, "state": rest})
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in projectors.items():
+            if not isinstance(saved, dict) or not 0 <= index < len(params):
+                raise TunesmithError(f"the checkpoint's optimizer state holds a malformed projector (parameter "
+                                     f"{index}); resume from another checkpoint")
             self.state[params[index]][_KEY] = _rebuilt(saved, params[index].device)
+
+    def settle_settings(self) -> None:
+        """After this run's group settings are put back (engines/base.load_own_optimizer): the projectors take the
+        group's scale and update interval."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                projector = self.state.get(param, {}).get(_KEY)
+                if projector is not None:
+                    projector.scale, projector.update_proj_gap = group["scale"], group["update_proj_gap"]
 
 
 def _optimizer_class(kind: str):

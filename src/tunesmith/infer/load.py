@@ -158,6 +158,20 @@ def load_preprocessor(path: str, adapters: list[str] | tuple[str, ...] = (), *, 
         raise ModelError(f"cannot load '{adapters[-1] if adapters else base}': {err}") from None
 
 
+def _check_quantizable(adapters: list[str], merge: bool) -> None:
+    """A quantized base takes one unmerged LoRA / OFT adapter, not a PiSSA one (its base is rebuilt from the weights
+    by an SVD, which packed quantized weights are not)."""
+    from ..models.pissa import is_pissa
+
+    if len(adapters) > 1 or (merge and adapters):
+        raise ModelError("quantization_bit: a quantized model cannot take merged adapters (several adapters, or "
+                         "lora_modules beside one); merge them into the unquantized model first (tunesmith export)")
+    if adapters and is_pissa(adapters[0]):
+        raise ModelError(f"quantization_bit: {adapters[0]} is a PiSSA adapter, whose base is rebuilt from the "
+                         "unquantized weights; chat with its run's pissa_converted folder, or merge it first "
+                         "(tunesmith export) and quantize the merged model")
+
+
 def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = torch.float32, merge: bool = False,
                        adapters: list[str] | tuple[str, ...] = (), trust_remote_code: bool = False,
                        cache_dir: str | None = None, revision: str = "main", quantization=None):
@@ -170,9 +184,8 @@ def load_for_inference(path: str, *, device: torch.device, dtype: torch.dtype = 
     from transformers import AutoConfig
 
     base, adapters = resolve_sources(path, adapters)
-    if quantization is not None and (merge or len(adapters) > 1):
-        raise ModelError("quantization_bit: a quantized model cannot take merged adapters (several adapters, or "
-                         "lora_modules beside one); merge them into the unquantized model first (tunesmith export)")
+    if quantization is not None:
+        _check_quantizable(adapters, merge)
     placed = {"quantization_config": quantization, "device_map": {"": device}} if quantization is not None else {}
     head = adapters[-1] if adapters else base
     hub = {"trust_remote_code": trust_remote_code, "cache_dir": cache_dir, "revision": revision}

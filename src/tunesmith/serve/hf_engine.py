@@ -71,8 +71,11 @@ class HFEngine(Engine):
         refuse_reward_model(spec.model_name_or_path, spec.adapter_name_or_path)
         refuse_unservable_adapters(lora_modules.values())
         dtype = DTYPES[spec.infer_dtype]
-        quantization = (bnb_config(spec.quantization_bit, spec.quantization_type, spec.double_quantization,
-                                   dtype) if spec.quantization_bit else None)
+        quantization = None
+        if spec.quantization_bit:  # auto computes in bf16 where the GPU has it, as LLaMA-Factory's auto
+            if spec.infer_dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+                dtype = torch.bfloat16
+            quantization = bnb_config(spec.quantization_bit, spec.quantization_type, spec.double_quantization, dtype)
         model, preprocessor = load_for_inference(
             spec.model_name_or_path, device=pick_device(), dtype=dtype, adapters=spec.adapter_name_or_path,
             merge=bool(lora_modules), trust_remote_code=spec.trust_remote_code, cache_dir=spec.cache_dir,

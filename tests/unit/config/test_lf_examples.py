@@ -46,7 +46,7 @@ REFUSED = {
     "train_lora/mossvl_lora_sft.yaml": [_MOSS_VL],
     **({} if importlib.util.find_spec("adam_mini") else {"extras/adam_mini/qwen2_full_sft.yaml": [
         "use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'"]}),
-    "extras/apollo/llama3_full_sft.yaml": ["'apollo_layerwise' = True: per-layer APOLLO"],
+    "extras/apollo/llama3_full_sft.yaml": ["apollo_layerwise: per-layer APOLLO"],
     "extras/asft/llama2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
     "extras/asft/qwen2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
     "extras/badam/llama3_full_sft.yaml": ["'use_badam' = True: BAdam is not supported; train with AdamW"],
@@ -59,7 +59,7 @@ REFUSED = {
     ],
     **({"extras/fsdp_qlora/llama3_lora_sft.yaml": _QLORA, "train_qlora/qwen3_lora_sft_bnb_npu.yaml": _QLORA,
         "train_qlora/qwen3_lora_sft_otfq.yaml": _QLORA} if _QLORA else {}),
-    "extras/galore/llama3_full_sft.yaml": ["'galore_layerwise' = True: per-layer GaLore"],
+    "extras/galore/llama3_full_sft.yaml": ["galore_layerwise: per-layer GaLore"],
     "extras/mod/llama3_full_sft.yaml": [
         "'mixture_of_depths' = 'convert': mixture-of-depths is not available",
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",

@@ -53,7 +53,7 @@ def test_every_hugging_face_training_argument_is_in_the_table():
 
 
 @pytest.mark.parametrize("overrides", [
-    {"galore_layerwise": False, "apollo_layerwise": False, "use_badam": False, "use_unsloth": False},
+    {"use_badam": False, "use_unsloth": False},
     {"quantization_device_map": "auto", "use_badam": False},
     {"push_to_hub": False, "hub_model_id": "me/model", "save_safetensors": True, "fp16": False},
     {"expert_tensor_parallel_size": 1, "recompute_method": None, "masked_softmax_fusion": False,
@@ -72,7 +72,6 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
 
 @pytest.mark.parametrize("key, value, says", [
     ("use_badam", True, "BAdam is not supported; train with AdamW"),
-    ("galore_layerwise", True, "set galore_layerwise: false to run GaLore as one optimizer"),
     ("quantization_method", "hqq", "only bitsandbytes quantization is available; use quantization_method: bnb"),
     ("use_unsloth", True, "enable_liger_kernel: true"),
     ("masked_softmax_fusion", True, "not available in tunesmith's Megatron-Core engine (backend: megatron"),

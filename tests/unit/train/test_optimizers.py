@@ -156,3 +156,23 @@ def test_a_resume_with_another_optimizer_is_refused_by_name(tmp_path):
     with pytest.raises(CheckpointError, match="optimizer state does not fit this run's optimizer.*use_muon"):
         train(run_config(tmp_path / "o", max_steps=4, resume_from_checkpoint=True, resume_allow_changes=["use_muon"],
                          **common))
+
+
+def test_a_resumed_galore_takes_this_run_s_settings_and_layerwise_alone_changes_nothing(tmp_path):
+    pytest.importorskip("galore_torch")
+    from pathlib import Path
+
+    from tunesmith.engines.base import load_own_optimizer
+
+    def built(scale):
+        model = _toy()
+        cfg = run_config(tmp_path / "c", use_galore=True, galore_rank=2, galore_scale=scale).train
+        return model, build_optimizer(model, cfg, torch.device("cpu"))
+
+    model, saved = built(2.0)
+    _step(model, saved, 1)
+    resumed_model, resumed = built(8.0)
+    load_own_optimizer(resumed, copy.deepcopy(saved.state_dict()), Path("checkpoint-1"))
+    assert resumed.param_groups[-1]["scale"] == 8.0
+    assert resumed.state[resumed_model.proj.weight]["projector"].scale == 8.0
+    assert run_config(tmp_path / "o", galore_layerwise=True).train.galore_layerwise  # LF ignores it without GaLore
