@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..quiet import say_once
+
 log = logging.getLogger("tunesmith")
 
 PISSA_SEED = 0
@@ -64,8 +66,23 @@ def load_adapter_model(model, adapter_dir: str | Path, **kwargs):
     """PeftModel.from_pretrained, a PiSSA adapter's residual base recomputed as its training run computed it."""
     from peft import PeftModel
 
-    with seeded(is_pissa(adapter_dir)):
+    pissa = is_pissa(adapter_dir)
+    if pissa and _trained_elsewhere(Path(adapter_dir)):
+        say_once(f"{adapter_dir} is a PiSSA adapter another tool trained: its base's residual is recomputed with "
+                 "tunesmith's draws, which differ from that run's (slightly, with the fast SVD); its converted "
+                 "adapter (LLaMA-Factory's pissa_converted) loads exactly", logging.WARNING)
+    with seeded(pissa):
         return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
+
+
+def _trained_elsewhere(folder: Path) -> bool:
+    """No tunesmith record beside the adapter (a run's tunesmith_config.yaml, a checkpoint's config), and the fast
+    SVD (the exact one draws nothing: any tool's residual is the same)."""
+    from ..config.recorded import checkpoint_config, saved_config
+
+    if json.loads((folder / "adapter_config.json").read_text()).get("init_lora_weights") == "pissa":
+        return False
+    return not (saved_config(folder) or checkpoint_config(folder))
 
 
 @contextlib.contextmanager

@@ -109,3 +109,22 @@ def test_a_pissa_reward_model_scores_as_trained_and_a_new_run_clears_the_pissa_f
 
     train(run_config(out, max_steps=1, finetuning_type="lora", overwrite_output_dir=True))
     assert not (out / "pissa_init").exists() and not (out / "pissa_converted").exists()
+
+
+def test_a_pissa_adapter_from_another_tool_is_loaded_with_a_warning(tmp_path, caplog):
+    import shutil
+
+    from tunesmith import quiet
+
+    out = tmp_path / "o"
+    train(run_config(out, max_steps=1, **PISSA))
+    elsewhere = tmp_path / "lf"
+    elsewhere.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(out / name, elsewhere / name)
+    quiet._said.clear()
+    with caplog.at_level("WARNING", logger="tunesmith"):
+        load_for_inference(str(out), device=torch.device("cpu"))
+        assert "another tool trained" not in caplog.text
+        load_for_inference(str(elsewhere), device=torch.device("cpu"))
+    assert "is a PiSSA adapter another tool trained" in caplog.text
