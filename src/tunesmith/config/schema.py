@@ -309,6 +309,7 @@ class TrainConfig(_Group):
                                      "norm-growth limiter.")
     _low_rank_targets = field_validator("galore_target", "apollo_target", mode="before")(
         classmethod(lambda cls, v: split_names(v)))
+    _layerwise = field_validator("galore_layerwise", "apollo_layerwise", mode="before")(classmethod(_null_is_default))
     max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
     neftune_noise_alpha: float | None = Field(
         None, gt=0, description="NEFTune: uniform noise of bound alpha / sqrt(tokens x hidden) on the input embeddings "

@@ -31,6 +31,11 @@ overwrite_cache ddp_timeout max_bad_steps cache_dir trust_checkpoint checkpoint_
 """.split())
 # The run's length: it may change at resume (the schedule is rebuilt for the new total).
 _LENGTH = frozenset({"max_steps", "num_train_epochs", "num_total_steps"})
+# What shapes the optimizer's saved state (its kind, GaLore's / APOLLO's projections): not changed at resume, even
+# with resume_allow_changes.
+_OPTIMIZER_SHAPE = frozenset({"use_muon", "use_adam_mini", "use_galore", "use_apollo", "loraplus_lr_ratio",
+                              "galore_rank", "galore_proj_type", "galore_target", "apollo_rank", "apollo_proj",
+                              "apollo_proj_type", "apollo_target"})
 
 # What a tunesmith run writes into output_dir (besides checkpoint-N folders).
 _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train_results.json", "eval_results.json",
@@ -105,6 +110,12 @@ def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size
                and not (k not in saved and current.get(k) == defaults.get(k))}
     if _global_batch(saved, saved_world) == _global_batch(current, world_size):
         changes = {k: v for k, v in changes.items() if k not in _PER_PROCESS}
+    fixed = sorted(k for k in changes if k in _OPTIMIZER_SHAPE)
+    if fixed:
+        listed = ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in fixed)
+        raise ConfigError([f"resume from {checkpoint}: {listed} would change the optimizer whose state the "
+                           "checkpoint holds, which a resume cannot do; restore the values, or start a new run "
+                           "(another output_dir, or overwrite_output_dir: true)"])
     refused = sorted(k for k in changes if k not in _LENGTH and k not in allowed)
     if refused:
         listed = ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)

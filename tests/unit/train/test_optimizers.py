@@ -153,9 +153,19 @@ def test_a_resume_with_another_optimizer_is_refused_by_name(tmp_path):
 
     common = dict(finetuning_type="lora", save_strategy="steps", save_steps=2)
     train(run_config(tmp_path / "o", max_steps=2, use_muon=True, **common))
-    with pytest.raises(CheckpointError, match="optimizer state does not fit this run's optimizer.*use_muon"):
+    with pytest.raises(ConfigError, match="use_muon: True -> False would change the optimizer"):
         train(run_config(tmp_path / "o", max_steps=4, resume_from_checkpoint=True, resume_allow_changes=["use_muon"],
                          **common))
+    with pytest.raises(CheckpointError, match="optimizer state does not fit this run's optimizer.*use_muon"):
+        from tunesmith.engines.base import load_own_optimizer
+
+        model = torch.nn.Module()
+        model.lora_A = torch.nn.Parameter(torch.ones(4, 8))
+        muon = build_optimizer(model, run_config(tmp_path / "c", use_muon=True).train, torch.device("cpu"))
+        model.lora_A.grad = torch.ones(4, 8)
+        muon.step()
+        adamw = build_optimizer(model, run_config(tmp_path / "c").train, torch.device("cpu"))
+        load_own_optimizer(adamw, copy.deepcopy(muon.state_dict()), tmp_path)
 
 
 def test_a_resumed_galore_takes_this_run_s_settings_and_layerwise_alone_changes_nothing(tmp_path):
@@ -176,3 +186,4 @@ def test_a_resumed_galore_takes_this_run_s_settings_and_layerwise_alone_changes_
     assert resumed.param_groups[-1]["scale"] == 8.0
     assert resumed.state[resumed_model.proj.weight]["projector"].scale == 8.0
     assert run_config(tmp_path / "o", galore_layerwise=True).train.galore_layerwise  # LF ignores it without GaLore
+    assert run_config(tmp_path / "o", galore_layerwise=None).train.galore_layerwise is False
