@@ -210,22 +210,31 @@ def schedule_at(optimizer, scheduler, step: int) -> None:
     realign_schedule(optimizer, scheduler)
 
 
-def load_own_optimizer(optimizer, state: dict, path: Path) -> None:
-    """A tunesmith checkpoint's optimizer state (moments, step counts, projectors); this run's group settings
-    (betas, weight decay, GaLore's / APOLLO's) stay, so a change resume_allow_changes accepted applies (the learning
-    rate follows the schedule). One written by another optimizer is refused by name, not with torch's error."""
+@contextlib.contextmanager
+def keeping_settings(optimizer):
+    """Load a checkpoint's optimizer state inside this: this run's group settings (betas, weight decay, GaLore's /
+    APOLLO's) stay, so a change resume_allow_changes accepted applies (the learning rate follows the schedule),
+    and the optimizer's settle_settings, where it has one, passes them on."""
     kept = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(state)
-    except (KeyError, ValueError, IndexError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{path}: its optimizer state does not fit this run's optimizer ({type(err).__name__}: "
-                              f"{str(err)[:120]}); resume with the optimizer settings it was saved with (use_muon, "
-                              "use_adam_mini, use_galore, use_apollo, loraplus_lr_ratio)") from None
+    yield
     for group, settings in zip(optimizer.param_groups, kept):
         group.update(settings)
     settle = getattr(optimizer, "settle_settings", None)
     if settle is not None:
         settle()
+
+
+def load_own_optimizer(optimizer, state: dict, path: Path) -> None:
+    """A tunesmith checkpoint's optimizer state (moments, step counts, projectors) under this run's settings
+    (keeping_settings). One written by another optimizer is refused by name, not with torch's error."""
+    with keeping_settings(optimizer):
+        try:
+            optimizer.load_state_dict(state)
+        except (KeyError, ValueError, IndexError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"{path}: its optimizer state does not fit this run's optimizer "
+                                  f"({type(err).__name__}: {str(err)[:120]}); resume with the optimizer settings it "
+                                  "was saved with (use_muon, use_adam_mini, use_galore, use_apollo, "
+                                  "loraplus_lr_ratio)") from None
 
 
 def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:

@@ -30,8 +30,8 @@ from ..errors import TunesmithError
 from ..models.safetensors_write import save_weights
 from ..models.weights import weights_by_model_key
 from .blocks import compile_each, transformer_blocks
-from .base import (CheckpointError, LossFn, StepOutput, StepResult, read_torch_file, schedule_at,
-                   switched_to_reference, write_torch_file)
+from .base import (CheckpointError, LossFn, StepOutput, StepResult, keeping_settings, read_torch_file,
+                   schedule_at, switched_to_reference, write_torch_file)
 from .optim import load_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
@@ -120,7 +120,8 @@ class FSDP2Engine:
                  "optim": get_optimizer_state_dict(self.model, self.optimizer)}
         dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
         set_model_state_dict(self.model, state["model"])
-        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        with keeping_settings(self.optimizer):
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         saved = read_torch_file(Path(path) / "engine_state.pt")
         load_schedule(self.optimizer, self.scheduler, saved["scheduler"])
 

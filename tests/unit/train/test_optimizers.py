@@ -187,3 +187,18 @@ def test_a_resumed_galore_takes_this_run_s_settings_and_layerwise_alone_changes_
     assert resumed.state[resumed_model.proj.weight]["projector"].scale == 8.0
     assert run_config(tmp_path / "o", galore_layerwise=True).train.galore_layerwise  # LF ignores it without GaLore
     assert run_config(tmp_path / "o", galore_layerwise=None).train.galore_layerwise is False
+
+
+def test_an_accepted_weight_decay_change_applies_from_the_resumed_step(tmp_path):
+    from pathlib import Path
+
+    from tunesmith.engines.base import load_own_optimizer
+
+    saved_model, resumed_model = _toy(), _toy()
+    saved = build_optimizer(saved_model, run_config(tmp_path / "c", weight_decay=0.1).train, torch.device("cpu"))
+    _step(saved_model, saved, 1)
+    resumed = build_optimizer(resumed_model, run_config(tmp_path / "c", weight_decay=0.01).train,
+                              torch.device("cpu"))
+    load_own_optimizer(resumed, copy.deepcopy(saved.state_dict()), Path("checkpoint-1"))
+    assert resumed.param_groups[0]["weight_decay"] == 0.01
+    assert "exp_avg" in resumed.state[resumed_model.proj.weight]  # the moments are the checkpoint's
