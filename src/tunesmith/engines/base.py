@@ -253,8 +253,6 @@ def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:
         log.warning("%s does not fit this model's optimizer (other parameter groups or shapes): the optimizer "
                     "starts fresh", path)
         return False
-    hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for group, kept in zip(optimizer.param_groups, hyper):
-        group.update(kept)
+    with keeping_settings(optimizer):
+        optimizer.load_state_dict(state)
     return True
