@@ -25,6 +25,7 @@ from .lf_keys import LF_KEYS
 from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
 from .recorded import trained_rope
+from .resolve import one_process_features
 from .schema import ADAPTER_TYPES, GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
@@ -243,6 +244,7 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
                         "use finetuning_type: freeze (or lora)")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
+    problems.extend(_one_process_problems(cfg))
     problems.extend(_optimizer_problems(cfg))
     if cfg.finetune.pissa_init:
         problems.extend(_pissa_problems(cfg))
@@ -260,9 +262,6 @@ def _qlora_problems(cfg: RunConfig) -> list[str]:
     if finetuning_type not in ADAPTER_TYPES:
         problems.append(f"quantization_bit (QLoRA) trains adapters on the quantized model: use finetuning_type: "
                         f"lora (or oft), not {finetuning_type} (LLaMA-Factory refuses it too)")
-    if train.backend not in ("auto", "single") or train.wants_deepspeed:
-        problems.append(f"quantization_bit (QLoRA) runs on one process (backend: single), not backend: "
-                        f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings")
     if model.random_init:
         problems.append("quantization_bit quantizes a model's trained weights; random_init builds fresh ones: remove "
                         "one of them")
@@ -273,9 +272,19 @@ def _qlora_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def _one_process_problems(cfg: RunConfig) -> list[str]:
+    """QLoRA, PiSSA and the optimizers other than AdamW train in one process (resolve.one_process_features); an
+    explicit other backend is refused here, several processes under auto when the backend is resolved."""
+    alone, train = one_process_features(cfg), cfg.train
+    if not alone or (train.backend in ("auto", "single") and not train.wants_deepspeed):
+        return []
+    return [f"{alone[0]} runs on one process (backend: single), not backend: "
+            f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings (several GPUs: "
+            f"train without {alone[0]})"]
+
+
 def _optimizer_problems(cfg: RunConfig) -> list[str]:
-    """use_muon, use_adam_mini, use_galore and use_apollo: one optimizer of them, in one process, without LoRA+'s
-    groups; Adam-mini, GaLore and APOLLO on whole weight matrices (not adapters), with their package installed."""
+    """use_muon, use_adam_mini, use_galore and use_apollo: one optimizer of them, without LoRA+'s groups; Adam-mini, GaLore and APOLLO on whole weight matrices (not adapters), with their package installed."""
     train = cfg.train
     asked = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo") if getattr(train, key)]
     if not asked:
@@ -286,13 +295,9 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     if train.loraplus_lr_ratio is not None:
         problems.append(f"{asked[0]} and loraplus_lr_ratio (LoRA+, AdamW's groups) each choose the optimizer: keep "
                         "one")
-    if train.backend not in ("auto", "single") or train.wants_deepspeed:
-        problems.append(f"{asked[0]} runs on one process (backend: single), not backend: "
-                        f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings "
-                        "(several GPUs: train with AdamW)")
+    projects = "projects whole weight matrices' gradients"
     whole = {"use_adam_mini": "partitions whole weight matrices by attention head and neuron",
-             "use_galore": "projects whole weight matrices' gradients", "use_apollo": "projects whole weight "
-             "matrices' gradients"}
+             "use_galore": projects, "use_apollo": projects}
     packages = {"use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
                 "use_galore": ("galore_torch", "galore-torch", "galore"),
                 "use_apollo": ("apollo_torch", "apollo-torch", "apollo")}
@@ -302,20 +307,20 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
                             f"without gradient clipping) is not available; set {kind}_layerwise: false to run {name} "
                             "as one optimizer after the backward pass (the same updates, clipped by max_grad_norm; "
                             "the full gradients are held until the step)")
-    for key in asked[:1]:
-        if key in whole and cfg.finetune.finetuning_type in ADAPTER_TYPES:
-            problems.append(f"{key} {whole[key]}, not {cfg.finetune.finetuning_type} adapters (LLaMA-Factory refuses "
-                            "it too): use finetuning_type full or freeze, or AdamW")
-        if key in packages and importlib.util.find_spec(packages[key][0]) is None:
-            module, package, extra = packages[key]
-            problems.append(f"{key} needs the {package} package: pip install 'tunesmith[{extra}]'")
+    key = asked[0]
+    if key in whole and cfg.finetune.finetuning_type in ADAPTER_TYPES:
+        problems.append(f"{key} {whole[key]}, not {cfg.finetune.finetuning_type} adapters (LLaMA-Factory refuses it "
+                        "too): use finetuning_type full or freeze, or AdamW")
+    if key in packages and importlib.util.find_spec(packages[key][0]) is None:
+        module, package, extra = packages[key]
+        problems.append(f"{key} needs the {package} package: pip install 'tunesmith[{extra}]'")
     return problems
 
 
 def _pissa_problems(cfg: RunConfig) -> list[str]:
     """pissa_init starts new LoRA adapters from the weights' principal components, leaving the residual as the base
     (models/pissa.py): refused where a base without the adapters must be the starting model (LLaMA-Factory's rules)."""
-    ft, train = cfg.finetune, cfg.train
+    ft = cfg.finetune
     problems = []
     if ft.finetuning_type != "lora":
         problems.append(f"pissa_init initialises LoRA adapters: use finetuning_type: lora, not {ft.finetuning_type} "
@@ -329,9 +334,6 @@ def _pissa_problems(cfg: RunConfig) -> list[str]:
     if uses_reference(cfg) and ft.pref_reference == "adapters_off":
         problems.append("pissa_init with pref_reference: adapters_off: the base under PiSSA's adapters is their "
                         "residual, not the starting model; use pref_reference: copy (or auto, which takes it)")
-    if train.backend not in ("auto", "single") or train.wants_deepspeed:
-        problems.append(f"pissa_init runs on one process (backend: single), not backend: "
-                        f"{'deepspeed' if train.wants_deepspeed else train.backend}; remove the backend settings")
     return problems
 
 
