@@ -1,5 +1,5 @@
 """What a run recorded beside its weights: its flat config, in tunesmith_config.yaml (a run's output_dir) or in a
-checkpoint's trainer_state.json. Light (yaml and json only): config validation reads it for an adapter to continue,
+checkpoint's trainer_state.json, and an adapter's adapter_config.json (PEFT's). Light (yaml and json only): config validation reads it for an adapter to continue,
 inference for the data budget and the RoPE scaling of an adapter, resume for the config a checkpoint trained with.
 """
 
@@ -40,6 +40,11 @@ def checkpoint_config(folder: str | Path) -> dict | None:
     """The flat config a checkpoint's trainer_state.json records; None where it records none (another tool's or an
     older tunesmith's checkpoint, or no checkpoint)."""
     return (checkpoint_state(folder) or {}).get("config")
+
+
+def adapter_config(folder: str | Path) -> dict:
+    """An adapter folder's adapter_config.json (PEFT's)."""
+    return json.loads((Path(folder) / "adapter_config.json").read_text())
 
 
 def trained_rope(folder: str | Path) -> tuple[str, int] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..config.recorded import trained_rope
+from ..config.recorded import adapter_config, trained_rope
 from ..errors import ModelError
 from ..models.families import family_of
 from ..models.load import auto_model_class, report_loading, with_chat_template
@@ -20,11 +20,6 @@ log = logging.getLogger("tunesmith")
 
 def is_adapter(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").exists()
-
-
-def adapter_config(path: str | Path) -> dict:
-    """An adapter folder's adapter_config.json (PEFT's)."""
-    return json.loads((Path(path) / "adapter_config.json").read_text())
 
 
 def adapter_base(path: str | Path) -> str | None:

@@ -6,7 +6,7 @@ W - B A in the base layer, so the model starts unchanged and the adapter trains 
 the adapter is then the residual, not the pretrained weight: a PiSSA adapter folder is only right on a base that
 PEFT re-initialised the same way, which it does when it loads one (the residual is recomputed from the pretrained
 weight). The fast SVD ("pissa_niter_<n>", LLaMA-Factory's default of 16 iterations) draws random numbers, so both
-the training run and every load draw them from PISSA_SEED: the residual is the same in training, on resume and in
+the training run and every load draw them from one CPU generator seeded with PISSA_SEED (`seeded`): the residual is the same in training, on resume and in
 chat / serve / export. pissa_convert also writes LLaMA-Factory's pissa_converted/: an ordinary LoRA of twice the
 rank on the pretrained model (PEFT's conversion against the initial adapter in pissa_init/), which loads anywhere
 (plain PEFT, vLLM) without PiSSA's initialisation."""
@@ -14,12 +14,12 @@ rank on the pretrained model (PEFT's conversion against the initial adapter in p
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from pathlib import Path
 
 import torch
 
+from ..config.recorded import adapter_config, checkpoint_config, saved_config
 from ..quiet import say_once
 
 log = logging.getLogger("tunesmith")
@@ -33,11 +33,18 @@ def init_lora_weights(iterations: int) -> str:
     return "pissa" if iterations == -1 else f"pissa_niter_{iterations}"
 
 
+def _init_of(adapter_dir: str | Path):
+    """The adapter's init_lora_weights (None for a folder without adapter_config.json)."""
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        return None
+    return adapter_config(adapter_dir).get("init_lora_weights")
+
+
 def is_pissa(adapter_dir: str | Path) -> bool:
-    config = Path(adapter_dir) / "adapter_config.json"
-    if not config.is_file():
-        return False
-    init = json.loads(config.read_text()).get("init_lora_weights")
+    return _names_pissa(_init_of(adapter_dir))
+
+
+def _names_pissa(init) -> bool:
     return isinstance(init, str) and init.startswith("pissa")
 
 
@@ -66,23 +73,15 @@ def load_adapter_model(model, adapter_dir: str | Path, **kwargs):
     """PeftModel.from_pretrained, a PiSSA adapter's residual base recomputed as its training run computed it."""
     from peft import PeftModel
 
-    pissa = is_pissa(adapter_dir)
-    if pissa and _trained_elsewhere(Path(adapter_dir)):
+    init = _init_of(adapter_dir)
+    pissa = _names_pissa(init)
+    # the exact SVD ("pissa") draws nothing: any tool's residual is the same
+    if pissa and init != "pissa" and not (saved_config(adapter_dir) or checkpoint_config(adapter_dir)):
         say_once(f"{adapter_dir} is a PiSSA adapter another tool trained: its base's residual is recomputed with "
                  "tunesmith's draws, which differ from that run's (slightly, with the fast SVD); its converted "
                  "adapter (LLaMA-Factory's pissa_converted) loads exactly", logging.WARNING)
     with seeded(pissa):
         return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
-
-
-def _trained_elsewhere(folder: Path) -> bool:
-    """No tunesmith record beside the adapter (a run's tunesmith_config.yaml, a checkpoint's config), and the fast
-    SVD (the exact one draws nothing: any tool's residual is the same)."""
-    from ..config.recorded import checkpoint_config, saved_config
-
-    if json.loads((folder / "adapter_config.json").read_text()).get("init_lora_weights") == "pissa":
-        return False
-    return not (saved_config(folder) or checkpoint_config(folder))
 
 
 @contextlib.contextmanager

@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 from ..errors import ModelError
-from ..infer.load import adapter_base, adapter_config, is_adapter
-from ..config.recorded import saved_config
+from ..infer.load import adapter_base, is_adapter
+from ..config.recorded import adapter_config, saved_config
 from ..infer.options import ChatOptions
 from ..models.tiny import resolve_model_path
 from .engine import ServedModel
