@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -101,9 +102,17 @@ def save_initial(model, output_dir: Path) -> Path:
     return folder
 
 
-def save_converted(model, output_dir: Path) -> Path:
-    """output_dir/pissa_converted: the trained adapter as an ordinary LoRA of the pretrained weights."""
+def converts(finetune) -> bool:
+    """Whether the run writes pissa_init/ and pissa_converted/ (pissa_convert, with pissa_init)."""
+    return finetune.pissa_init and finetune.pissa_convert
+
+
+def save_converted(model, output_dir: Path, saver) -> Path:
+    """output_dir/pissa_converted: the trained adapter as an ordinary LoRA of the pretrained weights, with the
+    tokenizer (`saver`'s: the chat template) and the run's record, as the adapter beside it has them."""
     folder = output_dir / CONVERTED_DIR
     model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(output_dir / INITIAL_DIR))
+    saver.save_pretrained(str(folder))
+    shutil.copy(output_dir / "tunesmith_config.yaml", folder)
     log.info("PiSSA adapter converted to an ordinary LoRA (rank x 2): %s", folder)
     return folder

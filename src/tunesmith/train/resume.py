@@ -16,6 +16,7 @@ from pathlib import Path
 from ..config.recorded import checkpoint_state
 from ..config.schema import RunConfig
 from ..errors import ConfigError
+from ..models import pissa
 from . import checkpoint as ckpt
 
 log = logging.getLogger("tunesmith")
@@ -45,7 +46,7 @@ _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
               "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json", "vocab.json",
               "merges.txt", "added_tokens.json", "tokenizer.model", "trainer_state.json", "runs",
-              "pissa_init", "pissa_converted")
+              pissa.INITIAL_DIR, pissa.CONVERTED_DIR)
 
 
 def find_resume(cfg) -> Path | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,9 +68,8 @@ class Runner:
         self.source.prepare(self.engine)
         if not self.cfg.train.do_train:
             return self._evaluate_only()
-        converts_pissa = self.cfg.finetune.pissa_convert and self.cfg.finetune.pissa_init and dist.is_main()
-        if converts_pissa:  # the adapter as initialised, before a checkpoint's weights replace it
-            pissa.save_initial(self.engine.model, self.output_dir)
+        if pissa.converts(self.cfg.finetune) and dist.is_main():
+            pissa.save_initial(self.engine.model, self.output_dir)  # before a checkpoint's weights replace it
         if self.resume is not None:
             self._restore(self.resume)
         if dist.is_main():  # the config this run trains with; a resume's changes once its checkpoint is restored
@@ -321,10 +319,8 @@ class Runner:
             self.engine.export_hf(self.output_dir, self.saver)
         if not dist.is_main():
             return
-        if self.cfg.output.save_final_model and self.cfg.finetune.pissa_convert and self.cfg.finetune.pissa_init:
-            converted = pissa.save_converted(self.engine.model, self.output_dir)
-            self.saver.save_pretrained(str(converted))  # its tokenizer (chat template) and the run's record, as the
-            shutil.copy(self.output_dir / "tunesmith_config.yaml", converted)  # adapter beside it has them
+        if self.cfg.output.save_final_model and pissa.converts(self.cfg.finetune):
+            pissa.save_converted(self.engine.model, self.output_dir, self.saver)
         self.marks["saved"] = time.time()
         summary = {**self.state, "eval_loss": self.result.eval_loss, **self.result.eval_metrics, **self.timing,
                    "phases": phase_seconds(self.marks), "start_up_parts": phase_seconds(self.marks, _START_UP_PARTS)}
