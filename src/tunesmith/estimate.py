@@ -51,7 +51,8 @@ s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
                      the L layers checkpointed (gradient_checkpointing: auto's selective choice),
                      c * B*S*H*2k + (L - c) * a1 + a1
     logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); with enable_liger_kernel,
-                     where the loss is each token's NLL alone (sft, pt without use_dft_loss / use_eaft_loss),
+                     where the loss is each token's NLL alone (sft, pt without use_dft_loss / use_eaft_loss /
+                     use_asft_loss: ASFT adds B*S*V * 4 B for the reference's logits and the KL),
                      the fused linear + cross-entropy's workspace instead: one 2 GiB chunk of logits plus
                      the fp32 output-weight gradient, V*H * 4 B
     Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
@@ -340,14 +341,14 @@ def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int, micro_batches
 
         logits = (LOGITS_BUDGET_BYTES + vocab * H * 4) / GIB
     else:
-        logits = rows * S * vocab * 4 * 2 / GIB
+        logits = rows * S * vocab * 4 * (3 if ft.use_asft_loss else 2) / GIB  # ASFT: + the reference's and the KL's
     return act_bytes / GIB, logits
 
 
 def _token_nll_only(cfg: RunConfig) -> bool:
     """The loss reads each token's NLL alone (sft, pt without token weights): what the fused head computes."""
     ft = cfg.finetune
-    return STAGES[ft.stage].reads_token_nll and not (ft.use_dft_loss or ft.use_eaft_loss)
+    return STAGES[ft.stage].reads_token_nll and not (ft.use_dft_loss or ft.use_eaft_loss or ft.use_asft_loss)
 
 
 AUTO_MARGIN = 0.85  # gradient_checkpointing: auto keeps the estimate under this share of the memory

@@ -64,7 +64,8 @@ def _rl(name: str, summary: str, **preset) -> Stage:
     return Stage(name, summary, "prompts", "grpo:GRPOMethod", "rollout", preset, plot_metrics=("reward_mean",))
 
 
-_TOKEN_LOSS_KEYS = ("use_dft_loss", "use_eaft_loss", "eaft_alpha", "compute_accuracy")  # sft:SFTMethod's
+_TOKEN_LOSS_KEYS = ("use_dft_loss", "use_eaft_loss", "eaft_alpha", "use_asft_loss", "asft_alpha",
+                    "compute_accuracy")  # sft:SFTMethod's
 
 _ALL = [
     Stage("pt", "continued pretraining on plain text", "text", "sft:SFTMethod", "sequence",
@@ -108,6 +109,6 @@ def uses_reference(cfg) -> bool:
     ft, stage = cfg.finetune, STAGES[cfg.finetune.stage]
     if stage.is_online_rl:
         return cfg.rl.kl_coef > 0
-    if ft.stage == "kto":
+    if ft.stage == "kto" or (stage.reads_token_nll and ft.use_asft_loss):
         return True
     return ft.stage == "dpo" and ft.pref_loss not in ("orpo", "simpo")

@@ -75,8 +75,6 @@ _QLORA_METHOD = "only bitsandbytes quantization is available; use quantization_m
 _KT = ("KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload: true, or "
        "DeepSpeed ZeRO-3 with offload")
 _TOKENS = "adding tokens to the tokenizer is not available yet; use a model whose tokenizer has them"
-_ASFT = ("ASFT (the DFT loss plus a KL to a reference model) is not available; use use_dft_loss: true or "
-         "use_eaft_loss: true")
 _FSDP = "HF Trainer-style FSDP settings are not read; use backend: fsdp2 (and fsdp_offload: true for CPU offload)"
 _PREDICT = ("true is batch prediction, which `tunesmith train cfg.yaml` runs instead of training "
             "(docs/training.md#batch-prediction-do_predict); no other command reads it")
@@ -293,8 +291,8 @@ _FINETUNING = section("finetuning", [
              "context_parallel_size with backend: megatron", accept=(1, None)),
     honoured("use_muon", "torch.optim.Muon for the hidden matrices, AdamW for the rest; one process"),
     honoured("use_dft_loss"),
-    refused("use_asft_loss", _ASFT),
-    idle("asft_alpha", "only applies with use_asft_loss (refused)"),
+    honoured("use_asft_loss"),
+    honoured("asft_alpha"),
     honoured("use_eaft_loss"),
     honoured("eaft_alpha"),
     honoured("freeze_vision_tower"),

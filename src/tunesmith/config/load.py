@@ -242,6 +242,9 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if cfg.finetune.use_llama_pro and cfg.finetune.finetuning_type == "full":
         problems.append("use_llama_pro: true trains the expanded blocks only, which finetuning_type: full cannot; "
                         "use finetuning_type: freeze (or lora)")
+    if cfg.finetune.use_asft_loss and cfg.finetune.pref_reference in ("precomputed", "none"):
+        problems.append(f"pref_reference: {cfg.finetune.pref_reference} with use_asft_loss: ASFT's KL reads the "
+                        "reference model's next-token distributions in every step; use auto, copy or adapters_off")
     if cfg.model.enable_liger_kernel:
         problems.extend(_check_liger())
     problems.extend(_one_process_problems(cfg))
@@ -392,14 +395,20 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
         problems.extend(err.problems)
         stage = None
     if stage == 3 and _needs_frozen_copy(cfg):
-        problems.append(f"stage {cfg.finetune.stage} under ZeRO-3 cannot keep a frozen copy of the model as the "
-                        "reference; set pref_reference: precomputed (computed once before training) or use "
-                        "finetuning_type: lora")
+        instead = ("use ZeRO stage 0-2" if cfg.finetune.use_asft_loss else
+                   "set pref_reference: precomputed (computed once before training)")
+        problems.append(f"{_reference_user(cfg)} under ZeRO-3 cannot keep a frozen copy of the model as the "
+                        f"reference; {instead} or use finetuning_type: lora")
     return problems
 
 
+def _reference_user(cfg: RunConfig) -> str:
+    return "use_asft_loss" if cfg.finetune.use_asft_loss else f"stage {cfg.finetune.stage}"
+
+
 def _needs_frozen_copy(cfg: RunConfig) -> bool:
-    """dpo/kto whose reference would be a deep copy of the policy (pref_reference copy, or auto without LoRA)."""
+    """dpo/kto/ASFT whose reference would be a deep copy of the policy (pref_reference copy, or auto without
+    LoRA)."""
     ft = cfg.finetune
     copy = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type not in ADAPTER_TYPES)
     return uses_reference(cfg) and not STAGES[ft.stage].is_online_rl and copy

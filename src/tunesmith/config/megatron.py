@@ -41,6 +41,10 @@ def megatron_problems(cfg) -> list[str]:
     if cfg.model.enable_liger_kernel:
         problems.append("enable_liger_kernel: true on backend: megatron: Liger patches transformers modules, which "
                         "the Megatron engine does not run; remove it")
+    if cfg.finetune.use_asft_loss:
+        problems.append("use_asft_loss is not available on backend: megatron (its KL reads the reference's "
+                        "logits micro-batch by micro-batch, which Megatron's schedule does not run); use backend: "
+                        "single, fsdp2 or deepspeed, or use_dft_loss")
     if cfg.train.torch_compile:
         problems.append("torch_compile: true is not available on backend: megatron; remove it")
     if cfg.train.neftune_noise_alpha is not None:

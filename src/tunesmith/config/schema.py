@@ -199,6 +199,12 @@ class FinetuneConfig(_Group):
         False, description="sft/pt: entropy-adaptive fine-tuning (LLaMA-Factory's EAFT): each token's NLL weighted by "
         "(the entropy of its top-20 distribution / 3) ** eaft_alpha, detached. Needs the logits, as use_dft_loss.")
     eaft_alpha: float = Field(1.0, gt=0, description="use_eaft_loss: the exponent of the entropy weight.")
+    use_asft_loss: bool = Field(
+        False, description="sft/pt: anchored SFT (LLaMA-Factory's ASFT): the DFT loss plus asft_alpha x each label "
+        "token's KL from the reference model's next-token distribution to the policy's. The reference is the "
+        "starting model (pref_reference: auto: the base with the adapters off for LoRA, else a frozen copy), run "
+        "on each micro-batch before its forward; needs the logits, as use_dft_loss.")
+    asft_alpha: float = Field(0.1, ge=0, description="use_asft_loss: the weight of the KL term.")
     compute_accuracy: bool = Field(
         False, description="sft/pt: evaluation also reports eval_accuracy, the share of label tokens whose most "
         "likely token is the label (evaluation forwards build the logits; training is unchanged).")
@@ -211,7 +217,7 @@ class FinetuneConfig(_Group):
     simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma.")
     pref_reference: Literal["auto", "copy", "adapters_off", "precomputed", "none"] = Field(
         "auto",
-        description="dpo/kto/online-RL KL reference: auto (LoRA: the base with adapters off; else, and with "
+        description="dpo/kto/online-RL/ASFT KL reference: auto (LoRA: the base with adapters off; else, and with "
         "pissa_init, a frozen copy), copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
         "none (reference-free). Resolved before the run: the saved config names the one used.",
     )
@@ -230,6 +236,9 @@ class FinetuneConfig(_Group):
     def _one_token_weighting(self):
         if self.use_dft_loss and self.use_eaft_loss:
             raise ValueError("use_dft_loss and use_eaft_loss both weight the token loss: set one of them")
+        if self.use_asft_loss and (self.use_dft_loss or self.use_eaft_loss):
+            raise ValueError("use_asft_loss weights the token loss as use_dft_loss does (and adds its KL): set "
+                             "use_asft_loss alone")
         return self
 
 

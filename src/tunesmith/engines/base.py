@@ -92,7 +92,8 @@ class StepOutput:
     count: int = 0
 
     def add(self, out) -> None:
-        self.loss = self.loss + out.loss.detach()
+        """Add a micro-batch's LossOutput, or another StepOutput (settled or not)."""
+        self.loss = self.loss + (out.loss.detach() if torch.is_tensor(out.loss) else out.loss)
         self.count += out.count
         for key, value in out.sums.items():
             value = value.detach() if torch.is_tensor(value) else value

@@ -31,12 +31,16 @@ class LossOutput:
 
 @dataclass(frozen=True)
 class PrePass:
-    """batch.extra[key] = fn(outputs, batch), computed without gradients, on the reference policy if `reference`."""
+    """batch.extra[key] = fn(outputs, batch), computed without gradients, on the reference policy if `reference`.
+
+    `per_micro_batch`: computed just before its micro-batch's forward and dropped after it, instead of for the
+    whole step first (values too large to hold for every micro-batch at once: ASFT's reference logits)."""
 
     key: str
     outputs: OutputKind
     fn: Callable[[ModelOutputs, object], torch.Tensor]
     reference: bool = False
+    per_micro_batch: bool = False
 
 
 class Method(Protocol):

@@ -47,6 +47,14 @@ def dft_weights(nll_BT: torch.Tensor) -> torch.Tensor:
     return torch.exp(-nll_BT.detach())
 
 
+def reference_kl_sum(logits_BTV: torch.Tensor, targets_BT: torch.Tensor, ref_logits_NV: torch.Tensor) -> torch.Tensor:
+    """Sum over the label tokens of KL(reference || policy) between the next-token distributions, in fp32 (ASFT's
+    anchor; LLaMA-Factory's): `ref_logits_NV` are the reference's logits at the N label positions, in order."""
+    policy_logps_NV = torch.log_softmax(logits_BTV[targets_BT != IGNORE_INDEX].float(), dim=-1)
+    ref_logps_NV = torch.log_softmax(ref_logits_NV.float(), dim=-1)
+    return F.kl_div(policy_logps_NV, ref_logps_NV, reduction="sum", log_target=True)
+
+
 def eaft_weights(logits_BTV: torch.Tensor, alpha: float, top: int = 20) -> torch.Tensor:
     """EAFT's token weights (LLaMA-Factory's): (H / 3) ** alpha, H the entropy of the softmax over each position's
     `top` largest logits, detached."""

@@ -33,7 +33,7 @@ from .progress import TrainProgress
 from .resume import record_changes
 from .signals import StopFlag
 from .step_values import StepValues
-from .steps import Step, loss_fn, run_prepasses, step_stats
+from .steps import Step, forward_backward
 
 log = logging.getLogger("tunesmith")
 
@@ -149,9 +149,7 @@ class Runner:
         started = time.perf_counter()
         outs, results = [], []
         for update in step.updates:
-            run_prepasses(self.engine, self.method, update)
-            stats = step_stats(self.method, update)
-            outs.append(self.engine.forward_backward(update, loss_fn(self.method, stats)))
+            outs.append(forward_backward(self.engine, self.method, update))
             results.append(self._engine_step(self.state["global_step"] + 1))
         tokens = dist.data_sum_int(step.num_tokens)
         self.state["global_step"] += 1

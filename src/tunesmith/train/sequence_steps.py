@@ -11,7 +11,7 @@ from ..engines.base import metric_means
 from ..models.forward import LossFn
 from .plan import EpochPlan, Position, eval_batches, micro_batch_loader, rank_share
 from .precompute import precompute_reference
-from .steps import Step, loss_fn, run_prepasses, step_stats
+from .steps import Step, drop_per_micro_batch, loss_fn, run_prepasses, step_stats
 
 
 class SequenceSteps:
@@ -65,6 +65,7 @@ class SequenceSteps:
             run_prepasses(engine, self.method, [batch])
             stats = step_stats(self.method, [batch], across_ranks=False)
             out = engine.forward([batch], loss_fn(self.method, stats, evaluation=True))[0]
+            drop_per_micro_batch(self.method, batch)
             total += float(out.loss) * stats["units"]
             units += stats["units"]
             count += out.count

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import dist
+from ..engines.base import StepOutput
 from ..models.forward import LossFn
 
 
@@ -51,10 +52,13 @@ class StepSource(Protocol):
         ...
 
 
-def run_prepasses(engine, method, batches: list) -> None:
+def run_prepasses(engine, method, batches: list, per_micro_batch: bool | None = None) -> None:
     """The method's pre-passes (reference or old log-probs, ...) into batch.extra, skipping values a batch
-    already has (precomputed columns, or computed once per rollout batch by the source)."""
+    already has (precomputed columns, or computed once per rollout batch by the source); `per_micro_batch`
+    True or False: only those whose PrePass.per_micro_batch is that (None: all)."""
     for prepass in method.prepasses():
+        if per_micro_batch is not None and prepass.per_micro_batch != per_micro_batch:
+            continue
         missing = [b for b in batches if prepass.key not in b.extra]
         if not missing:
             continue
@@ -62,6 +66,31 @@ def run_prepasses(engine, method, batches: list) -> None:
             values = engine.forward(missing, LossFn(prepass.outputs, prepass.fn))
         for batch, value in zip(missing, values):
             batch.extra[prepass.key] = value
+
+
+def drop_per_micro_batch(method, batch) -> None:
+    """Free the values of the per-micro-batch pre-passes once the batch's forward has read them."""
+    for prepass in method.prepasses():
+        if prepass.per_micro_batch:
+            batch.extra.pop(prepass.key, None)
+
+
+def forward_backward(engine, method, update: list) -> StepOutput:
+    """One optimiser step's forward and backward passes: the step-wide pre-passes and statistics first, then
+    every micro-batch, gradients accumulated (the engine steps after). A method with per-micro-batch pre-passes
+    (too large to hold for the whole step) has each micro-batch's computed just before its forward; the engine
+    then runs the micro-batches one call each, which accumulates the same gradients (not on backend: megatron,
+    whose schedule takes the whole step: config refuses those methods there)."""
+    run_prepasses(engine, method, update, per_micro_batch=False)
+    fn = loss_fn(method, step_stats(method, update))
+    if not any(prepass.per_micro_batch for prepass in method.prepasses()):
+        return engine.forward_backward(update, fn)
+    total = StepOutput()
+    for batch in update:
+        run_prepasses(engine, method, [batch], per_micro_batch=True)
+        total.add(engine.forward_backward([batch], fn))
+        drop_per_micro_batch(method, batch)
+    return total
 
 
 def step_stats(method, batches: list, across_ranks: bool = True) -> dict:

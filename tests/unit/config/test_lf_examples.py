@@ -35,7 +35,6 @@ _MEGATRON = "needs the Megatron-Core engine: set backend: megatron (or run with 
 # QLoRA runs with bitsandbytes (in the dev extras); without it, its examples are refused with the install line
 _QLORA = ([] if importlib.util.find_spec("bitsandbytes")
           else ["quantization_bit needs bitsandbytes: pip install 'tunesmith[qlora]'"])
-_ASFT = "ASFT (the DFT loss plus a KL to a reference model) is not available"
 _KT = "KTransformers (CPU MoE experts) is not available; use backend: fsdp2 with fsdp_offload"
 
 # file -> substrings: every problem of the file contains one of them, and each of them is in some problem.
@@ -47,8 +46,6 @@ REFUSED = {
     **({} if importlib.util.find_spec("adam_mini") else {"extras/adam_mini/qwen2_full_sft.yaml": [
         "use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'"]}),
     "extras/apollo/llama3_full_sft.yaml": ["apollo_layerwise: per-layer APOLLO"],
-    "extras/asft/llama2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
-    "extras/asft/qwen2_full_asft.yaml": ["'use_asft_loss' = True: " + _ASFT],
     "extras/badam/llama3_full_sft.yaml": ["'use_badam' = True: BAdam is not supported; train with AdamW"],
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": ["'fp8' = True: FP8 training is not available; use bf16: true"],
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": [
