@@ -22,7 +22,11 @@ Model states (per GPU; W = the number of GPUs, sharded over W when the backend i
 or auto with W > 1)
     weights    N   * 4 B (fp32 master weights; bf16/fp16 autocast or fp32), 2 B with pure_bf16
     gradients  N_t * 4 B, 2 B with pure_bf16
-    optimizer  N_t * 8 B (AdamW exp_avg + exp_avg_sq), 4 B with pure_bf16
+    optimizer  N_t * 8 B (AdamW exp_avg + exp_avg_sq), 4 B with pure_bf16; LLaMA-Factory's optimizers keep
+               fewer values (4 B each, 2 B with pure_bf16): use_muon one momentum for each hidden-layer weight
+               matrix (AdamW's two for the rest; every LoRA weight is a matrix), use_adam_mini one (its second
+               moment is one value per block), use_galore / use_apollo for each projected r-rank matrix
+               2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector)
     fsdp_offload moves these sharded states to the CPU (reported as CPU memory per GPU
     process); the GPU then keeps only the gathered parameters of about two layers.
     Sharded runs also hold the all-gathered (unsharded) parameters of about two layers.
@@ -194,6 +198,28 @@ def count_parameters(model, cfg: RunConfig) -> tuple[int, int]:
     return total, trainable
 
 
+def optimizer_state_values(model, cfg: RunConfig, N_t: int) -> int:
+    """The values the optimizer keeps for the trainable parameters (module docstring), on the meta model whose
+    requires_grad count_parameters set."""
+    t = cfg.train
+    if t.use_adam_mini:
+        return N_t
+    if not (t.use_muon or t.use_galore or t.use_apollo):
+        return 2 * N_t
+    if cfg.finetune.finetuning_type in ADAPTER_TYPES:  # Muon (the others refuse adapters): the LoRA matrices
+        return N_t
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if t.use_muon:
+        from .engines.muon import takes_muon
+
+        return sum(p.numel() * (1 if takes_muon(name, p) else 2) for name, p in trainable)
+    from .engines.low_rank import projected_weights
+
+    rank = t.galore_rank if t.use_galore else t.apollo_rank
+    chosen = projected_weights(model, t.galore_target if t.use_galore else t.apollo_target)
+    return sum(rank * (2 * max(p.shape) + min(p.shape)) if id(p) in chosen else 2 * p.numel() for _, p in trainable)
+
+
 def _text_dims(hf_config, k: int) -> dict:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return {"L": text.num_hidden_layers, "H": text.hidden_size, "A": text.num_attention_heads, "V": text.vocab_size,
@@ -254,7 +280,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         kept = dims["V"] * dims["H"] * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2) + N_t
         weights = (max(N - kept, 0) * m.quantization_bit / 8 + kept * (2 if pure else 4)) / GIB
     gradients = N_t * (2 if pure else 4) / shards / GIB
-    optimizer = N_t * (4 if pure else 8) / shards / GIB
+    optimizer = optimizer_state_values(model, cfg, N_t) * (2 if pure else 4) / shards / GIB
     gathered = two_layers if sharded else 0.0
     cpu = 0.0
     if t.fsdp_offload:

@@ -51,6 +51,27 @@ def test_pure_bf16_halves_the_states():
         assert pure[key] == pytest.approx(full[key] / 2)
 
 
+def test_llamafactorys_optimizers_count_their_own_state():
+    """Adam-mini keeps one value a parameter; Muon one for each hidden-layer matrix and AdamW's two for the rest;
+    GaLore 2*r*max + r*min for each projected matrix (its rank-r Adam states and projector)."""
+    d = QWEN3_1_7B
+    adamw = est(finetuning_type="full", bf16=True)
+    n, embed = adamw["params"], d["vocab_size"] * d["hidden_size"]  # tied: one embedding matrix
+    h, q, kv, i = d["hidden_size"], d["num_attention_heads"] * d["head_dim"], \
+        d["num_key_value_heads"] * d["head_dim"], d["intermediate_size"]
+    shapes = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]  # q k v o gate up down
+    matrices = d["num_hidden_layers"] * sum(a * b for a, b in shapes)
+    assert est(finetuning_type="full", bf16=True, use_adam_mini=True)["optimizer"] == pytest.approx(n * 4 / GIB)
+    muon = est(finetuning_type="full", bf16=True, use_muon=True)["optimizer"]
+    assert muon == pytest.approx((matrices + 2 * (n - matrices)) * 4 / GIB)
+    assert embed + matrices < n  # the norms stay AdamW's
+    galore = est(finetuning_type="full", bf16=True, use_galore=True, galore_rank=8, galore_target="all")["optimizer"]
+    projected = d["num_hidden_layers"] * sum(8 * (2 * max(a, b) + min(a, b)) for a, b in shapes)
+    assert galore == pytest.approx((projected + 2 * (n - matrices)) * 4 / GIB)
+    assert est(finetuning_type="lora", use_muon=True)["optimizer"] == pytest.approx(
+        est(finetuning_type="lora")["optimizer"] / 2)
+
+
 @pytest.mark.parametrize("backend", ["fsdp2", "auto"])
 def test_two_gpus_with_fsdp2_halve_the_states(backend):
     one = est(finetuning_type="full", bf16=True, backend=backend)

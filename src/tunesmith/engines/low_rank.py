@@ -94,7 +94,7 @@ def _optimizer_class(kind: str):
     return type(f"Checkpointable{base.__name__}", (PlainProjectorState, base), {})
 
 
-def _targets(model, wanted: list[str]) -> set[int]:
+def projected_weights(model, wanted: list[str]) -> set[int]:
     """The trainable 2-D weights of the linear layers `wanted` names (`all`: every one but the output head)."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     chosen = set()
@@ -110,7 +110,7 @@ def build_low_rank(model, cfg, decays) -> torch.optim.Optimizer:
     """GaLore's or APOLLO's AdamW: the target weights in one group with the projection settings and weight decay,
     the other parameters in groups with and without weight decay (`decays(name, param)`, engines/optim's)."""
     kind = "galore" if cfg.use_galore else "apollo"
-    chosen = _targets(model, cfg.galore_target if kind == "galore" else cfg.apollo_target)
+    chosen = projected_weights(model, cfg.galore_target if kind == "galore" else cfg.apollo_target)
     if not chosen:
         raise TunesmithError(f"{kind}_target matches no trainable linear layer; use all, or names of linear layers")
     plain: dict[bool, list] = {True: [], False: []}
