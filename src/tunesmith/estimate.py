@@ -26,7 +26,9 @@ or auto with W > 1)
                fewer values (4 B each, 2 B with pure_bf16): use_muon one momentum for each hidden-layer weight
                matrix (AdamW's two for the rest; every LoRA weight is a matrix), use_adam_mini one (its second
                moment is one value per block), use_galore / use_apollo for each projected r-rank matrix
-               2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector)
+               2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector);
+               use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies, 4 B a
+               parameter, with pure_bf16) instead of N_t's
     fsdp_offload moves these sharded states to the CPU (reported as CPU memory per GPU
     process); the GPU then keeps only the gathered parameters of about two layers.
     Sharded runs also hold the all-gathered (unsharded) parameters of about two layers.
@@ -220,6 +222,15 @@ def optimizer_state_values(model, cfg: RunConfig, N_t: int) -> int:
     return sum(rank * (2 * max(p.shape) + min(p.shape)) if id(p) in chosen else 2 * p.numel() for _, p in trainable)
 
 
+def _badam_states(model, pure: bool) -> tuple[float, float]:
+    """(gradients, optimizer) in GiB under use_badam: the largest decoder layer's gradients, and its fp32 AdamW
+    moments plus, with 16-bit weights, its fp32 copies (engines/badam.py)."""
+    from .engines.badam import layer_blocks
+
+    block = max((sum(p.numel() for _, p in params) for _, params in layer_blocks(model)), default=0)
+    return block * (2 if pure else 4) / GIB, block * (12 if pure else 8) / GIB
+
+
 def _text_dims(hf_config, k: int) -> dict:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return {"L": text.num_hidden_layers, "H": text.hidden_size, "A": text.num_attention_heads, "V": text.vocab_size,
@@ -281,6 +292,8 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         weights = (max(N - kept, 0) * m.quantization_bit / 8 + kept * (2 if pure else 4)) / GIB
     gradients = N_t * (2 if pure else 4) / shards / GIB
     optimizer = optimizer_state_values(model, cfg, N_t) * (2 if pure else 4) / shards / GIB
+    if t.use_badam:
+        gradients, optimizer = _badam_states(model, pure)
     gathered = two_layers if sharded else 0.0
     cpu = 0.0
     if t.fsdp_offload:

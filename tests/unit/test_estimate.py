@@ -70,6 +70,9 @@ def test_llamafactorys_optimizers_count_their_own_state():
     assert galore == pytest.approx((projected + 2 * (n - matrices)) * 4 / GIB)
     assert est(finetuning_type="lora", use_muon=True)["optimizer"] == pytest.approx(
         est(finetuning_type="lora")["optimizer"] / 2)
+    layer = sum(a * b for a, b in shapes) + 2 * h + 2 * d["head_dim"]  # + the two norms and the q/k norms
+    badam = est(finetuning_type="full", pure_bf16=True, use_badam=True)
+    assert badam["gradients"] == pytest.approx(layer * 2 / GIB) and badam["optimizer"] == pytest.approx(layer * 12 / GIB)
 
 
 @pytest.mark.parametrize("backend", ["fsdp2", "auto"])

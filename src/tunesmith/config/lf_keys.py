@@ -259,10 +259,10 @@ _FINETUNING = section("finetuning", [
     *[honoured(k) for k in ("apollo_target", "apollo_rank", "apollo_update_interval", "apollo_scale", "apollo_proj",
                             "apollo_proj_type", "apollo_scale_type", "apollo_scale_front")],
     honoured("apollo_layerwise", "true is refused with use_apollo (per-layer updates are not available)"),
-    refused("use_badam", "BAdam is not supported; train with AdamW (finetuning_type: full, freeze or lora)"),
-    *[idle(k, "only applies with use_badam (refused)")
-      for k in ("badam_mode", "badam_start_block", "badam_switch_mode", "badam_switch_interval",
-                "badam_update_ratio", "badam_mask_mode", "badam_verbose")],
+    honoured("use_badam", "layer-wise BAdam; full or freeze, one process; pure_bf16 keeps LF's bf16 weights"),
+    honoured("badam_mode", "ratio is refused (use layer)"),
+    *[honoured(k) for k in ("badam_start_block", "badam_switch_mode", "badam_switch_interval", "badam_verbose")],
+    *[idle(k, "only applies with badam_mode: ratio (refused)") for k in ("badam_update_ratio", "badam_mask_mode")],
     # SwanLab
     honoured("use_swanlab"),
     honoured("swanlab_project", "tunesmith's default project is tunesmith"),

@@ -287,12 +287,14 @@ def _one_process_problems(cfg: RunConfig) -> list[str]:
 
 
 def _optimizer_problems(cfg: RunConfig) -> list[str]:
-    """use_muon, use_adam_mini, use_galore and use_apollo: one optimizer of them, without LoRA+'s groups; Adam-mini, GaLore and APOLLO on whole weight matrices (not adapters), with their package installed."""
+    """use_muon, use_adam_mini, use_galore, use_apollo and use_badam: one optimizer of them, without LoRA+'s groups;
+    Adam-mini, GaLore, APOLLO and BAdam on whole weight matrices (not adapters), with their package installed."""
     train = cfg.train
-    asked = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo") if getattr(train, key)]
+    asked = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo", "use_badam")
+             if getattr(train, key)]
     if not asked:
         return []
-    problems = []
+    problems = _badam_problems(train) if train.use_badam else []
     if len(asked) > 1:
         problems.append(f"{' and '.join(asked)} each choose the optimizer: keep one")
     if train.loraplus_lr_ratio is not None:
@@ -300,7 +302,7 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
                         "one")
     projects = "projects whole weight matrices' gradients"
     whole = {"use_adam_mini": "partitions whole weight matrices by attention head and neuron",
-             "use_galore": projects, "use_apollo": projects}
+             "use_galore": projects, "use_apollo": projects, "use_badam": "trains whole decoder layers in turn"}
     packages = {"use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
                 "use_galore": ("galore_torch", "galore-torch", "galore"),
                 "use_apollo": ("apollo_torch", "apollo-torch", "apollo")}
@@ -317,6 +319,17 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     if key in packages and importlib.util.find_spec(packages[key][0]) is None:
         module, package, extra = packages[key]
         problems.append(f"{key} needs the {package} package: pip install 'tunesmith[{extra}]'")
+    return problems
+
+
+def _badam_problems(train) -> list[str]:
+    problems = []
+    if train.badam_mode == "ratio":
+        problems.append("badam_mode: ratio (BAdam updating a share of every weight matrix) is not available; use "
+                        "badam_mode: layer (one decoder layer at a time)")
+    if train.badam_switch_interval == 0 or train.badam_switch_interval < -1:
+        problems.append(f"badam_switch_interval: {train.badam_switch_interval}: give the optimiser steps each layer "
+                        "trains (LLaMA-Factory's default 50), or -1 to never switch")
     return problems
 
 

@@ -86,7 +86,8 @@ def one_process_features(cfg: RunConfig) -> list[str]:
     """The settings that train in one process only (backend: single)."""
     return [key for key, on in (("quantization_bit", cfg.model.quantization_bit), ("use_muon", cfg.train.use_muon),
                                 ("use_adam_mini", cfg.train.use_adam_mini), ("use_galore", cfg.train.use_galore),
-                                ("use_apollo", cfg.train.use_apollo), ("pissa_init", cfg.finetune.pissa_init))
+                                ("use_apollo", cfg.train.use_apollo), ("use_badam", cfg.train.use_badam),
+                                ("pissa_init", cfg.finetune.pissa_init))
             if on]
 
 

@@ -319,6 +319,22 @@ class TrainConfig(_Group):
     _low_rank_targets = field_validator("galore_target", "apollo_target", mode="before")(
         classmethod(lambda cls, v: split_names(v)))
     _layerwise = field_validator("galore_layerwise", "apollo_layerwise", mode="before")(classmethod(_null_is_default))
+    use_badam: bool = Field(
+        False, description="BAdam (LLaMA-Factory's, layer-wise): block coordinate descent, one decoder layer trained "
+        "at a time with AdamW (fresh moments at each switch), the embeddings, final norm and output head frozen; "
+        "gradients and moments for one layer only. With pure_bf16 (LLaMA-Factory's BAdam weights) the active layer "
+        "steps on fp32 copies. finetuning_type full or freeze, one process.")
+    badam_mode: Literal["layer", "ratio"] = Field("layer", description="BAdam: layer (one decoder layer at a time); "
+                                                  "ratio (a share of every matrix) is not available.")
+    badam_start_block: int | None = Field(None, ge=0, description="BAdam: the layer to start with (default: the "
+                                          "first, the last for descending, a drawn one for random).")
+    badam_switch_mode: Literal["ascending", "descending", "random", "fixed"] = Field(
+        "ascending", description="BAdam: the order of the layers (random: each once a round, in an order drawn "
+        "from seed; fixed: the start layer only).")
+    badam_switch_interval: int = Field(50, description="BAdam: optimiser steps before the next layer takes over "
+                                       "(-1: never).")
+    badam_verbose: int = Field(0, ge=0, le=2, description="BAdam: 1 logs each switch, 2 also the layer's "
+                               "parameters.")
     max_grad_norm: float = Field(1.0, ge=0, description="Clip the gradient norm to this (0 disables).")
     neftune_noise_alpha: float | None = Field(
         None, gt=0, description="NEFTune: uniform noise of bound alpha / sqrt(tokens x hidden) on the input embeddings "

@@ -235,7 +235,7 @@ def load_own_optimizer(optimizer, state: dict, path: Path) -> None:
             raise CheckpointError(f"{path}: its optimizer state does not fit this run's optimizer "
                                   f"({type(err).__name__}: {str(err)[:120]}); resume with the optimizer settings it "
                                   "was saved with (use_muon, use_adam_mini, use_galore, use_apollo, "
-                                  "loraplus_lr_ratio)") from None
+                                  "use_badam, loraplus_lr_ratio)") from None
 
 
 def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:

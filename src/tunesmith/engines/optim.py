@@ -16,7 +16,7 @@ log = logging.getLogger("tunesmith")
 
 def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW, or LLaMA-Factory's use_muon (engines/muon.py) / use_adam_mini / use_galore and use_apollo
-    (engines/low_rank.py)."""
+    (engines/low_rank.py) / use_badam (engines/badam.py)."""
     if cfg.use_muon:
         return _muon(model, cfg, device)
     if cfg.use_adam_mini:
@@ -25,6 +25,10 @@ def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.opti
         from .low_rank import build_low_rank
 
         return build_low_rank(model, cfg, decays)
+    if cfg.use_badam:
+        from .badam import BlockAdamW
+
+        return BlockAdamW(model, cfg, decays, fused=device.type == "cuda")
     return torch.optim.AdamW(parameter_groups(model, cfg), **adamw_options(cfg), fused=device.type == "cuda")
 
 

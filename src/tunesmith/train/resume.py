@@ -34,7 +34,7 @@ overwrite_cache ddp_timeout max_bad_steps cache_dir trust_checkpoint checkpoint_
 _LENGTH = frozenset({"max_steps", "num_train_epochs", "num_total_steps"})
 # What shapes the optimizer's saved state (its kind, GaLore's / APOLLO's projections): not changed at resume, even
 # with resume_allow_changes.
-_OPTIMIZER_SHAPE = frozenset({"use_muon", "use_adam_mini", "use_galore", "use_apollo", "loraplus_lr_ratio",
+_OPTIMIZER_SHAPE = frozenset({"use_muon", "use_adam_mini", "use_galore", "use_apollo", "use_badam", "loraplus_lr_ratio",
                               "galore_rank", "galore_proj_type", "galore_target", "apollo_rank", "apollo_proj",
                               "apollo_proj_type", "apollo_target"})
 

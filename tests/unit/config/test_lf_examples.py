@@ -46,7 +46,6 @@ REFUSED = {
     **({} if importlib.util.find_spec("adam_mini") else {"extras/adam_mini/qwen2_full_sft.yaml": [
         "use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'"]}),
     "extras/apollo/llama3_full_sft.yaml": ["apollo_layerwise: per-layer APOLLO"],
-    "extras/badam/llama3_full_sft.yaml": ["'use_badam' = True: BAdam is not supported; train with AdamW"],
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": ["'fp8' = True: FP8 training is not available; use bf16: true"],
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": [
         "'fp8' = True: FP8 training is not available; use bf16: true",

@@ -53,8 +53,8 @@ def test_every_hugging_face_training_argument_is_in_the_table():
 
 
 @pytest.mark.parametrize("overrides", [
-    {"use_badam": False, "use_unsloth": False},
-    {"quantization_device_map": "auto", "use_badam": False},
+    {"use_kt": False, "use_unsloth": False},
+    {"quantization_device_map": "auto", "use_kt": False},
     {"push_to_hub": False, "hub_model_id": "me/model", "save_safetensors": True, "fp16": False},
     {"expert_tensor_parallel_size": 1, "recompute_method": None, "masked_softmax_fusion": False,
      "mixed_precision": "bf16_mixed"},
@@ -71,7 +71,7 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
 
 
 @pytest.mark.parametrize("key, value, says", [
-    ("use_badam", True, "BAdam is not supported; train with AdamW"),
+    ("use_kt", True, "KTransformers (CPU MoE experts) is not available"),
     ("quantization_method", "hqq", "only bitsandbytes quantization is available; use quantization_method: bnb"),
     ("use_unsloth", True, "enable_liger_kernel: true"),
     ("masked_softmax_fusion", True, "not available in tunesmith's Megatron-Core engine (backend: megatron"),

@@ -99,7 +99,9 @@ _PACKAGES = {"use_adam_mini": "adam_mini", "use_galore": "galore_torch", "use_ap
     dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_scale=1.0),
     dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_proj="svd", apollo_scale=1.0,
          apollo_target="q_proj,v_proj"),
-], ids=["muon", "muon-lora", "adam-mini", "galore", "apollo", "apollo-svd"])
+    dict(use_badam=True, badam_switch_interval=2),
+    dict(use_badam=True, badam_switch_mode="random", badam_switch_interval=2, pure_bf16=True),
+], ids=["muon", "muon-lora", "adam-mini", "galore", "apollo", "apollo-svd", "badam", "badam-random-bf16"])
 def test_runs_learns_and_resumes_where_it_stopped(tmp_path, options):
     """A checkpoint holds the whole optimizer state (GaLore's and APOLLO's projectors as plain values, loaded
     weights_only) and the resumed steps are the uninterrupted run's."""
