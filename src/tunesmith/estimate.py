@@ -28,7 +28,8 @@ or auto with W > 1)
                moment is one value per block), use_galore / use_apollo for each projected r-rank matrix
                2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector);
                use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies, 4 B a
-               parameter, with pure_bf16) instead of N_t's
+               parameter, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
+               parameter's gradient at a time (each is freed in the backward pass): the largest one's
     fsdp_offload moves these sharded states to the CPU (reported as CPU memory per GPU
     process); the GPU then keeps only the gathered parameters of about two layers.
     Sharded runs also hold the all-gathered (unsharded) parameters of about two layers.
@@ -294,6 +295,8 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
     optimizer = optimizer_state_values(model, cfg, N_t) * (2 if pure else 4) / shards / GIB
     if t.use_badam:
         gradients, optimizer = _badam_states(model, pure)
+    elif (t.use_galore and t.galore_layerwise) or (t.use_apollo and t.apollo_layerwise):  # freed in the backward
+        gradients = max((p.numel() for p in model.parameters() if p.requires_grad), default=0) * (2 if pure else 4) / GIB
     gathered = two_layers if sharded else 0.0
     cpu = 0.0
     if t.fsdp_offload:

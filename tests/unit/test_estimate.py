@@ -70,6 +70,8 @@ def test_llamafactorys_optimizers_count_their_own_state():
     assert galore == pytest.approx((projected + 2 * (n - matrices)) * 4 / GIB)
     assert est(finetuning_type="lora", use_muon=True)["optimizer"] == pytest.approx(
         est(finetuning_type="lora")["optimizer"] / 2)
+    layerwise = est(finetuning_type="full", bf16=True, use_galore=True, galore_rank=8, galore_layerwise=True)
+    assert layerwise["gradients"] == pytest.approx(embed * 4 / GIB) and layerwise["optimizer"] == galore
     layer = sum(a * b for a, b in shapes) + 2 * h + 2 * d["head_dim"]  # + the two norms and the q/k norms
     badam = est(finetuning_type="full", pure_bf16=True, use_badam=True)
     assert badam["gradients"] == pytest.approx(layer * 2 / GIB) and badam["optimizer"] == pytest.approx(layer * 12 / GIB)

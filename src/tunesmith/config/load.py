@@ -306,12 +306,9 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     packages = {"use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
                 "use_galore": ("galore_torch", "galore-torch", "galore"),
                 "use_apollo": ("apollo_torch", "apollo-torch", "apollo")}
-    for kind, name in (("galore", "GaLore"), ("apollo", "APOLLO")):
+    for kind in ("galore", "apollo"):
         if getattr(train, f"use_{kind}") and getattr(train, f"{kind}_layerwise"):
-            problems.append(f"{kind}_layerwise: per-layer {name} (each layer's update inside the backward pass, "
-                            f"without gradient clipping) is not available; set {kind}_layerwise: false to run {name} "
-                            "as one optimizer after the backward pass (the same updates, clipped by max_grad_norm; "
-                            "the full gradients are held until the step)")
+            problems += _layerwise_problems(cfg, kind)
     key = asked[0]
     if key in whole and cfg.finetune.finetuning_type in ADAPTER_TYPES:
         problems.append(f"{key} {whole[key]}, not {cfg.finetune.finetuning_type} adapters (LLaMA-Factory refuses it "
@@ -319,6 +316,24 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     if key in packages and importlib.util.find_spec(packages[key][0]) is None:
         module, package, extra = packages[key]
         problems.append(f"{key} needs the {package} package: pip install 'tunesmith[{extra}]'")
+    return problems
+
+
+def _layerwise_problems(cfg: RunConfig, kind: str) -> list[str]:
+    """Per-layer GaLore / APOLLO update each parameter inside its backward pass (engines/low_rank.py): once a step,
+    from an unscaled gradient, with no way back."""
+    instead = f"or {kind}_layerwise: false (one optimizer after the backward pass)"
+    problems = []
+    if cfg.train.gradient_accumulation_steps != 1:
+        problems.append(f"{kind}_layerwise: true updates each parameter in its backward pass, so it cannot "
+                        f"accumulate gradients over {cfg.train.gradient_accumulation_steps} micro-batches "
+                        f"(LLaMA-Factory refuses it too): use gradient_accumulation_steps: 1, {instead}")
+    if cfg.train.skip_nonfinite:
+        problems.append(f"skip_nonfinite with {kind}_layerwise: the update has happened before the step's loss is "
+                        f"known, so a step cannot be skipped: remove skip_nonfinite, {instead}")
+    if cfg.model.fp16:
+        problems.append(f"fp16 with {kind}_layerwise: its loss-scaled gradients would be used before unscaling: use "
+                        f"bf16 or pure_bf16, {instead}")
     return problems
 
 

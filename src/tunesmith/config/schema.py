@@ -297,8 +297,8 @@ class TrainConfig(_Group):
     galore_scale: float = Field(2.0, gt=0, description="GaLore: the update's scale.")
     galore_proj_type: Literal["std", "reverse_std", "right", "left", "full"] = Field(
         "std", description="GaLore: which side of the gradient is projected.")
-    galore_layerwise: bool = Field(False, description="GaLore: each layer's update inside the backward pass; not "
-                                   "available (false runs GaLore as one optimizer after the backward pass).")
+    galore_layerwise: bool = Field(False, description="GaLore: each parameter updated inside the backward pass "
+                                   "(its gradient freed at once; no clipping; gradient_accumulation_steps 1).")
     use_apollo: bool = Field(
         False, description="APOLLO (pip install 'tunesmith[apollo]'): AdamW with its moments in a low-rank "
         "projection, scaling each apollo_target gradient channel- or tensor-wise, as LLaMA-Factory's; full or "
@@ -312,8 +312,8 @@ class TrainConfig(_Group):
     apollo_proj_type: Literal["std", "right", "left"] = Field("std", description="APOLLO: which side is projected.")
     apollo_scale_type: Literal["channel", "tensor"] = Field("channel", description="APOLLO: the scaling's "
                                                            "granularity.")
-    apollo_layerwise: bool = Field(False, description="APOLLO: each layer's update inside the backward pass; not "
-                                   "available (false runs APOLLO as one optimizer after the backward pass).")
+    apollo_layerwise: bool = Field(False, description="APOLLO: each parameter updated inside the backward pass "
+                                   "(its gradient freed at once; no clipping; gradient_accumulation_steps 1).")
     apollo_scale_front: bool = Field(False, description="APOLLO: scale the raw gradient before the "
                                      "norm-growth limiter.")
     _low_rank_targets = field_validator("galore_target", "apollo_target", mode="before")(

@@ -26,6 +26,8 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
     A fused AdamW on plain tensors takes the whole decision on the device: it divides by the clipping factor
     (its `grad_scale`, the hook AMP uses) and skips the update when `found_inf` is set, so the step never waits
     for the GPU, and the result holds device tensors that the Runner reads once the GPU is done with them."""
+    if getattr(optimizer, "steps_in_backward", False):
+        return _stepped_in_backward(optimizer, scheduler, nonfinite_loss)
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler:
         scaler.unscale_(optimizer)
@@ -50,6 +52,19 @@ def clip_and_step(model, optimizer, scheduler, scaler, *, max_grad_norm: float, 
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(grad_norm, False, lr)
+
+
+def _stepped_in_backward(optimizer, scheduler, nonfinite_loss) -> StepResult:
+    """Per-layer GaLore / APOLLO (engines/low_rank.PerParameterSteps) updated every parameter in the backward pass:
+    nothing is left to clip or skip. The gradient norm is the one its hooks summed; a non-finite loss or norm stops
+    the run (the update has happened: config refuses skip_nonfinite with it)."""
+    lr = scheduler.get_last_lr()[0]
+    norm = optimizer.finish_step()
+    if bool(nonfinite_loss) or not math.isfinite(float(norm)):
+        raise NonFiniteError(f"non-finite loss or gradient (grad norm {float(norm)}) in a per-layer update")
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(norm, False, lr)
 
 
 def _step_on_device(optimizer, scheduler, total: torch.Tensor, nonfinite_loss, max_norm: float,

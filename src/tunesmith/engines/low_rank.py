@@ -1,6 +1,8 @@
 """GaLore and APOLLO (LLaMA-Factory's use_galore / use_apollo): AdamW whose moments live in a low-rank projection
 of each target weight's gradient (the galore-torch and apollo-torch packages, as LLaMA-Factory builds them).
 
+galore_layerwise / apollo_layerwise step each parameter in its backward pass (PerParameterSteps).
+
 Their state keeps each weight's projector as a Python object; tunesmith's checkpoints load weights_only (tensors,
 numbers, strings: never code), so state_dict writes a projector as its attributes and load_state_dict rebuilds it
 from a class named in PROJECTORS, nothing else."""
@@ -128,10 +130,81 @@ def build_low_rank(model, cfg, decays) -> torch.optim.Optimizer:
     groups = [{"params": plain[False], "weight_decay": 0.0}, {"params": plain[True], "weight_decay": cfg.weight_decay},
               {"params": projected, "weight_decay": cfg.weight_decay, **settings}]
     groups = [g for g in groups if g["params"]]
-    log.info("%s: %d weight matrices projected (%s), %d other parameters", "GaLore" if kind == "galore" else "APOLLO",
-             len(projected), ", ".join(f"{k} {v}" for k, v in settings.items()),
-             len(plain[True]) + len(plain[False]))
+    layerwise = cfg.galore_layerwise if kind == "galore" else cfg.apollo_layerwise
+    log.info("%s%s: %d weight matrices projected (%s), %d other parameters", "GaLore" if kind == "galore" else
+             "APOLLO", " per layer (each parameter updated in the backward pass)" if layerwise else "", len(projected),
+             ", ".join(f"{k} {v}" for k, v in settings.items()), len(plain[True]) + len(plain[False]))
     # apollo-torch reads scale_front from the optimizer, not a group (LLaMA-Factory sets it in the group)
     extra = {"no_deprecation_warning": True} if kind == "galore" else {"scale_front": cfg.apollo_scale_front}
-    return _optimizer_class(kind)(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  eps=cfg.adam_epsilon, **extra)
+
+    def optimizer(of_groups: list[dict]):
+        return _optimizer_class(kind)(of_groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                      eps=cfg.adam_epsilon, **extra)
+
+    if layerwise:
+        if cfg.max_grad_norm > 0:
+            log.warning("%s_layerwise: each parameter is updated in its backward pass, before the whole gradient's "
+                        "norm is known, so max_grad_norm (%g) clips nothing (as in LLaMA-Factory); the logged "
+                        "grad_norm is the unclipped one", kind, cfg.max_grad_norm)
+        steps = PerParameterSteps([{**group, "params": [param]} for group in groups for param in group["params"]],
+                                  optimizer)
+        if kind == "apollo":  # its random projections are seeded by the parameter's place among all of them
+            for place, group in enumerate(steps.param_groups, 1):
+                steps.state[group["params"][0]]["seed"] = place
+        return steps
+    return optimizer(groups)
+
+
+class PerParameterSteps(PlainProjectorState, torch.optim.Optimizer):
+    """galore_layerwise / apollo_layerwise (LLaMA-Factory's per-layer mode): an optimizer of one parameter per
+    group, stepped by the parameter's post-accumulate-grad hook during the backward pass, which frees the gradient
+    right after, so the full gradients are never held at once. Nothing is left for step(): the engine reads the
+    gradient norm the hooks summed (steps_in_backward; no clipping, as in LLaMA-Factory). The groups and state
+    are this optimizer's, shared with the per-parameter ones, so the LR schedule and checkpoints see one
+    optimizer."""
+
+    steps_in_backward = True
+
+    def __init__(self, groups: list[dict], optimizer):
+        self.parts = [optimizer([group]) for group in groups]
+        super().__init__([part.param_groups[0] for part in self.parts], {})
+        for part in self.parts:  # what a part set up at construction (APOLLO's random-projection seeds)
+            self.state.update(part.state)
+        self._share()
+        self.by_param = {id(part.param_groups[0]["params"][0]): part for part in self.parts}
+        self.updated: set[int] = set()
+        self.squared_norm = None
+        for group in self.param_groups:
+            group["params"][0].register_post_accumulate_grad_hook(self._update)
+
+    def _share(self) -> None:
+        for part, group in zip(self.parts, self.param_groups):
+            part.param_groups, part.state = [group], self.state
+
+    @torch.no_grad()
+    def _update(self, param) -> None:
+        if id(param) in self.updated:
+            raise TunesmithError("galore_layerwise / apollo_layerwise update each parameter in its backward pass, "
+                                 "once a step, but this step ran a second backward pass (gradient accumulation or "
+                                 "several passes a step); use gradient_accumulation_steps: 1, or the layerwise key "
+                                 "false")
+        self.updated.add(id(param))
+        squared = param.grad.detach().float().square().sum()
+        self.squared_norm = squared if self.squared_norm is None else self.squared_norm + squared
+        self.by_param[id(param)].step()
+        param.grad = None
+
+    def step(self, closure=None):
+        raise TunesmithError("per-layer GaLore / APOLLO update in the backward pass; the engine calls finish_step()")
+
+    def finish_step(self) -> torch.Tensor:
+        """The step's gradient norm (a device tensor; 0 when no gradient reached a hook); the next step may update
+        every parameter again."""
+        norm = torch.zeros(()) if self.squared_norm is None else self.squared_norm.sqrt()
+        self.updated, self.squared_norm = set(), None
+        self._opt_called = True  # the LR scheduler's check that the optimizer stepped before it
+        return norm
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # new group dicts and state: the parts take them
+        self._share()

@@ -35,8 +35,8 @@ _LENGTH = frozenset({"max_steps", "num_train_epochs", "num_total_steps"})
 # What shapes the optimizer's saved state (its kind, GaLore's / APOLLO's projections): not changed at resume, even
 # with resume_allow_changes.
 _OPTIMIZER_SHAPE = frozenset({"use_muon", "use_adam_mini", "use_galore", "use_apollo", "use_badam", "loraplus_lr_ratio",
-                              "galore_rank", "galore_proj_type", "galore_target", "apollo_rank", "apollo_proj",
-                              "apollo_proj_type", "apollo_target"})
+                              "galore_rank", "galore_proj_type", "galore_target", "galore_layerwise", "apollo_rank",
+                              "apollo_proj", "apollo_proj_type", "apollo_target", "apollo_layerwise"})
 
 # What a tunesmith run writes into output_dir (besides checkpoint-N folders).
 _RUN_FILES = ("metrics.jsonl", "trainer_log.jsonl", "train_summary.json", "train_results.json", "eval_results.json",

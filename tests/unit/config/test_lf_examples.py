@@ -45,7 +45,6 @@ REFUSED = {
     "train_lora/mossvl_lora_sft.yaml": [_MOSS_VL],
     **({} if importlib.util.find_spec("adam_mini") else {"extras/adam_mini/qwen2_full_sft.yaml": [
         "use_adam_mini needs the adam-mini package: pip install 'tunesmith[adam-mini]'"]}),
-    "extras/apollo/llama3_full_sft.yaml": ["apollo_layerwise: per-layer APOLLO"],
     "extras/fp8/llama3_fp8_deepspeed_sft.yaml": ["'fp8' = True: FP8 training is not available; use bf16: true"],
     "extras/fp8/llama3_fp8_fsdp_sft.yaml": [
         "'fp8' = True: FP8 training is not available; use bf16: true",
@@ -55,7 +54,6 @@ REFUSED = {
     ],
     **({"extras/fsdp_qlora/llama3_lora_sft.yaml": _QLORA, "train_qlora/qwen3_lora_sft_bnb_npu.yaml": _QLORA,
         "train_qlora/qwen3_lora_sft_otfq.yaml": _QLORA} if _QLORA else {}),
-    "extras/galore/llama3_full_sft.yaml": ["galore_layerwise: per-layer GaLore"],
     "extras/mod/llama3_full_sft.yaml": [
         "'mixture_of_depths' = 'convert': mixture-of-depths is not available",
         "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",

@@ -99,9 +99,12 @@ _PACKAGES = {"use_adam_mini": "adam_mini", "use_galore": "galore_torch", "use_ap
     dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_scale=1.0),
     dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_proj="svd", apollo_scale=1.0,
          apollo_target="q_proj,v_proj"),
+    dict(use_galore=True, galore_rank=4, galore_update_interval=2, galore_layerwise=True),
+    dict(use_apollo=True, apollo_rank=4, apollo_update_interval=2, apollo_scale=1.0, apollo_layerwise=True),
     dict(use_badam=True, badam_switch_interval=2),
     dict(use_badam=True, badam_switch_mode="random", badam_switch_interval=2, pure_bf16=True),
-], ids=["muon", "muon-lora", "adam-mini", "galore", "apollo", "apollo-svd", "badam", "badam-random-bf16"])
+], ids=["muon", "muon-lora", "adam-mini", "galore", "apollo", "apollo-svd", "galore-layerwise", "apollo-layerwise", "badam",
+                                     "badam-random-bf16"])
 def test_runs_learns_and_resumes_where_it_stopped(tmp_path, options):
     """A checkpoint holds the whole optimizer state (GaLore's and APOLLO's projectors as plain values, loaded
     weights_only) and the resumed steps are the uninterrupted run's."""
@@ -137,8 +140,12 @@ def test_the_optimizer_choices_that_do_not_go_together_are_refused(tmp_path):
     assert any("use_galore projects whole weight matrices' gradients, not lora adapters" in p for p in problems)
     problems = _problems(tmp_path, use_apollo=True, use_galore=True, finetuning_type="full")
     assert any("use_galore and use_apollo each choose the optimizer" in p for p in problems)
-    problems = _problems(tmp_path, use_galore=True, galore_layerwise=True, finetuning_type="full")
-    assert any("per-layer GaLore" in p and "galore_layerwise: false" in p for p in problems)
+    problems = _problems(tmp_path, use_galore=True, galore_layerwise=True, finetuning_type="full",
+                         gradient_accumulation_steps=2, skip_nonfinite=True, fp16=True)
+    assert any("cannot accumulate gradients over 2 micro-batches" in p and "galore_layerwise: false" in p
+               for p in problems)
+    assert any("skip_nonfinite with galore_layerwise" in p for p in problems)
+    assert any("fp16 with galore_layerwise" in p for p in problems)
 
 
 def test_several_processes_are_refused_when_the_backend_is_left_to_choose(tmp_path):
@@ -204,3 +211,32 @@ def test_an_accepted_weight_decay_change_applies_from_the_resumed_step(tmp_path)
     load_own_optimizer(resumed, copy.deepcopy(saved.state_dict()), Path("checkpoint-1"))
     assert resumed.param_groups[0]["weight_decay"] == 0.01
     assert "exp_avg" in resumed.state[resumed_model.proj.weight]  # the moments are the checkpoint's
+
+
+@pytest.mark.parametrize("kind", ["galore", "apollo"])
+def test_per_layer_updates_in_the_backward_pass_are_the_unclipped_optimizer_s(tmp_path, kind):
+    """galore_layerwise / apollo_layerwise: each parameter steps in its backward hook, its gradient freed there; the
+    weights after two steps are one optimizer's (without clipping), the norm the whole gradient's."""
+    pytest.importorskip(_PACKAGES[f"use_{kind}"])
+    keys = {f"use_{kind}": True, f"{kind}_rank": 2, f"{kind}_update_interval": 1, "max_grad_norm": 0}
+    results = []
+    for layerwise in (False, True):
+        model = _toy()
+        optimizer = build_optimizer(model, run_config(tmp_path / "c", **keys, **{f"{kind}_layerwise": layerwise}).train,
+                                    torch.device("cpu"))
+        norms = []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            ids = torch.randint(0, 10, (64,))
+            model.norm(model.proj(model.embed_tokens(ids))).square().mean().backward()
+            if layerwise:
+                assert all(p.grad is None for p in model.parameters())  # used and freed in the backward pass
+                norms.append(float(optimizer.finish_step()))
+            else:
+                norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))))
+                optimizer.step()
+                optimizer.zero_grad()
+        results.append(([p.detach().clone() for p in model.parameters()], norms))
+    (plain, plain_norms), (layerwise, layer_norms) = results
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, layerwise))
+    assert layer_norms == pytest.approx(plain_norms, rel=1e-5)
