@@ -24,8 +24,9 @@ or auto with W > 1)
     gradients  N_t * 4 B, 2 B with pure_bf16
     optimizer  N_t * 8 B (AdamW exp_avg + exp_avg_sq), 4 B with pure_bf16; LLaMA-Factory's optimizers keep
                fewer values (4 B each, 2 B with pure_bf16): use_muon one momentum for each hidden-layer weight
-               matrix (AdamW's two for the rest; every LoRA weight is a matrix), use_adam_mini one (its second
-               moment is one value per block), use_galore / use_apollo for each projected r-rank matrix
+               matrix (AdamW's two for the rest; LoRA's matrices take Muon, additional_target modules and
+               DoRA's magnitudes AdamW), use_adam_mini one (its second moment is one value per block),
+               use_galore / use_apollo for each projected matrix, with r = min(rank, rows, cols),
                2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector);
                use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies, 4 B a
                parameter, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
@@ -59,7 +60,8 @@ s*b*h*(34 + 5*a*s/h) is already in bytes for 16-bit activations):
                      c * B*S*H*2k + (L - c) * a1 + a1
     logits           B*S*V * 4 B * 2 (fp32 logits and their gradient for the loss); with enable_liger_kernel,
                      where the loss is each token's NLL alone (sft, pt without use_dft_loss / use_eaft_loss /
-                     use_asft_loss: ASFT adds B*S*V * 4 B for the reference's logits and the KL),
+                     use_asft_loss: ASFT makes it B*S*V * 4 B * 5, for the reference's logits, the two
+                     log-softmaxes of the KL and their gradient; measured on a CPU profile at about 6.6 x),
                      the fused linear + cross-entropy's workspace instead: one 2 GiB chunk of logits plus
                      the fp32 output-weight gradient, V*H * 4 B
     Plus a fixed 1 GiB for the CUDA context and kernels' workspaces.
@@ -68,7 +70,8 @@ The model's shape comes from its config.json (a local folder; a hub id only when
 in the Hugging Face cache) or from a named shape (`--shape qwen3-8b`, the shapes of `tunesmith bench`),
 so the estimate works offline. No dataset is needed.
 
-Not counted: a dpo/kto reference model copy, the GRPO rollout (generation KV cache),
+A frozen reference copy (pref_reference: copy) adds its weights, N * 4 B (2 B in 16 bits).
+Not counted: the GRPO rollout (generation KV cache),
 media-encoder activations of vision/audio-language models, and allocator fragmentation.
 """
 
@@ -81,7 +84,7 @@ import torch
 
 from .config.schema import ADAPTER_TYPES, RunConfig
 from .config.resolve import resolve_reference
-from .stages import STAGES
+from .stages import STAGES, uses_asft
 
 GIB = 1024**3
 OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS/attention workspaces
@@ -210,7 +213,7 @@ def optimizer_state_values(model, cfg: RunConfig, N_t: int) -> int:
     if not (t.use_muon or t.use_galore or t.use_apollo):
         return 2 * N_t
     if cfg.finetune.finetuning_type in ADAPTER_TYPES:  # Muon (the others refuse adapters): the LoRA matrices
-        return N_t
+        return N_t + _adamw_in_adapters(model, cfg)
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if t.use_muon:
         from .engines.muon import takes_muon
@@ -220,7 +223,19 @@ def optimizer_state_values(model, cfg: RunConfig, N_t: int) -> int:
 
     rank = t.galore_rank if t.use_galore else t.apollo_rank
     chosen = projected_weights(model, t.galore_target if t.use_galore else t.apollo_target)
-    return sum(rank * (2 * max(p.shape) + min(p.shape)) if id(p) in chosen else 2 * p.numel() for _, p in trainable)
+    return sum(min(rank, min(p.shape)) * (2 * max(p.shape) + min(p.shape)) if id(p) in chosen else 2 * p.numel()
+               for _, p in trainable)
+
+
+def _adamw_in_adapters(model, cfg: RunConfig) -> int:
+    """The trainable parameters of a LoRA run that Muon leaves to AdamW: the additional_target modules and DoRA's
+    magnitude vectors (not matrices)."""
+    ft = cfg.finetune
+    extra = sum(p.numel() for name, module in model.named_modules()
+                if any(name == t or name.endswith(f".{t}") for t in ft.additional_target) for p in module.parameters())
+    if ft.use_dora:
+        extra += count_parameters(model, cfg)[1] - count_parameters(model, cfg.replace(finetune={"use_dora": False}))[1]
+    return extra
 
 
 def _badam_states(model, pure: bool) -> tuple[float, float]:
@@ -333,10 +348,22 @@ def _deepspeed_states(cfg: RunConfig, N: int, N_t: int, W: int, two_layers: floa
     return f"DeepSpeed ZeRO-{stage}" if stage >= 1 and W > 1 else "", weights, gradients, optimizer, gathered, cpu
 
 
+def _reference_copy_gib(cfg: RunConfig, N: int) -> float:
+    """A frozen reference copy (pref_reference: copy) holds the model's weights as the engine holds them: 16-bit
+    under DeepSpeed's bf16/fp16 and pure_bf16, else fp32; unsharded (several FSDP2 processes keep none)."""
+    if resolve_reference(cfg) != "copy":
+        return 0.0
+    m = cfg.model
+    half = (m.bf16 or m.fp16) if cfg.train.wants_deepspeed else m.pure_bf16
+    return N * (2 if half else 4) / GIB
+
+
 def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float, notes: list, sharded: str,
             weights: float, gradients: float, optimizer: float, gathered: float, cpu: float) -> dict:
     """Add activations and logits to the model states; decide whether it fits and what would help."""
     ft = cfg.finetune
+    copy = _reference_copy_gib(cfg, N)
+    weights += copy
     states = weights + gradients + optimizer + gathered + OVERHEAD_GIB
     layers, reason = checkpoint_plan(cfg, dims, states, gpu_gib)
     activations, logits = _activation_gib(cfg, dims, layers)
@@ -348,8 +375,8 @@ def _finish(cfg: RunConfig, dims: dict, N: int, N_t: int, W: int, gpu_gib: float
     fits = total <= gpu_gib
     if not cfg.packing:
         notes.append(f"activations assume every row is cutoff_len={cfg.data.cutoff_len} tokens long (an upper bound without packing)")
-    if resolve_reference(cfg) == "copy":
-        notes.append("a frozen reference model copy is not counted (about N*2 B more per GPU)")
+    if copy:
+        notes.append(f"weights include the frozen reference model copy ({copy:.1f} GiB)")
     if STAGES[ft.stage].is_online_rl:
         notes.append("the rollout (generation and its KV cache) is not counted")
     if not fits:
@@ -383,14 +410,14 @@ def _activation_gib(cfg: RunConfig, dims: dict, checkpointed: int, micro_batches
 
         logits = (LOGITS_BUDGET_BYTES + vocab * H * 4) / GIB
     else:
-        logits = rows * S * vocab * 4 * (3 if ft.use_asft_loss else 2) / GIB  # ASFT: + the reference's and the KL's
+        logits = rows * S * vocab * 4 * (5 if uses_asft(cfg) else 2) / GIB  # ASFT: + the reference's and the KL's
     return act_bytes / GIB, logits
 
 
 def _token_nll_only(cfg: RunConfig) -> bool:
     """The loss reads each token's NLL alone (sft, pt without token weights): what the fused head computes."""
     ft = cfg.finetune
-    return STAGES[ft.stage].reads_token_nll and not (ft.use_dft_loss or ft.use_eaft_loss or ft.use_asft_loss)
+    return STAGES[ft.stage].reads_token_nll and not (ft.use_dft_loss or ft.use_eaft_loss or uses_asft(cfg))
 
 
 AUTO_MARGIN = 0.85  # gradient_checkpointing: auto keeps the estimate under this share of the memory

@@ -11,7 +11,7 @@ import warnings
 from contextlib import contextmanager
 
 _LIBRARIES = ("datasets", "transformers", "peft", "accelerate", "torch", "deepspeed", "httpx", "urllib3",
-              "liger_kernel")
+              "liger_kernel", "bitsandbytes")
 
 
 def quiet_libraries() -> None:

@@ -104,11 +104,16 @@ def get_stage(name: str) -> Stage:
     return STAGES[name]
 
 
+def uses_asft(cfg) -> bool:
+    """use_asft_loss on a stage whose loss reads it (sft, pt); elsewhere the key is another stage's and idle."""
+    return STAGES[cfg.finetune.stage].reads_token_nll and cfg.finetune.use_asft_loss
+
+
 def uses_reference(cfg) -> bool:
     """Whether the run's loss compares the policy with a reference policy."""
     ft, stage = cfg.finetune, STAGES[cfg.finetune.stage]
     if stage.is_online_rl:
         return cfg.rl.kl_coef > 0
-    if ft.stage == "kto" or (stage.reads_token_nll and ft.use_asft_loss):
+    if ft.stage == "kto" or uses_asft(cfg):
         return True
     return ft.stage == "dpo" and ft.pref_loss not in ("orpo", "simpo")

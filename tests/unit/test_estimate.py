@@ -70,6 +70,13 @@ def test_llamafactorys_optimizers_count_their_own_state():
     assert galore == pytest.approx((projected + 2 * (n - matrices)) * 4 / GIB)
     assert est(finetuning_type="lora", use_muon=True)["optimizer"] == pytest.approx(
         est(finetuning_type="lora")["optimizer"] / 2)
+    big_rank = est(finetuning_type="full", bf16=True, use_galore=True, galore_rank=4096)["optimizer"]
+    clamped = d["num_hidden_layers"] * sum(min(a, b) * (2 * max(a, b) + min(a, b)) for a, b in shapes)
+    assert big_rank == pytest.approx((clamped + 2 * (n - matrices)) * 4 / GIB)  # a rank above a side is the side
+    lora = est(finetuning_type="lora", use_muon=True, additional_target="embed_tokens")
+    lora_plain = est(finetuning_type="lora", additional_target="embed_tokens")
+    # AdamW's two values for the embeddings, Muon's one for the LoRA matrices
+    assert lora["optimizer"] == pytest.approx(lora_plain["optimizer"] / 2 + embed * 4 / GIB)
     layerwise = est(finetuning_type="full", bf16=True, use_galore=True, galore_rank=8, galore_layerwise=True)
     assert layerwise["gradients"] == pytest.approx(embed * 4 / GIB) and layerwise["optimizer"] == galore
     layer = sum(a * b for a, b in shapes) + 2 * h + 2 * d["head_dim"]  # + the two norms and the q/k norms
@@ -342,3 +349,12 @@ def test_the_image_token_share_comes_from_the_rows_media_plans():
                                "length": [400, 200, 50]})
     assert image_token_share(video, video["length"], config) == 1.0
     assert image_token_share(rows, rows["length"], SimpleNamespace()) == 1.0
+
+
+def test_a_frozen_reference_copy_is_counted_in_the_weights():
+    full = est(finetuning_type="full", bf16=True, stage="dpo")
+    none = est(finetuning_type="full", bf16=True, stage="dpo", pref_reference="precomputed")
+    assert full["weights"] == pytest.approx(2 * none["weights"])
+    assert any("frozen reference model copy" in note for note in full["notes"])
+    lora = est(finetuning_type="lora", stage="dpo")  # the base with the adapters off: nothing more
+    assert not any("reference" in note for note in lora["notes"])

@@ -87,13 +87,13 @@ def test_output_dir_must_be_inside_the_runs_root(client, tmp_path):
 def test_llamafactory_yaml_import_translates_its_keys(client):
     text = ("model_name_or_path: Qwen/Qwen3-0.6B\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
             "disable_gradient_checkpointing: true\nddp_timeout: 180000000\nreport_to: none\n"
-            "use_badam: true\ndataloader_pin_memory: false\nmy_own_key: 1\n")
+            "use_kt: true\ndataloader_pin_memory: false\nmy_own_key: 1\n")
     result = client.post("/api/config/import", json={"text": text}).json()
     assert result["values"]["model_name_or_path"] == "Qwen/Qwen3-0.6B"
     assert result["values"]["gradient_checkpointing"] == "false"  # mapped from disable_gradient_checkpointing
     assert result["values"]["finetuning_type"] == "lora"
     assert "dataloader_pin_memory" in result["idle"]
-    assert any(p.startswith("'use_badam' = True: BAdam is not supported") for p in result["problems"])
+    assert any(p.startswith("'use_kt' = True: KTransformers") for p in result["problems"])
     assert result["extra"] == "my_own_key: 1"  # not a key of the form: validation will name it
 
 

@@ -19,13 +19,13 @@ from pydantic import ValidationError
 
 from ..data.lf_templates import LF_TEMPLATES, REFUSED
 from ..errors import ConfigError
-from ..stages import STAGES, uses_reference
+from ..stages import STAGES, uses_asft, uses_reference
 from .deepspeed import zero_settings
 from .lf_keys import LF_KEYS
 from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
 from .recorded import trained_rope
-from .resolve import one_process_features
+from .resolve import one_process_features, resolve_reference
 from .schema import ADAPTER_TYPES, GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
@@ -242,7 +242,7 @@ def _cross_checks(cfg: RunConfig, given: set[str]) -> list[str]:
     if cfg.finetune.use_llama_pro and cfg.finetune.finetuning_type == "full":
         problems.append("use_llama_pro: true trains the expanded blocks only, which finetuning_type: full cannot; "
                         "use finetuning_type: freeze (or lora)")
-    if cfg.finetune.use_asft_loss and cfg.finetune.pref_reference in ("precomputed", "none"):
+    if uses_asft(cfg) and cfg.finetune.pref_reference in ("precomputed", "none"):
         problems.append(f"pref_reference: {cfg.finetune.pref_reference} with use_asft_loss: ASFT's KL reads the "
                         "reference model's next-token distributions in every step; use auto, copy or adapters_off")
     if cfg.model.enable_liger_kernel:
@@ -423,23 +423,26 @@ def _check_deepspeed(cfg: RunConfig) -> list[str]:
         problems.extend(err.problems)
         stage = None
     if stage == 3 and _needs_frozen_copy(cfg):
-        instead = ("use ZeRO stage 0-2" if cfg.finetune.use_asft_loss else
+        instead = ("use ZeRO stage 0-2" if uses_asft(cfg) else
                    "set pref_reference: precomputed (computed once before training)")
+        lora = "" if cfg.finetune.finetuning_type in ADAPTER_TYPES else " or use finetuning_type: lora"
         problems.append(f"{_reference_user(cfg)} under ZeRO-3 cannot keep a frozen copy of the model as the "
-                        f"reference; {instead} or use finetuning_type: lora")
+                        f"reference; {instead}{lora}")
     return problems
 
 
 def _reference_user(cfg: RunConfig) -> str:
-    return "use_asft_loss" if cfg.finetune.use_asft_loss else f"stage {cfg.finetune.stage}"
+    return "use_asft_loss" if uses_asft(cfg) else f"stage {cfg.finetune.stage}"
 
 
 def _needs_frozen_copy(cfg: RunConfig) -> bool:
-    """dpo/kto/ASFT whose reference would be a deep copy of the policy (pref_reference copy, or auto without
-    LoRA)."""
-    ft = cfg.finetune
-    copy = ft.pref_reference == "copy" or (ft.pref_reference == "auto" and ft.finetuning_type not in ADAPTER_TYPES)
-    return uses_reference(cfg) and not STAGES[ft.stage].is_online_rl and copy
+    """dpo/kto/ASFT whose reference would be a deep copy of the policy (resolve_reference)."""
+    if STAGES[cfg.finetune.stage].is_online_rl:
+        return False
+    try:
+        return resolve_reference(cfg) == "copy"
+    except ConfigError:  # a reference this run cannot have: refused by name when the run resolves it
+        return False
 
 
 def _check_liger() -> list[str]:
@@ -452,6 +455,9 @@ def _check_liger() -> list[str]:
 
 def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
     train = cfg.train
+    if uses_asft(cfg) and cfg.finetune.asft_alpha == 0:
+        log.warning("asft_alpha: 0 leaves ASFT's KL out, so the loss is DFT's and the reference forward of every "
+                    "micro-batch is for nothing; use use_dft_loss: true instead")
     if train.eval_on_start and train.eval_strategy == "no" and not train.do_eval:
         log.warning("eval_on_start: this run does not evaluate (eval_strategy: no, do_eval: false); it has no effect")
     best_keys = sorted(given & {"metric_for_best_model", "greater_is_better"})

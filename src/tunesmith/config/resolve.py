@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..stages import STAGES, uses_reference
+from ..stages import STAGES, uses_asft, uses_reference
 from .schema import ADAPTER_TYPES, RunConfig
 
 
@@ -61,7 +61,22 @@ def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
     reference = resolve_reference(resolved)
     if reference != resolved.finetune.pref_reference:
         resolved = resolved.replace(finetune={"pref_reference": reference})
+    if reference == "copy" and resolved.train.backend == "fsdp2" and facts.world_size > 1:
+        raise ConfigError([_no_copy_under_fsdp2(resolved)])
     return resolved
+
+
+def _no_copy_under_fsdp2(cfg: RunConfig) -> str:
+    """FSDP2 on several processes keeps no frozen copy of the model (engines/fsdp2.py): what to use instead."""
+    if uses_asft(cfg):
+        instead = "DeepSpeed ZeRO stage 0-2 (a deepspeed config or zero_stage), or finetuning_type: lora"
+    elif STAGES[cfg.finetune.stage].is_online_rl:
+        instead = "finetuning_type: lora (the reference is the base with the adapters off), or kl_coef: 0"
+    else:
+        instead = ("pref_reference: precomputed (computed once before training), or finetuning_type: lora (the "
+                   "reference is the base with the adapters off)")
+    return (f"the reference of this run is a frozen copy of the model (pref_reference: copy), which FSDP2 on several "
+            f"processes does not keep; use {instead}")
 
 
 def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
@@ -131,11 +146,14 @@ def _unlike_vllm(cfg: RunConfig) -> str | None:
 
 def resolve_reference(cfg: RunConfig) -> str:
     """The reference the loss uses: none when it needs none; auto is the base with the adapters off for a LoRA
-    (or OFT) run, else a frozen copy (also for PiSSA, whose base without the adapters is their residual)."""
+    (or OFT) run, else a frozen copy of the starting model: also for PiSSA (whose base without the adapters is
+    their residual) and for an adapter continued from adapter_name_or_path (the base without it is not where the
+    run starts; LLaMA-Factory's reference loads it too), unless the base is quantized (no copy of it is made)."""
     mode = cfg.finetune.pref_reference
     if not uses_reference(cfg):
         return "none"
-    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init
+    continued = cfg.model.adapter_name_or_path and not cfg.model.quantization_bit
+    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init and not continued
     if mode == "auto":
         return "adapters_off" if adapters else "copy"
     if mode == "adapters_off" and not adapters:

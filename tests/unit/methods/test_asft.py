@@ -149,4 +149,35 @@ def test_the_memory_estimate_counts_the_reference_logits():
     asft = estimate_memory(build_config(None, {**keys, "use_asft_loss": True}), 1, 80.0, hf_config=shape)
     plain = estimate_memory(build_config(None, keys), 1, 80.0, hf_config=shape)
     assert plain["logits"] == pytest.approx(2 * 1024 * 32000 * 4 * 2 / GIB)  # the policy's and their gradient
-    assert asft["logits"] == pytest.approx(plain["logits"] * 3 / 2)  # + the reference's
+    assert asft["logits"] == pytest.approx(plain["logits"] * 5 / 2)  # + the reference's, the KL's and its gradient
+    assert asft["weights"] > plain["weights"] and "frozen reference model copy" in " ".join(asft["notes"])
+    assert asft["weights"] == pytest.approx(2 * plain["weights"])  # the copy: the fp32 weights again
+
+
+
+def test_the_reference_of_a_continued_adapter_is_a_copy_of_base_and_adapter(tmp_path):
+    cfg = run_config(tmp_path, use_asft_loss=True, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "a"))
+    assert resolve_reference(cfg) == "copy"  # with the adapters off it would be the bare base
+    dpo = run_config(tmp_path, stage="dpo", dataset="dpo_en_demo", finetuning_type="lora",
+                     adapter_name_or_path=str(tmp_path / "a"))
+    assert resolve_reference(dpo) == "copy"
+
+
+def test_a_copy_under_fsdp2_on_several_processes_is_refused_when_the_backend_is_resolved(tmp_path):
+    from tunesmith.config.resolve import RunFacts, resolve
+
+    with pytest.raises(ConfigError, match="FSDP2 on several processes does not keep; use DeepSpeed ZeRO stage 0-2"):
+        resolve(run_config(tmp_path, use_asft_loss=True), RunFacts(world_size=2))
+    with pytest.raises(ConfigError, match="use pref_reference: precomputed"):
+        resolve(run_config(tmp_path, stage="dpo", dataset="dpo_en_demo"), RunFacts(world_size=2))
+
+
+def test_the_key_on_another_stage_is_idle_and_alpha_0_is_warned(tmp_path, caplog):
+    import logging
+
+    cfg = build_config(None, {"dataset": "x", "stage": "dpo", "pref_reference": "precomputed",
+                              "use_asft_loss": True})
+    assert resolve_reference(cfg) == "precomputed"
+    with caplog.at_level(logging.WARNING, logger="tunesmith"):
+        build_config(None, {"dataset": "x", "use_asft_loss": True, "asft_alpha": 0})
+    assert "use use_dft_loss: true instead" in caplog.text
