@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..models.forward import run_forward
 from ..models.safetensors_write import save_weights
 from .base import (CheckpointError, LossFn, NonFiniteError, StepOutput, StepResult, eval_mode,
-                   forward_module, nonfinite, schedule_at, switched_to_reference)
+                   forward_module, keeping_settings, nonfinite, schedule_at, switched_to_reference)
 from .optim import keep_base_lrs
 from .reference import ReferenceView
 
@@ -194,8 +194,9 @@ class DeepSpeedEngine:
                                   "the checkpoint was not verified; it is loaded only through "
                                   "train/checkpoint.restore")
         base_lrs = list(self.scheduler.base_lrs)  # this run's learning rate (resume_allow_changes may change it)
-        loaded, _ = self.ds.load_checkpoint(str(path), tag=_TAG, load_optimizer_states=True,
-                                            load_lr_scheduler_states=True)
+        with keeping_settings(self.optimizer):  # and its other group settings (weight decay, betas, ...)
+            loaded, _ = self.ds.load_checkpoint(str(path), tag=_TAG, load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
         if loaded is None:
             raise ConfigError([f"resume: {path} holds no DeepSpeed state (saved by another backend?); resume it with "
                                "the backend that wrote it"])

@@ -2,6 +2,7 @@
 
 import copy
 import math
+import shutil
 
 import pytest
 import torch
@@ -240,3 +241,20 @@ def test_per_layer_updates_in_the_backward_pass_are_the_unclipped_optimizer_s(tm
     (plain, plain_norms), (layerwise, layer_norms) = results
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, layerwise))
     assert layer_norms == pytest.approx(plain_norms, rel=1e-5)
+
+
+def test_an_accepted_weight_decay_change_applies_on_deepspeed_too(tmp_path):
+    """DeepSpeed's load_checkpoint puts the checkpoint's group settings back; the resumed run keeps its own."""
+    pytest.importorskip("deepspeed")
+    common = dict(learning_rate=1e-2, weight_decay=0.0, zero_stage=2, save_strategy="steps", save_steps=2,
+                  lr_scheduler_type="constant")
+    train(run_config(tmp_path / "o", max_steps=2, **common))
+    losses = {}
+    for decay in (0.0, 0.5):
+        resumed = tmp_path / f"resumed-{decay}"
+        shutil.copytree(tmp_path / "o", resumed)
+        result = train(run_config(resumed, max_steps=4, resume_from_checkpoint=True,
+                                  resume_allow_changes=["weight_decay"], **{**common, "weight_decay": decay}))
+        losses[decay] = result.step_losses
+    assert losses[0.0][0] == losses[0.5][0]  # step 3's loss comes before the changed update
+    assert losses[0.0][1] != losses[0.5][1]  # step 4's after it: the new weight decay applied
