@@ -28,6 +28,7 @@ or auto with W > 1)
                DoRA's magnitudes AdamW), use_adam_mini one (its second moment is one value per block),
                use_galore / use_apollo for each projected matrix, with r = min(rank, rows, cols),
                2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector);
+               optim: adamw_8bit / paged_adamw_8bit (bitsandbytes) 2 B a parameter;
                use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies, 4 B a
                parameter, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
                parameter's gradient at a time (each is freed in the backward pass): the largest one's
@@ -308,6 +309,8 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         weights = (max(N - kept, 0) * m.quantization_bit / 8 + kept * (2 if pure else 4)) / GIB
     gradients = N_t * (2 if pure else 4) / shards / GIB
     optimizer = optimizer_state_values(model, cfg, N_t) * (2 if pure else 4) / shards / GIB
+    if "8bit" in t.optim:  # bitsandbytes' two 8-bit moments (and a little for their block-wise scales)
+        optimizer = N_t * 2 / shards / GIB
     if t.use_badam:
         gradients, optimizer = _badam_states(model, pure)
     elif (t.use_galore and t.galore_layerwise) or (t.use_apollo and t.apollo_layerwise):  # freed in the backward

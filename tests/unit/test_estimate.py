@@ -62,6 +62,7 @@ def test_llamafactorys_optimizers_count_their_own_state():
     shapes = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]  # q k v o gate up down
     matrices = d["num_hidden_layers"] * sum(a * b for a, b in shapes)
     assert est(finetuning_type="full", bf16=True, use_adam_mini=True)["optimizer"] == pytest.approx(n * 4 / GIB)
+    assert est(finetuning_type="full", bf16=True, optim="paged_adamw_8bit")["optimizer"] == pytest.approx(n * 2 / GIB)
     muon = est(finetuning_type="full", bf16=True, use_muon=True)["optimizer"]
     assert muon == pytest.approx((matrices + 2 * (n - matrices)) * 4 / GIB)
     assert embed + matrices < n  # the norms stay AdamW's

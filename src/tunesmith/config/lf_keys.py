@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from .lf_key_kinds import (HANDLINGS, LFKey, RefuseValues, honoured, idle, mapped, refused, section, set_key,
                            switch_key, unless_null)
-from .schema import SECRET_KEYS
+from .schema import BNB_OPTIMS, SECRET_KEYS
 
 SOURCES = {
     "model": "model arguments (model, quantization, processor, export, vLLM/SGLang, KTransformers)",
@@ -56,9 +56,10 @@ def _step_count(value):
 
 
 def _optim(value):
-    if value in ("adamw_torch", "adamw_torch_fused"):
+    if value in ("adamw_torch", "adamw_torch_fused", *BNB_OPTIMS):
         return None
-    return "tunesmith trains with AdamW; use optim: adamw_torch (or adamw_torch_fused)"
+    return ("tunesmith trains with AdamW; use optim: adamw_torch (or adamw_torch_fused), or bitsandbytes' "
+            f"{', '.join(BNB_OPTIMS)}")
 
 
 def _one_adapter(value):
@@ -370,7 +371,8 @@ _HF = section("hf", [
     mapped("warmup_steps", "warmup_steps / warmup_ratio", _warmup_steps,
             "warmup_steps; a value below 1 (transformers 5: a share of the steps) -> warmup_ratio"),
     honoured("warmup_ratio"),
-    honoured("optim", "AdamW only: adamw_torch, adamw_torch_fused", check=_optim),
+    honoured("optim", "AdamW: adamw_torch, adamw_torch_fused, and bitsandbytes' adamw_8bit, adamw_bnb_8bit, "
+             "paged_adamw_8bit, paged_adamw_32bit (one process)", check=_optim),
     refused("optim_args", "optimizer arguments are not read; use adam_beta1, adam_beta2, adam_epsilon, "
              "weight_decay", accept=(None, "")),
     honoured("weight_decay"),

@@ -26,7 +26,7 @@ from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
 from .recorded import trained_rope
 from .resolve import one_process_features, resolve_reference
-from .schema import ADAPTER_TYPES, GROUPS, SECRET_KEYS, RunConfig
+from .schema import ADAPTER_TYPES, BNB_OPTIMS, GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
 
@@ -287,23 +287,27 @@ def _one_process_problems(cfg: RunConfig) -> list[str]:
 
 
 def _optimizer_problems(cfg: RunConfig) -> list[str]:
-    """use_muon, use_adam_mini, use_galore, use_apollo and use_badam: one optimizer of them, without LoRA+'s groups;
-    Adam-mini, GaLore, APOLLO and BAdam on whole weight matrices (not adapters), with their package installed."""
+    """use_muon, use_adam_mini, use_galore, use_apollo, use_badam and bitsandbytes' optim values: one optimizer of
+    them, the use_* ones without LoRA+'s groups; Adam-mini, GaLore, APOLLO and BAdam on whole weight matrices (not
+    adapters); each with its package installed."""
     train = cfg.train
     asked = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo", "use_badam")
              if getattr(train, key)]
+    if train.optim in BNB_OPTIMS:
+        asked.append(f"optim: {train.optim}")
     if not asked:
         return []
     problems = _badam_problems(train) if train.use_badam else []
     if len(asked) > 1:
         problems.append(f"{' and '.join(asked)} each choose the optimizer: keep one")
-    if train.loraplus_lr_ratio is not None:
+    if train.loraplus_lr_ratio is not None and asked[0].startswith("use_"):  # bitsandbytes' AdamW takes its groups
         problems.append(f"{asked[0]} and loraplus_lr_ratio (LoRA+, AdamW's groups) each choose the optimizer: keep "
                         "one")
     projects = "projects whole weight matrices' gradients"
     whole = {"use_adam_mini": "partitions whole weight matrices by attention head and neuron",
              "use_galore": projects, "use_apollo": projects, "use_badam": "trains whole decoder layers in turn"}
-    packages = {"use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
+    packages = {f"optim: {train.optim}": ("bitsandbytes", "bitsandbytes", "qlora"),
+                "use_adam_mini": ("adam_mini", "adam-mini", "adam-mini"),
                 "use_galore": ("galore_torch", "galore-torch", "galore"),
                 "use_apollo": ("apollo_torch", "apollo-torch", "apollo")}
     for kind in ("galore", "apollo"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..stages import STAGES, uses_asft, uses_reference
-from .schema import ADAPTER_TYPES, RunConfig
+from .schema import ADAPTER_TYPES, BNB_OPTIMS, RunConfig
 
 
 def vllm_cpu_build() -> bool:
@@ -102,6 +102,7 @@ def one_process_features(cfg: RunConfig) -> list[str]:
     return [key for key, on in (("quantization_bit", cfg.model.quantization_bit), ("use_muon", cfg.train.use_muon),
                                 ("use_adam_mini", cfg.train.use_adam_mini), ("use_galore", cfg.train.use_galore),
                                 ("use_apollo", cfg.train.use_apollo), ("use_badam", cfg.train.use_badam),
+                                (f"optim: {cfg.train.optim}", cfg.train.optim in BNB_OPTIMS),
                                 ("pissa_init", cfg.finetune.pissa_init))
             if on]
 

@@ -242,6 +242,10 @@ class FinetuneConfig(_Group):
         return self
 
 
+# optim values that are bitsandbytes' AdamW (engines/optim.py builds them)
+BNB_OPTIMS = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+
+
 class TrainConfig(_Group):
     do_train: bool = Field(True, description="Train; false with do_eval: true evaluates only (LLaMA-Factory's "
                            "evaluation-only run).")
@@ -275,8 +279,12 @@ class TrainConfig(_Group):
     adam_beta1: float = Field(0.9, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, description="AdamW beta2.")
     adam_epsilon: float = Field(1e-8, description="AdamW epsilon.")
-    optim: Literal["adamw_torch", "adamw_torch_fused"] = Field(
-        "adamw_torch", description="Optimiser (AdamW; the fused kernel is used on CUDA either way)."
+    optim: Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit",
+                   "paged_adamw_32bit"] = Field(
+        "adamw_torch", description="AdamW: adamw_torch (the fused kernel on CUDA either way, so adamw_torch_fused is "
+        "the same), or bitsandbytes' (pip install 'tunesmith[qlora]'; one process): adamw_8bit / adamw_bnb_8bit "
+        "(8-bit moments; embeddings keep 32-bit ones, as transformers' Trainer sets them), paged_adamw_8bit, "
+        "paged_adamw_32bit (moments in paged memory that spills to the CPU under pressure)."
     )
     use_muon: bool = Field(
         False, description="Muon (torch.optim.Muon: momentum orthogonalised by Newton-Schulz, its step scaled by "

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..config.schema import TrainConfig
+from ..config.schema import BNB_OPTIMS, TrainConfig
 from ..errors import TunesmithError
 
 log = logging.getLogger("tunesmith")
@@ -29,7 +29,28 @@ def build_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.opti
         from .badam import BlockAdamW
 
         return BlockAdamW(model, cfg, decays, fused=device.type == "cuda")
+    if cfg.optim in BNB_OPTIMS:
+        return _bitsandbytes_adamw(model, cfg)
     return torch.optim.AdamW(parameter_groups(model, cfg), **adamw_options(cfg), fused=device.type == "cuda")
+
+
+def _bitsandbytes_adamw(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW for optim: adamw_8bit / adamw_bnb_8bit (8-bit moments), paged_adamw_8bit and
+    paged_adamw_32bit (moments in paged memory), over parameter_groups. As transformers' Trainer does, the
+    embeddings keep 32-bit moments under the 8-bit ones (8-bit states of embedding rows are unstable)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise TunesmithError(f"optim: {cfg.optim} needs bitsandbytes: pip install 'tunesmith[qlora]'") from None
+    kind = {"adamw_8bit": bnb.optim.AdamW8bit, "adamw_bnb_8bit": bnb.optim.AdamW8bit,
+            "paged_adamw_8bit": bnb.optim.PagedAdamW8bit, "paged_adamw_32bit": bnb.optim.PagedAdamW32bit}[cfg.optim]
+    if "8bit" in cfg.optim:
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    log.info("optim: %s (bitsandbytes %s)", cfg.optim, kind.__name__)
+    return kind(parameter_groups(model, cfg), **adamw_options(cfg))
 
 
 def _muon(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:

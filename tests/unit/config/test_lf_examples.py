@@ -54,10 +54,7 @@ REFUSED = {
     ],
     **({"extras/fsdp_qlora/llama3_lora_sft.yaml": _QLORA, "train_qlora/qwen3_lora_sft_bnb_npu.yaml": _QLORA,
         "train_qlora/qwen3_lora_sft_otfq.yaml": _QLORA} if _QLORA else {}),
-    "extras/mod/llama3_full_sft.yaml": [
-        "'mixture_of_depths' = 'convert': mixture-of-depths is not available",
-        "'optim' = 'paged_adamw_8bit': tunesmith trains with AdamW; use optim: adamw_torch",
-    ],
+    "extras/mod/llama3_full_sft.yaml": ["'mixture_of_depths' = 'convert': mixture-of-depths is not available"],
     **({"extras/qoft/llama3_oft_sft_bnb_npu.yaml": _QLORA} if _QLORA else {}),
     "ktransformers/train_lora/deepseek_v2_lora_sft_kt.yaml": ["'use_kt' = True: " + _KT],
     "ktransformers/train_lora/deepseek_v3_int8_lora_sft_kt.yaml": [_KT],

@@ -79,7 +79,7 @@ def test_harmless_defaults_of_refused_features_are_accepted_without_effect(overr
     ("push_to_hub", True, "upload output_dir yourself"),
     ("stage", "ppo", "PPO with a value model is not available yet; use stage: grpo"),
     ("pref_loss", "kto_pair", "use stage: kto"),
-    ("optim", "paged_adamw_8bit", "use optim: adamw_torch"),
+    ("optim", "adafactor", "use optim: adamw_torch"),
     ("streaming", True, "streaming datasets are not available yet"),
     ("fsdp", "full_shard auto_wrap", "use backend: fsdp2"),
     ("adapter_name_or_path", "a,b", "tunesmith loads one adapter"),

@@ -258,3 +258,32 @@ def test_an_accepted_weight_decay_change_applies_on_deepspeed_too(tmp_path):
         losses[decay] = result.step_losses
     assert losses[0.0][0] == losses[0.5][0]  # step 3's loss comes before the changed update
     assert losses[0.0][1] != losses[0.5][1]  # step 4's after it: the new weight decay applied
+
+
+@pytest.mark.parametrize("optim", ["adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"])
+def test_bitsandbytes_adamw_runs_learns_and_resumes(tmp_path, optim):
+    """LLaMA-Factory's (transformers') optim values for bitsandbytes' AdamW: 8-bit or paged moments, checkpointed and
+    resumed as the uninterrupted run."""
+    pytest.importorskip("bitsandbytes")
+    common = dict(learning_rate=3e-3, lr_scheduler_type="constant", save_strategy="steps", save_steps=3, optim=optim)
+    straight = train(run_config(tmp_path / "straight", max_steps=6, **common))
+    assert straight.step_losses[-1] < straight.step_losses[0]
+    train(run_config(tmp_path / "parted", max_steps=3, **common))
+    resumed = train(run_config(tmp_path / "parted", max_steps=6, resume_from_checkpoint=True, **common))
+    assert resumed.step_losses == pytest.approx(straight.step_losses[3:], rel=1e-5)
+
+
+def test_8bit_moments_for_matrices_and_32bit_for_embeddings(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    model = _toy()
+    optimizer = build_optimizer(model, run_config(tmp_path / "c", optim="adamw_bnb_8bit").train, torch.device("cpu"))
+    model.proj.weight.data = torch.randn(4096, 8)  # bitsandbytes keeps tensors under 4,096 values in 32 bits
+    model.proj.bias.data = torch.randn(4096)
+    model.norm = torch.nn.LayerNorm(4096)
+    _step(model, optimizer, 1)
+    assert optimizer.state[model.proj.weight]["state1"].dtype == torch.uint8
+    assert optimizer.state[model.embed_tokens.weight]["state1"].dtype == torch.float32
+    problems = _problems(tmp_path, optim="paged_adamw_8bit", backend="fsdp2")
+    assert any("optim: paged_adamw_8bit runs on one process" in p for p in problems)
+    problems = _problems(tmp_path, optim="adamw_8bit", use_galore=True, finetuning_type="full")
+    assert any("use_galore and optim: adamw_8bit each choose the optimizer" in p for p in problems)
