@@ -29,8 +29,8 @@ or auto with W > 1)
                use_galore / use_apollo for each projected matrix, with r = min(rank, rows, cols),
                2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector);
                optim: adamw_8bit / paged_adamw_8bit (bitsandbytes) 2 B a parameter;
-               use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies, 4 B a
-               parameter, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
+               use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies and their
+               gradients, 4 B a parameter each, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
                parameter's gradient at a time (each is freed in the backward pass): the largest one's
     fsdp_offload moves these sharded states to the CPU (reported as CPU memory per GPU
     process); the GPU then keeps only the gathered parameters of about two layers.
@@ -245,7 +245,7 @@ def _badam_states(model, pure: bool) -> tuple[float, float]:
     from .engines.badam import layer_blocks
 
     block = max((sum(p.numel() for _, p in params) for _, params in layer_blocks(model)), default=0)
-    return block * (2 if pure else 4) / GIB, block * (12 if pure else 8) / GIB
+    return block * (6 if pure else 4) / GIB, block * (12 if pure else 8) / GIB  # + the step's fp32 gradient copies
 
 
 def _text_dims(hf_config, k: int) -> dict:

@@ -328,6 +328,10 @@ def _layerwise_problems(cfg: RunConfig, kind: str) -> list[str]:
     from an unscaled gradient, with no way back."""
     instead = f"or {kind}_layerwise: false (one optimizer after the backward pass)"
     problems = []
+    if STAGES[cfg.finetune.stage].is_online_rl:
+        problems.append(f"{kind}_layerwise: true with stage {cfg.finetune.stage}: each update of online RL runs its "
+                        "rollouts in several micro-batches, and a per-layer update happens in every backward "
+                        f"pass; use {kind}_layerwise: false")
     if cfg.train.gradient_accumulation_steps != 1:
         problems.append(f"{kind}_layerwise: true updates each parameter in its backward pass, so it cannot "
                         f"accumulate gradients over {cfg.train.gradient_accumulation_steps} micro-batches "
@@ -459,6 +463,10 @@ def _check_liger() -> list[str]:
 
 def _warn_no_effect(cfg: RunConfig, given: set[str]) -> None:
     train = cfg.train
+    if train.use_badam and not cfg.model.pure_bf16:
+        log.warning("use_badam: LLaMA-Factory's BAdam keeps the weights in 16 bits (the active layer steps on fp32 "
+                    "copies); this run keeps fp32 weights (%s); set pure_bf16: true for LLaMA-Factory's memory and "
+                    "numerics", "bf16 autocast" if cfg.model.bf16 else "fp16 autocast" if cfg.model.fp16 else "fp32")
     if uses_asft(cfg) and cfg.finetune.asft_alpha == 0:
         log.warning("asft_alpha: 0 leaves ASFT's KL out, so the loss is DFT's and the reference forward of every "
                     "micro-batch is for nothing; use use_dft_loss: true instead")

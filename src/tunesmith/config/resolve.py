@@ -68,7 +68,9 @@ def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
 
 def _no_copy_under_fsdp2(cfg: RunConfig) -> str:
     """FSDP2 on several processes keeps no frozen copy of the model (engines/fsdp2.py): what to use instead."""
-    if uses_asft(cfg):
+    if cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init:
+        instead = "pref_reference: adapters_off (or auto: the base with the adapters off)"
+    elif uses_asft(cfg):
         instead = "DeepSpeed ZeRO stage 0-2 (a deepspeed config or zero_stage), or finetuning_type: lora"
     elif STAGES[cfg.finetune.stage].is_online_rl:
         instead = "finetuning_type: lora (the reference is the base with the adapters off), or kl_coef: 0"
@@ -147,14 +149,13 @@ def _unlike_vllm(cfg: RunConfig) -> str | None:
 
 def resolve_reference(cfg: RunConfig) -> str:
     """The reference the loss uses: none when it needs none; auto is the base with the adapters off for a LoRA
-    (or OFT) run, else a frozen copy of the starting model: also for PiSSA (whose base without the adapters is
-    their residual) and for an adapter continued from adapter_name_or_path (the base without it is not where the
-    run starts; LLaMA-Factory's reference loads it too), unless the base is quantized (no copy of it is made)."""
+    (or OFT) run, as in LLaMA-Factory (an adapter continued from adapter_name_or_path is off too: copy makes the
+    base with it the reference), else a frozen copy of the starting model (also for PiSSA, whose base without the
+    adapters is their residual)."""
     mode = cfg.finetune.pref_reference
     if not uses_reference(cfg):
         return "none"
-    continued = cfg.model.adapter_name_or_path and not cfg.model.quantization_bit
-    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init and not continued
+    adapters = cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init
     if mode == "auto":
         return "adapters_off" if adapters else "copy"
     if mode == "adapters_off" and not adapters:

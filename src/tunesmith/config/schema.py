@@ -218,7 +218,7 @@ class FinetuneConfig(_Group):
     pref_reference: Literal["auto", "copy", "adapters_off", "precomputed", "none"] = Field(
         "auto",
         description="dpo/kto/online-RL/ASFT KL reference: auto (LoRA: the base with adapters off; else, and with "
-        "pissa_init or a continued adapter_name_or_path on an unquantized base, a frozen copy), copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
+        "pissa_init, a frozen copy; a continued adapter_name_or_path is off too, as in LLaMA-Factory: copy keeps it), copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
         "none (reference-free). Resolved before the run: the saved config names the one used.",
     )
     kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of desirable examples.")

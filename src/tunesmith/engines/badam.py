@@ -70,7 +70,10 @@ class BlockAdamW(torch.optim.AdamW):
                                  f"{len(self.blocks) - 1}, one per decoder layer)")
         if self.switch_mode == "random":
             self._new_round()
-            return start if start is not None else self.order.pop()
+            if start is None:
+                return self.order.pop()
+            self.order.remove(start)  # the start block is this round's first
+            return start
         if start is not None:
             return start
         return len(self.blocks) - 1 if self.switch_mode == "descending" else 0
@@ -133,14 +136,21 @@ class BlockAdamW(torch.optim.AdamW):
                           "generator": self.generator.get_state(), "copies": [copy for _, copy in self.pairs]}
         return state
 
+    def weights_loaded(self) -> None:
+        """The engine loaded weights from elsewhere (another trainer's checkpoint): the active block's fp32 copies
+        are made again from them, with fresh moments."""
+        self._activate(self.block)
+
     def load_state_dict(self, state_dict: dict) -> None:
+        if "badam" not in state_dict:
+            raise ValueError("the optimizer state is not a BAdam one (no block position)")
         saved = state_dict["badam"]
         if not 0 <= saved["block"] < len(self.blocks):
             raise ValueError(f"the checkpoint's BAdam block {saved['block']} is not one of this model's "
                              f"{len(self.blocks)}")
         self._activate(saved["block"])
         self.steps_in_block, self.order = saved["steps_in_block"], list(saved["order"])
-        self.generator.set_state(saved["generator"])
+        self.generator.set_state(saved["generator"].cpu())  # a checkpoint loads onto the engine's device
         if len(saved["copies"]) != len(self.pairs):
             raise ValueError("the checkpoint's BAdam block holds fp32 copies for other weights (pure_bf16 changed?)")
         for (param, copy), value in zip(self.pairs, saved["copies"]):

@@ -250,10 +250,13 @@ def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:
             for param, index in zip(group, saved["params"]):
                 held = moments.get(index, {}).get("exp_avg")
                 fits = fits and (held is None or tuple(held.shape) == tuple(param.shape))
-    if not fits:
-        log.warning("%s does not fit this model's optimizer (other parameter groups or shapes): the optimizer "
-                    "starts fresh", path)
-        return False
-    with keeping_settings(optimizer):
-        optimizer.load_state_dict(state)
-    return True
+    if fits:
+        try:
+            with keeping_settings(optimizer):
+                optimizer.load_state_dict(state)
+            return True
+        except (KeyError, ValueError, TypeError) as err:  # another optimizer's state (BAdam's needs its own)
+            log.debug("%s: %s", path, err)
+    log.warning("%s does not fit this model's optimizer (other parameter groups or shapes): the optimizer "
+                "starts fresh", path)
+    return False

@@ -61,6 +61,8 @@ class SingleEngine:
     def load_hf_trainer(self, path: Path, step: int, *, optimizer_state: dict | None = None,
                         trusted: bool = False) -> None:
         load_model_weights(self.model, Path(path))
+        if hasattr(self.optimizer, "weights_loaded"):  # BAdam's fp32 copies of the loaded weights
+            self.optimizer.weights_loaded()
         if optimizer_state is not None:
             load_matching_optimizer(self.optimizer, optimizer_state, Path(path) / "optimizer.pt")
         schedule_at(self.optimizer, self.scheduler, step)

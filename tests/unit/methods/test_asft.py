@@ -155,12 +155,13 @@ def test_the_memory_estimate_counts_the_reference_logits():
 
 
 
-def test_the_reference_of_a_continued_adapter_is_a_copy_of_base_and_adapter(tmp_path):
-    cfg = run_config(tmp_path, use_asft_loss=True, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "a"))
-    assert resolve_reference(cfg) == "copy"  # with the adapters off it would be the bare base
-    dpo = run_config(tmp_path, stage="dpo", dataset="dpo_en_demo", finetuning_type="lora",
-                     adapter_name_or_path=str(tmp_path / "a"))
-    assert resolve_reference(dpo) == "copy"
+def test_a_continued_adapter_is_off_in_the_reference_as_in_llamafactory_unless_copy_is_asked(tmp_path):
+    adapter = str(tmp_path / "a")
+    for keys in ({"use_asft_loss": True}, {"stage": "dpo", "dataset": "dpo_en_demo"}):
+        assert resolve_reference(run_config(tmp_path, finetuning_type="lora", adapter_name_or_path=adapter,
+                                            **keys)) == "adapters_off"
+        assert resolve_reference(run_config(tmp_path, finetuning_type="lora", adapter_name_or_path=adapter,
+                                            pref_reference="copy", **keys)) == "copy"
 
 
 def test_a_copy_under_fsdp2_on_several_processes_is_refused_when_the_backend_is_resolved(tmp_path):
@@ -170,6 +171,11 @@ def test_a_copy_under_fsdp2_on_several_processes_is_refused_when_the_backend_is_
         resolve(run_config(tmp_path, use_asft_loss=True), RunFacts(world_size=2))
     with pytest.raises(ConfigError, match="use pref_reference: precomputed"):
         resolve(run_config(tmp_path, stage="dpo", dataset="dpo_en_demo"), RunFacts(world_size=2))
+    with pytest.raises(ConfigError, match="use pref_reference: adapters_off"):
+        resolve(run_config(tmp_path, finetuning_type="lora", pref_reference="copy", use_asft_loss=True),
+                RunFacts(world_size=2))
+    lora = resolve(run_config(tmp_path, finetuning_type="lora", use_asft_loss=True), RunFacts(world_size=2))
+    assert lora.finetune.pref_reference == "adapters_off"
 
 
 def test_the_key_on_another_stage_is_idle_and_alpha_0_is_warned(tmp_path, caplog):

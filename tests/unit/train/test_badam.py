@@ -113,3 +113,41 @@ def test_badam_needs_decoder_layers_and_refuses_what_it_does_not_do(tmp_path):
             build_config(None, {"dataset": "x", "use_badam": True, **keys})
     with pytest.raises(TunesmithError, match="badam_start_block: 3 is not a block"):
         _badam(tmp_path, _Layers(), badam_start_block=3)
+
+
+def test_a_random_order_starts_at_the_start_block_and_visits_each_once_a_round(tmp_path):
+    model = _Layers()
+    optimizer = _badam(tmp_path, model, badam_switch_mode="random", badam_start_block=1, badam_switch_interval=1)
+    visited = _train(model, optimizer, 3)
+    assert visited[0] == 1 and sorted(visited) == [0, 1, 2]
+
+
+def test_a_saved_state_resumes_the_block_and_another_trainer_s_starts_fresh(tmp_path):
+    from tunesmith.engines.base import load_matching_optimizer, load_own_optimizer
+
+    model = _Layers(torch.bfloat16)
+    optimizer = _badam(tmp_path, model, badam_switch_mode="random", badam_switch_interval=2)
+    _train(model, optimizer, 3)
+    resumed = _badam(tmp_path, _Layers(torch.bfloat16), badam_switch_mode="random", badam_switch_interval=2)
+    load_own_optimizer(resumed, optimizer.state_dict(), tmp_path)
+    assert resumed.block == optimizer.block and resumed.order == optimizer.order
+    foreign = torch.optim.AdamW([{"params": [torch.nn.Parameter(torch.zeros(8, 8))]},
+                                 {"params": [torch.nn.Parameter(torch.zeros(8))]}]).state_dict()
+    assert not load_matching_optimizer(resumed, foreign, tmp_path)  # another trainer's AdamW: fresh, not a crash
+
+
+def test_weights_loaded_from_elsewhere_remake_the_fp32_copies(tmp_path):
+    model = _Layers(torch.bfloat16)
+    optimizer = _badam(tmp_path, model, badam_switch_mode="fixed", badam_switch_interval=-1)
+    with torch.no_grad():
+        model.layers[0].weight.fill_(0.5)  # the engine loaded another checkpoint's weights
+    optimizer.weights_loaded()
+    assert torch.equal(optimizer.pairs[0][1], torch.full((8, 8), 0.5))
+
+
+def test_fp32_weights_under_badam_are_said(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="tunesmith"):
+        build_config(None, {"dataset": "x", "use_badam": True, "finetuning_type": "full"})
+    assert "set pure_bf16: true for LLaMA-Factory's memory" in caplog.text

@@ -147,6 +147,8 @@ def test_the_optimizer_choices_that_do_not_go_together_are_refused(tmp_path):
                for p in problems)
     assert any("skip_nonfinite with galore_layerwise" in p for p in problems)
     assert any("fp16 with galore_layerwise" in p for p in problems)
+    problems = _problems(tmp_path, use_apollo=True, apollo_layerwise=True, stage="grpo", dataset="arith_rl")
+    assert any("apollo_layerwise: true with stage grpo" in p for p in problems)
 
 
 def test_several_processes_are_refused_when_the_backend_is_left_to_choose(tmp_path):
