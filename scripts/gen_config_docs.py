@@ -109,7 +109,7 @@ def render() -> str:
         "In the environment, " + ", ".join(f"`{name}=1` selects `backend: {backend}`"
                                            for name, backend in LF_ENV_BACKENDS.items())
         + " (as LLaMA-Factory's launcher does; [megatron.md](megatron.md)); "
-        + " and ".join(f"`{name}=1`" for name in LF_ENV) + " is refused.",
+        + " and ".join(f"`{name}=1`" for name in LF_ENV) + (" are refused." if len(LF_ENV) > 1 else " is refused."),
         "",
     ]
     return "\n".join(lines)

@@ -329,9 +329,9 @@ _GENERATING = section("generating", [
 # ---- LLaMA-Factory's own training arguments -----------------------------------------------------------------
 
 _TRAINING = section("training", [
-    refused("ray_num_workers", "Ray is not used; tunesmith launches torchrun itself on several GPUs (NNODES, "
-             "NPROC_PER_NODE for more)", accept=(1, None)),
-    refused("ray_init_kwargs", "Ray is not used; remove it", accept=(None,)),
+    idle("ray_num_workers", "LLaMA-Factory reads it under USE_RAY=1 only (refused); otherwise, as here, torchrun "
+         "runs on the visible GPUs (NNODES, NPROC_PER_NODE for more)"),
+    idle("ray_init_kwargs", "LLaMA-Factory reads it under USE_RAY=1 only (refused)"),
     refused("master_addr", "set the MASTER_ADDR environment variable", accept=(None,)),
     refused("master_port", "set the MASTER_PORT environment variable", accept=(None,)),
     refused("enable_torch_profiler", "the torch profiler hook is not available; use `tunesmith bench` for "
@@ -574,6 +574,8 @@ for _part in (_MODEL, _DATA, _FINETUNING, _GENERATING, _TRAINING, _HF, _MEGATRON
 # Environment switches of LLaMA-Factory's launcher that pick an engine tunesmith does not have.
 LF_ENV: dict[str, str] = {
     "USE_MEGATRON_BRIDGE": "selects the Megatron Bridge engine; " + _BRIDGE.split(": ", 1)[1],
+    "USE_RAY": ("trains on a Ray cluster, which tunesmith does not use: unset it; tunesmith launches torchrun "
+                "itself on the visible GPUs (NNODES, NODE_RANK, MASTER_ADDR for several nodes)"),
 }
 # Environment switches that select one of tunesmith's engines: name -> backend.
 LF_ENV_BACKENDS: dict[str, str] = {"USE_MCA": "megatron"}

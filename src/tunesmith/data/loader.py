@@ -14,7 +14,7 @@ from pathlib import Path
 import datasets
 
 from tunesmith.data.formats import convert_rows
-from tunesmith.data.registry import get_spec
+from tunesmith.data.registry import get_spec, local_dataset_dir
 from tunesmith.data.sources import load_rows
 from tunesmith.errors import DataError
 
@@ -47,6 +47,7 @@ def load_samples(
     if not names:
         raise DataError("no dataset given. Set dataset: <name>[,<name>...] (names from dataset_info.json).")
     probs = _check_mix(mix_strategy, interleave_probs, len(names))
+    dataset_dir = local_dataset_dir(dataset_dir)  # (prepare_data has done it; direct callers too)
     if max_samples is not None and max_samples < 1:
         raise DataError(f"max_samples must be >= 1, got {max_samples}. Remove it to use every record.")
     parts, report = [], {}

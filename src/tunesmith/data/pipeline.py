@@ -22,7 +22,7 @@ from . import cache
 from .budget import char_budget
 from .loader import load_samples, split_eval
 from .pages import PageReleasing
-from .registry import get_spec
+from .registry import get_spec, local_dataset_dir
 from .prompts import render_prompt_batch, reward_columns
 from .render import IGNORE_INDEX, RenderOptions, render_batch, render_kto_batch, render_pair_batch
 from .lf_templates import LF_TEMPLATES, REFUSED
@@ -92,6 +92,9 @@ def prepare_data(cfg: RunConfig, tokenizer, media=None, known: dict | None = Non
     cache entries this run has just written or verified (data/beside.py): they are read as they are, neither
     fingerprinted nor hashed again."""
     known = known or {}
+    local = local_dataset_dir(cfg.data.dataset_dir)  # LLaMA-Factory's REMOTE:<hub repo>, downloaded
+    if str(local) != str(cfg.data.dataset_dir):
+        cfg = cfg.replace(data={"dataset_dir": str(local)})
     opts = render_options(cfg, tokenizer)
     train, report = None, {}
     if cfg.data.dataset:

@@ -219,6 +219,27 @@ def load_dataset_info(dataset_dir: str | Path) -> dict[str, DatasetSpec]:
     return specs
 
 
+REMOTE = "REMOTE:"  # LLaMA-Factory's dataset_dir prefix for a dataset repo on the Hugging Face Hub
+
+
+def local_dataset_dir(dataset_dir: str | Path) -> str | Path:
+    """dataset_dir as a folder: LLaMA-Factory's "REMOTE:<hub dataset repo>" is that repo, downloaded once into the
+    Hugging Face cache (its dataset_info.json and the files its entries name); anything else as it is."""
+    text = str(dataset_dir)
+    if not text.startswith(REMOTE):
+        return dataset_dir
+    repo = text[len(REMOTE):]
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id=repo, repo_type="dataset")
+    except Exception as err:  # network, a missing repo, offline without a cached copy: one message names them
+        raise DataError(f"dataset_dir {text}: the Hugging Face dataset repo '{repo}' could not be fetched "
+                        f"({type(err).__name__}: {str(err)[:200]}). Check the name and the network (with "
+                        "HF_HUB_OFFLINE=1 only a cached copy is read), or download it and set dataset_dir to its "
+                        "folder.") from None
+
+
 def get_spec(name: str, dataset_dir: str | Path) -> DatasetSpec:
     """The spec registered as `name`; dataset_dir "ONLINE" means `name` is a hub id (as in LLaMA-Factory)."""
     if str(dataset_dir) == "ONLINE":

@@ -67,7 +67,6 @@ REFUSED = {
                                     "'pipeline_model_parallel_size' = 2 " + _MEGATRON, _MEGATRON],
     "megatron/qwen3_moe_full.yaml": ["'pipeline_model_parallel_size' = 4 " + _MEGATRON,
                                      "'expert_model_parallel_size' = 2 " + _MEGATRON, _MEGATRON],
-    "train_lora/qwen3_lora_sft_ray.yaml": ["'ray_num_workers' = 4: Ray is not used; tunesmith launches torchrun"],
 }
 
 

@@ -251,3 +251,12 @@ def test_null_written_for_the_new_keys_is_their_default():
     nulls = {"quantization_bit": None, "quantization_method": None, "quantization_type": None,
              "double_quantization": None, "load_best_model_at_end": None, "rope_scaling": None}
     assert build_config(None, {"dataset": "x", **nulls}) == build_config(None, {"dataset": "x"})
+
+
+def test_ray_keys_are_idle_and_use_ray_is_refused():
+    """LLaMA-Factory reads ray_num_workers only under USE_RAY=1; without it both tools run torchrun."""
+    from tunesmith.config.lf_translate import env_problems
+
+    build_config(None, {"dataset": "x", "ray_num_workers": 4})
+    assert any("USE_RAY=1 trains on a Ray cluster" in p for p in env_problems({"USE_RAY": "1"}))
+    assert env_problems({}) == []

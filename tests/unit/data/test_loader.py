@@ -126,3 +126,22 @@ def test_generated_answers_are_correct():
             assert str(eval(q[len("What is "):-1])) == rec["output"]  # noqa: S307 - our own generated text
         elif q.startswith("Reverse"):
             assert rec["output"] == rec["input"][::-1]
+
+
+def test_a_remote_dataset_dir_is_the_hub_repo_downloaded(tmp_path, monkeypatch):
+    """LLaMA-Factory's dataset_dir: REMOTE:<repo>: the dataset repo's dataset_info.json and the files it names."""
+    import huggingface_hub
+
+    asked = []
+
+    def snapshot(repo_id, repo_type):
+        asked.append((repo_id, repo_type))
+        if repo_id != "me/data":
+            raise huggingface_hub.errors.RepositoryNotFoundError("no such repo")
+        return str(_make_dir(tmp_path))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    ds, _ = load_samples(["b"], dataset_dir="REMOTE:me/data", stage="sft")
+    assert _prompts(ds) == ["b0", "b1", "b2", "b3"] and asked == [("me/data", "dataset")]
+    with pytest.raises(DataError, match="dataset_dir REMOTE:me/nothing: the Hugging Face dataset repo 'me/nothing'"):
+        load_samples(["b"], dataset_dir="REMOTE:me/nothing", stage="sft")
