@@ -28,7 +28,8 @@ or auto with W > 1)
                DoRA's magnitudes AdamW), use_adam_mini one (its second moment is one value per block),
                use_galore / use_apollo for each projected matrix, with r = min(rank, rows, cols),
                2*r*max(rows, cols) (AdamW's two on its projected gradient) + r*min(rows, cols) (the projector);
-               optim: adamw_8bit / paged_adamw_8bit (bitsandbytes) 2 B a parameter;
+               optim: adamw_8bit / paged_adamw_8bit (bitsandbytes) 2 B a parameter (8 B for embeddings and
+               tensors under 4,096 values), paged_adamw_32bit 8 B whatever the weights;
                use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies and their
                gradients, 4 B a parameter each, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
                parameter's gradient at a time (each is freed in the backward pass): the largest one's
@@ -83,7 +84,7 @@ import re
 
 import torch
 
-from .config.schema import ADAPTER_TYPES, RunConfig
+from .config.schema import ADAPTER_TYPES, BNB_OPTIMS, RunConfig
 from .config.resolve import resolve_reference
 from .stages import STAGES, uses_asft
 
@@ -239,6 +240,18 @@ def _adamw_in_adapters(model, cfg: RunConfig) -> int:
     return extra
 
 
+def _bitsandbytes_state_bytes(model, cfg: RunConfig, N_t: int) -> float:
+    """bitsandbytes' AdamW moments: fp32 whatever the weights (8 B a parameter); the 8-bit optimizers keep two
+    bytes, except for embeddings (32-bit by transformers' override) and tensors under 4,096 values."""
+    if "8bit" not in cfg.train.optim:
+        return N_t * 8
+    if cfg.finetune.finetuning_type in ADAPTER_TYPES:
+        return N_t * 2
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    return sum(p.numel() * (8 if id(p) in embeddings or p.numel() < 4096 else 2)
+               for p in model.parameters() if p.requires_grad)
+
+
 def _badam_states(model, pure: bool) -> tuple[float, float]:
     """(gradients, optimizer) in GiB under use_badam: the largest decoder layer's gradients, and its fp32 AdamW
     moments plus, with 16-bit weights, its fp32 copies (engines/badam.py)."""
@@ -309,8 +322,8 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
         weights = (max(N - kept, 0) * m.quantization_bit / 8 + kept * (2 if pure else 4)) / GIB
     gradients = N_t * (2 if pure else 4) / shards / GIB
     optimizer = optimizer_state_values(model, cfg, N_t) * (2 if pure else 4) / shards / GIB
-    if "8bit" in t.optim:  # bitsandbytes' two 8-bit moments (and a little for their block-wise scales)
-        optimizer = N_t * 2 / shards / GIB
+    if t.optim in BNB_OPTIMS:
+        optimizer = _bitsandbytes_state_bytes(model, cfg, N_t) / shards / GIB
     if t.use_badam:
         gradients, optimizer = _badam_states(model, pure)
     elif (t.use_galore and t.galore_layerwise) or (t.use_apollo and t.apollo_layerwise):  # freed in the backward

@@ -62,7 +62,11 @@ def test_llamafactorys_optimizers_count_their_own_state():
     shapes = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]  # q k v o gate up down
     matrices = d["num_hidden_layers"] * sum(a * b for a, b in shapes)
     assert est(finetuning_type="full", bf16=True, use_adam_mini=True)["optimizer"] == pytest.approx(n * 4 / GIB)
-    assert est(finetuning_type="full", bf16=True, optim="paged_adamw_8bit")["optimizer"] == pytest.approx(n * 2 / GIB)
+    small = d["num_hidden_layers"] * (2 * h + 2 * d["head_dim"]) + h  # the norms: under 4,096 values, 32-bit
+    eight = est(finetuning_type="full", bf16=True, optim="paged_adamw_8bit")["optimizer"]
+    assert eight == pytest.approx(((n - embed - small) * 2 + (embed + small) * 8) / GIB)
+    assert est(finetuning_type="full", pure_bf16=True, optim="paged_adamw_32bit")["optimizer"] == pytest.approx(
+        n * 8 / GIB)  # fp32 moments whatever the weights
     muon = est(finetuning_type="full", bf16=True, use_muon=True)["optimizer"]
     assert muon == pytest.approx((matrices + 2 * (n - matrices)) * 4 / GIB)
     assert embed + matrices < n  # the norms stay AdamW's

@@ -298,7 +298,10 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     if not asked:
         return []
     problems = _badam_problems(train) if train.use_badam else []
-    if len(asked) > 1:
+    if len(asked) == 2 and asked[1].startswith("optim:"):  # LLaMA-Factory builds GaLore's / BAdam's 8-bit AdamW
+        problems.append(f"{asked[0]} with {asked[1]}: LLaMA-Factory runs {asked[0]}'s 8-bit variant, which is not "
+                        f"available; use optim: adamw_torch with {asked[0]}, or {asked[1]} alone")
+    elif len(asked) > 1:
         problems.append(f"{' and '.join(asked)} each choose the optimizer: keep one")
     if train.loraplus_lr_ratio is not None and asked[0].startswith("use_"):  # bitsandbytes' AdamW takes its groups
         problems.append(f"{asked[0]} and loraplus_lr_ratio (LoRA+, AdamW's groups) each choose the optimizer: keep "

@@ -69,7 +69,8 @@ def resolve(cfg: RunConfig, facts: RunFacts = RunFacts()) -> RunConfig:
 def _no_copy_under_fsdp2(cfg: RunConfig) -> str:
     """FSDP2 on several processes keeps no frozen copy of the model (engines/fsdp2.py): what to use instead."""
     if cfg.finetune.finetuning_type in ADAPTER_TYPES and not cfg.finetune.pissa_init:
-        instead = "pref_reference: adapters_off (or auto: the base with the adapters off)"
+        instead = "pref_reference: adapters_off (or auto: the base with the adapters off"
+        instead += ", which leaves the continued adapter_name_or_path out)" if cfg.model.adapter_name_or_path else ")"
     elif uses_asft(cfg):
         instead = "DeepSpeed ZeRO stage 0-2 (a deepspeed config or zero_stage), or finetuning_type: lora"
     elif STAGES[cfg.finetune.stage].is_online_rl:
@@ -149,7 +150,7 @@ def _unlike_vllm(cfg: RunConfig) -> str | None:
 
 def resolve_reference(cfg: RunConfig) -> str:
     """The reference the loss uses: none when it needs none; auto is the base with the adapters off for a LoRA
-    (or OFT) run, as in LLaMA-Factory (an adapter continued from adapter_name_or_path is off too: copy makes the
+    (or OFT) run, as LLaMA-Factory's LoRA does (an adapter continued from adapter_name_or_path is off too: copy makes the
     base with it the reference), else a frozen copy of the starting model (also for PiSSA, whose base without the
     adapters is their residual)."""
     mode = cfg.finetune.pref_reference

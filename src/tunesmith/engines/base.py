@@ -244,12 +244,16 @@ def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:
     saved_groups = state.get("param_groups") if isinstance(state, dict) else None
     ours = [g["params"] for g in optimizer.param_groups]
     fits = isinstance(saved_groups, list) and [len(g.get("params", [])) for g in saved_groups] == [len(p) for p in ours]
+    moment = "state1" if type(optimizer).__module__.startswith("bitsandbytes") else "exp_avg"
     if fits:
         moments = state.get("state", {})
         for group, saved in zip(ours, saved_groups):
             for param, index in zip(group, saved["params"]):
-                held = moments.get(index, {}).get("exp_avg")
-                fits = fits and (held is None or tuple(held.shape) == tuple(param.shape))
+                entry = moments.get(index, {})
+                held = entry.get("__bnb_optimizer_quant_state__", entry).get(moment)  # bitsandbytes wraps its own
+                # another optimizer's moments (torch's exp_avg against bitsandbytes' state1, or the reverse)
+                fits = fits and (held is not None or not entry) and (held is None or tuple(held.shape) ==
+                                                                     tuple(param.shape))
     if fits:
         try:
             with keeping_settings(optimizer):

@@ -44,13 +44,16 @@ def _bitsandbytes_adamw(model, cfg: TrainConfig) -> torch.optim.Optimizer:
         raise TunesmithError(f"optim: {cfg.optim} needs bitsandbytes: pip install 'tunesmith[qlora]'") from None
     kind = {"adamw_8bit": bnb.optim.AdamW8bit, "adamw_bnb_8bit": bnb.optim.AdamW8bit,
             "paged_adamw_8bit": bnb.optim.PagedAdamW8bit, "paged_adamw_32bit": bnb.optim.PagedAdamW32bit}[cfg.optim]
-    if "8bit" in cfg.optim:
-        manager = bnb.optim.GlobalOptimManager.get_instance()
+    optimizer = kind(parameter_groups(model, cfg), **adamw_options(cfg))
+    if "8bit" in cfg.optim:  # this optimizer's own override manager: the global one keeps every run's models
+        manager = object.__new__(bnb.optim.GlobalOptimManager)
+        manager.initialize()
         for module in model.modules():
-            if isinstance(module, torch.nn.Embedding):
-                manager.register_module_override(module, "weight", {"optim_bits": 32})
+            if isinstance(module, torch.nn.Embedding) and module.weight.requires_grad:
+                manager.override_config(module.weight, "optim_bits", 32)
+        optimizer.mng = manager
     log.info("optim: %s (bitsandbytes %s)", cfg.optim, kind.__name__)
-    return kind(parameter_groups(model, cfg), **adamw_options(cfg))
+    return optimizer
 
 
 def _muon(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:

@@ -52,7 +52,9 @@ class SingleEngine:
         """Weights from the checkpoint's Hugging Face export (safetensors), optimizer and schedule from
         engine_state.pt (weights_only: tensors and numbers, never code, whether trusted or not)."""
         load_model_weights(self.model, Path(path))
-        state = read_torch_file(Path(path) / "engine_state.pt", map_location=self.device)
+        # bitsandbytes copies the state it loads onto the parameters' device: read on the CPU, not twice on the GPU
+        bnb = type(self.optimizer).__module__.startswith("bitsandbytes")
+        state = read_torch_file(Path(path) / "engine_state.pt", map_location="cpu" if bnb else self.device)
         load_own_optimizer(self.optimizer, state["optimizer"], path)
         load_schedule(self.optimizer, self.scheduler, state["scheduler"])
         if self.scaler and "scaler" in state:

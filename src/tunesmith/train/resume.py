@@ -111,7 +111,9 @@ def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size
                and not (k not in saved and current.get(k) == defaults.get(k))}
     if _global_batch(saved, saved_world) == _global_batch(current, world_size):
         changes = {k: v for k, v in changes.items() if k not in _PER_PROCESS}
-    fixed = sorted(k for k in changes if k in _OPTIMIZER_SHAPE)
+    if "optim" in changes and _optim_state(changes["optim"][0]) == _optim_state(changes["optim"][1]):
+        changes = {k: v for k, v in changes.items() if k != "optim"}  # the same state (adamw_torch_fused, ...)
+    fixed = sorted(k for k in changes if k in _OPTIMIZER_SHAPE or k == "optim")
     if fixed:
         listed = ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in fixed)
         raise ConfigError([f"resume from {checkpoint}: {listed} would change the optimizer whose state the "
@@ -124,6 +126,11 @@ def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size
                            f"Restore those values, start a new run (another output_dir, or overwrite_output_dir: "
                            f"true), or accept the change with resume_allow_changes: [{', '.join(refused)}]"])
     return changes
+
+
+def _optim_state(optim) -> str:
+    """The kind of state an optim value's optimizer keeps: torch's AdamW, bitsandbytes' 8-bit or 32-bit moments."""
+    return "bnb8" if "8bit" in str(optim) else "bnb32" if optim == "paged_adamw_32bit" else "adamw"
 
 
 def record_changes(output_dir: Path, step: int, changes: dict) -> None:

@@ -275,17 +275,63 @@ def test_bitsandbytes_adamw_runs_learns_and_resumes(tmp_path, optim):
     assert resumed.step_losses == pytest.approx(straight.step_losses[3:], rel=1e-5)
 
 
-def test_8bit_moments_for_matrices_and_32bit_for_embeddings(tmp_path):
-    pytest.importorskip("bitsandbytes")
-    model = _toy()
-    optimizer = build_optimizer(model, run_config(tmp_path / "c", optim="adamw_bnb_8bit").train, torch.device("cpu"))
-    model.proj.weight.data = torch.randn(4096, 8)  # bitsandbytes keeps tensors under 4,096 values in 32 bits
-    model.proj.bias.data = torch.randn(4096)
+def _big_toy():
+    """_toy with tensors of 4,096 values and more (bitsandbytes keeps smaller ones in 32 bits anyway)."""
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.embed_tokens = torch.nn.Embedding(1024, 8)
+    model.proj = torch.nn.Linear(8, 4096)
     model.norm = torch.nn.LayerNorm(4096)
-    _step(model, optimizer, 1)
-    assert optimizer.state[model.proj.weight]["state1"].dtype == torch.uint8
-    assert optimizer.state[model.embed_tokens.weight]["state1"].dtype == torch.float32
+    return model
+
+
+def _big_step(model, optimizer):
+    ids = torch.randint(0, 1024, (64,))
+    model.norm(model.proj(model.embed_tokens(ids))).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_8bit_moments_for_matrices_and_32bit_for_embeddings_in_each_run(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    for _ in range(2):  # a second run in the process: its own overrides, none left from the first
+        model = _big_toy()
+        optimizer = build_optimizer(model, run_config(tmp_path / "c", optim="adamw_bnb_8bit").train,
+                                    torch.device("cpu"))
+        _big_step(model, optimizer)
+        assert optimizer.state[model.proj.weight]["state1"].dtype == torch.uint8
+        assert optimizer.state[model.embed_tokens.weight]["state1"].dtype == torch.float32
+    other = torch.nn.Module()  # the first trainable parameter of this one is a matrix: 8-bit
+    other.proj = torch.nn.Linear(8, 4096)
+    optimizer = build_optimizer(other, run_config(tmp_path / "c", optim="adamw_8bit").train, torch.device("cpu"))
+    other.proj(torch.randn(4, 8)).square().mean().backward()
+    optimizer.step()
+    assert optimizer.state[other.proj.weight]["state1"].dtype == torch.uint8
     problems = _problems(tmp_path, optim="paged_adamw_8bit", backend="fsdp2")
     assert any("optim: paged_adamw_8bit runs on one process" in p for p in problems)
     problems = _problems(tmp_path, optim="adamw_8bit", use_galore=True, finetuning_type="full")
-    assert any("use_galore and optim: adamw_8bit each choose the optimizer" in p for p in problems)
+    assert any("use_galore with optim: adamw_8bit" in p and "not available" in p for p in problems)
+
+
+def test_another_optimizer_s_state_starts_fresh_and_a_resume_keeps_the_state_s_kind(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from tunesmith.engines.base import load_matching_optimizer
+
+    states = {}
+    for optim in ("adamw_torch", "adamw_8bit"):
+        model = _big_toy()
+        optimizer = build_optimizer(model, run_config(tmp_path / "c", optim=optim).train, torch.device("cpu"))
+        _big_step(model, optimizer)
+        states[optim] = (model, optimizer)
+    (_, torch_adamw), (_, eight) = states["adamw_torch"], states["adamw_8bit"]
+    assert not load_matching_optimizer(eight, copy.deepcopy(torch_adamw.state_dict()), tmp_path)
+    assert not load_matching_optimizer(torch_adamw, copy.deepcopy(eight.state_dict()), tmp_path)
+    assert load_matching_optimizer(eight, copy.deepcopy(eight.state_dict()), tmp_path)
+    common = dict(save_strategy="steps", save_steps=2, finetuning_type="lora")
+    train(run_config(tmp_path / "o", max_steps=2, optim="adamw_8bit", **common))
+    with pytest.raises(ConfigError, match="optim: 'adamw_8bit' -> 'adamw_torch' would change the optimizer"):
+        train(run_config(tmp_path / "o", max_steps=4, resume_from_checkpoint=True, resume_allow_changes=["optim"],
+                         **common))
+    resumed = train(run_config(tmp_path / "o", max_steps=4, resume_from_checkpoint=True, optim="paged_adamw_8bit",
+                               **common))  # the same 8-bit state
+    assert len(resumed.step_losses) == 2
