@@ -243,7 +243,7 @@ _FINETUNING = section("finetuning", [
     idle("ppo_target", "PPO only (stage: ppo is refused)"),
     idle("ppo_whiten_rewards", "PPO only (stage: ppo is refused)"),
     unless_null("ref_model", "a separate reference model is not available; the reference is the starting model "
-             "(pref_reference: copy, adapters_off or precomputed)"),
+             "(pref_reference: copy or adapters_off; precomputed for dpo/kto)"),
     unless_null("ref_model_adapters", "a separate reference model is not available; remove it"),
     unless_null("ref_model_quantization_bit", "a quantized reference model is not available; remove it"),
     unless_null("reward_model", "set reward_funcs: [reward_model] and reward_model_path instead"),
