@@ -15,12 +15,12 @@ from tunesmith.errors import ConfigError
 from tunesmith.train.setup import train
 
 
-def _toy():
+def _toy(vocab: int = 10, width: int = 16):
     torch.manual_seed(0)
     model = torch.nn.Module()
-    model.embed_tokens = torch.nn.Embedding(10, 8)
-    model.proj = torch.nn.Linear(8, 16)
-    model.norm = torch.nn.LayerNorm(16)
+    model.embed_tokens = torch.nn.Embedding(vocab, 8)
+    model.proj = torch.nn.Linear(8, width)
+    model.norm = torch.nn.LayerNorm(width)
     return model
 
 
@@ -277,12 +277,7 @@ def test_bitsandbytes_adamw_runs_learns_and_resumes(tmp_path, optim):
 
 def _big_toy():
     """_toy with tensors of 4,096 values and more (bitsandbytes keeps smaller ones in 32 bits anyway)."""
-    torch.manual_seed(0)
-    model = torch.nn.Module()
-    model.embed_tokens = torch.nn.Embedding(1024, 8)
-    model.proj = torch.nn.Linear(8, 4096)
-    model.norm = torch.nn.LayerNorm(4096)
-    return model
+    return _toy(vocab=1024, width=4096)
 
 
 def _big_step(model, optimizer):
