@@ -31,7 +31,8 @@ or auto with W > 1)
                optim: adamw_8bit / paged_adamw_8bit (bitsandbytes) 2 B a parameter (8 B for embeddings and
                tensors under 4,096 values), paged_adamw_32bit 8 B whatever the weights;
                use_badam the largest decoder layer's gradients and fp32 moments (+ its fp32 copies and their
-               gradients, 4 B a parameter each, with pure_bf16) instead of N_t's; galore_layerwise / apollo_layerwise hold one
+               gradients, 4 B a parameter each, with pure_bf16) instead of N_t's; galore_layerwise /
+               apollo_layerwise hold one
                parameter's gradient at a time (each is freed in the backward pass): the largest one's
     fsdp_offload moves these sharded states to the CPU (reported as CPU memory per GPU
     process); the GPU then keeps only the gathered parameters of about two layers.
@@ -84,7 +85,7 @@ import re
 
 import torch
 
-from .config.schema import ADAPTER_TYPES, BNB_OPTIMS, RunConfig
+from .config.schema import ADAPTER_TYPES, BNB_OPTIMS, RunConfig, optim_state
 from .config.resolve import resolve_reference
 from .stages import STAGES, uses_asft
 
@@ -240,10 +241,24 @@ def _adamw_in_adapters(model, cfg: RunConfig) -> int:
     return extra
 
 
+def _trained_state_bytes(model, cfg: RunConfig, N_t: int) -> tuple[float, float]:
+    """(gradients, optimizer states) in bytes for the trainable parameters, by the optimizer the config picks
+    (module docstring)."""
+    t, per_value = cfg.train, 2 if cfg.model.pure_bf16 else 4
+    if t.use_badam:
+        return _badam_state_bytes(model, cfg.model.pure_bf16)
+    gradients = N_t * per_value
+    if (t.use_galore and t.galore_layerwise) or (t.use_apollo and t.apollo_layerwise):  # freed in the backward
+        gradients = max((p.numel() for p in model.parameters() if p.requires_grad), default=0) * per_value
+    if t.optim in BNB_OPTIMS:
+        return gradients, _bitsandbytes_state_bytes(model, cfg, N_t)
+    return gradients, optimizer_state_values(model, cfg, N_t) * per_value
+
+
 def _bitsandbytes_state_bytes(model, cfg: RunConfig, N_t: int) -> float:
     """bitsandbytes' AdamW moments: fp32 whatever the weights (8 B a parameter); the 8-bit optimizers keep two
     bytes, except for embeddings (32-bit by transformers' override) and tensors under 4,096 values."""
-    if "8bit" not in cfg.train.optim:
+    if optim_state(cfg.train.optim) == "bnb32":
         return N_t * 8
     if cfg.finetune.finetuning_type in ADAPTER_TYPES:
         return N_t * 2
@@ -252,13 +267,13 @@ def _bitsandbytes_state_bytes(model, cfg: RunConfig, N_t: int) -> float:
                for p in model.parameters() if p.requires_grad)
 
 
-def _badam_states(model, pure: bool) -> tuple[float, float]:
-    """(gradients, optimizer) in GiB under use_badam: the largest decoder layer's gradients, and its fp32 AdamW
+def _badam_state_bytes(model, pure: bool) -> tuple[float, float]:
+    """(gradients, optimizer) in bytes under use_badam: the largest decoder layer's gradients, and its fp32 AdamW
     moments plus, with 16-bit weights, its fp32 copies (engines/badam.py)."""
     from .engines.badam import layer_blocks
 
     block = max((sum(p.numel() for _, p in params) for _, params in layer_blocks(model)), default=0)
-    return block * (6 if pure else 4) / GIB, block * (12 if pure else 8) / GIB  # + the step's fp32 gradient copies
+    return block * (6 if pure else 4), block * (12 if pure else 8)  # gradients: + the step's fp32 copies
 
 
 def _text_dims(hf_config, k: int) -> dict:
@@ -320,14 +335,7 @@ def estimate_memory(cfg: RunConfig, num_gpus: int | None = None, gpu_gib: float 
             notes.append(f"quantization_bit (QLoRA) runs on one process; the {W} GPUs counted here would be refused")
         kept = dims["V"] * dims["H"] * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2) + N_t
         weights = (max(N - kept, 0) * m.quantization_bit / 8 + kept * (2 if pure else 4)) / GIB
-    gradients = N_t * (2 if pure else 4) / shards / GIB
-    optimizer = optimizer_state_values(model, cfg, N_t) * (2 if pure else 4) / shards / GIB
-    if t.optim in BNB_OPTIMS:
-        optimizer = _bitsandbytes_state_bytes(model, cfg, N_t) / shards / GIB
-    if t.use_badam:
-        gradients, optimizer = _badam_states(model, pure)
-    elif (t.use_galore and t.galore_layerwise) or (t.use_apollo and t.apollo_layerwise):  # freed in the backward
-        gradients = max((p.numel() for p in model.parameters() if p.requires_grad), default=0) * (2 if pure else 4) / GIB
+    gradients, optimizer = (nbytes / shards / GIB for nbytes in _trained_state_bytes(model, cfg, N_t))
     gathered = two_layers if sharded else 0.0
     cpu = 0.0
     if t.fsdp_offload:

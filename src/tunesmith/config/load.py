@@ -25,8 +25,8 @@ from .lf_keys import LF_KEYS
 from .lf_translate import env_backend, env_problems, translate
 from .megatron import megatron_problems
 from .recorded import trained_rope
-from .resolve import one_process_features, resolve_reference
-from .schema import ADAPTER_TYPES, BNB_OPTIMS, GROUPS, SECRET_KEYS, RunConfig
+from .resolve import one_process_features, optimizer_choices, resolve_reference
+from .schema import ADAPTER_TYPES, GROUPS, SECRET_KEYS, RunConfig
 
 log = logging.getLogger("tunesmith")
 
@@ -290,11 +290,7 @@ def _optimizer_problems(cfg: RunConfig) -> list[str]:
     """use_muon, use_adam_mini, use_galore, use_apollo, use_badam and bitsandbytes' optim values: one optimizer of
     them, the use_* ones without LoRA+'s groups; Adam-mini, GaLore, APOLLO and BAdam on whole weight matrices (not
     adapters); each with its package installed."""
-    train = cfg.train
-    asked = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo", "use_badam")
-             if getattr(train, key)]
-    if train.optim in BNB_OPTIMS:
-        asked.append(f"optim: {train.optim}")
+    train, asked = cfg.train, optimizer_choices(cfg)
     if not asked:
         return []
     problems = _badam_problems(train) if train.use_badam else []

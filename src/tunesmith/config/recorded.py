@@ -1,5 +1,6 @@
 """What a run recorded beside its weights: its flat config, in tunesmith_config.yaml (a run's output_dir) or in a
-checkpoint's trainer_state.json, and an adapter's adapter_config.json (PEFT's). Light (yaml and json only): config validation reads it for an adapter to continue,
+checkpoint's trainer_state.json, and an adapter's adapter_config.json (PEFT's). Light (yaml and json only): config
+validation reads it for an adapter to continue,
 inference for the data budget and the RoPE scaling of an adapter, resume for the config a checkpoint trained with.
 """
 

@@ -100,14 +100,20 @@ def resolve_backend(cfg: RunConfig, facts: RunFacts) -> str:
     return backend
 
 
+def optimizer_choices(cfg: RunConfig) -> list[str]:
+    """The settings that pick an optimizer other than torch's AdamW (LLaMA-Factory's use_* keys, then
+    bitsandbytes' optim values), as the config names them."""
+    train = cfg.train
+    chosen = [key for key in ("use_muon", "use_adam_mini", "use_galore", "use_apollo", "use_badam")
+              if getattr(train, key)]
+    return chosen + ([f"optim: {train.optim}"] if train.optim in BNB_OPTIMS else [])
+
+
 def one_process_features(cfg: RunConfig) -> list[str]:
-    """The settings that train in one process only (backend: single)."""
-    return [key for key, on in (("quantization_bit", cfg.model.quantization_bit), ("use_muon", cfg.train.use_muon),
-                                ("use_adam_mini", cfg.train.use_adam_mini), ("use_galore", cfg.train.use_galore),
-                                ("use_apollo", cfg.train.use_apollo), ("use_badam", cfg.train.use_badam),
-                                (f"optim: {cfg.train.optim}", cfg.train.optim in BNB_OPTIMS),
-                                ("pissa_init", cfg.finetune.pissa_init))
-            if on]
+    """The settings that train in one process only (backend: single): QLoRA, the optimizers other than AdamW,
+    PiSSA."""
+    return ((["quantization_bit"] if cfg.model.quantization_bit else []) + optimizer_choices(cfg)
+            + (["pissa_init"] if cfg.finetune.pissa_init else []))
 
 
 def resolve_rollout_backend(choice: str, facts: RunFacts, unlike_vllm: str | None = None) -> str:
@@ -150,9 +156,9 @@ def _unlike_vllm(cfg: RunConfig) -> str | None:
 
 def resolve_reference(cfg: RunConfig) -> str:
     """The reference the loss uses: none when it needs none; auto is the base with the adapters off for a LoRA
-    (or OFT) run, as LLaMA-Factory's LoRA does (an adapter continued from adapter_name_or_path is off too: copy makes the
-    base with it the reference), else a frozen copy of the starting model (also for PiSSA, whose base without the
-    adapters is their residual)."""
+    (or OFT) run, as LLaMA-Factory's LoRA does (an adapter continued from adapter_name_or_path is off too: copy
+    makes the base with it the reference), else a frozen copy of the starting model (also for PiSSA, whose base
+    without the adapters is their residual)."""
     mode = cfg.finetune.pref_reference
     if not uses_reference(cfg):
         return "none"

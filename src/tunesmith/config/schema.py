@@ -218,8 +218,9 @@ class FinetuneConfig(_Group):
     pref_reference: Literal["auto", "copy", "adapters_off", "precomputed", "none"] = Field(
         "auto",
         description="dpo/kto/online-RL/ASFT KL reference: auto (LoRA: the base with adapters off; else, and with "
-        "pissa_init, a frozen copy; a continued adapter_name_or_path is off too, as in LLaMA-Factory: copy keeps it), copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, cached) or "
-        "none (reference-free). Resolved before the run: the saved config names the one used.",
+        "pissa_init, a frozen copy; a continued adapter_name_or_path is off too, as in LLaMA-Factory: copy keeps "
+        "it), copy, adapters_off (LoRA only), precomputed (dpo/kto: log-probs computed once before training, "
+        "cached) or none (reference-free). Resolved before the run: the saved config names the one used.",
     )
     kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of desirable examples.")
     kto_rejected_weight: float = Field(1.0, gt=0, description="kto: weight of undesirable examples.")
@@ -244,6 +245,14 @@ class FinetuneConfig(_Group):
 
 # optim values that are bitsandbytes' AdamW (engines/optim.py builds them)
 BNB_OPTIMS = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+
+
+def optim_state(optim: str) -> str:
+    """The state an optim value's optimizer keeps: "adamw" (torch's), "bnb8" or "bnb32" (bitsandbytes' 8- or 32-bit
+    moments)."""
+    if optim not in BNB_OPTIMS:
+        return "adamw"
+    return "bnb32" if optim == "paged_adamw_32bit" else "bnb8"
 
 
 class TrainConfig(_Group):

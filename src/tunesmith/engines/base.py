@@ -238,13 +238,18 @@ def load_own_optimizer(optimizer, state: dict, path: Path) -> None:
                                   "use_badam, loraplus_lr_ratio)") from None
 
 
+def from_bitsandbytes(optimizer) -> bool:
+    """Whether the optimizer is one of bitsandbytes' (its state: state1/state2, copied onto the device it loads)."""
+    return type(optimizer).__module__.startswith("bitsandbytes")
+
+
 def load_matching_optimizer(optimizer, state: dict, path: Path) -> bool:
     """Load another trainer's optimizer state (moments, step counts) if its groups hold parameters of our shapes
     in our order; our hyperparameters (lr, betas, weight decay) stay. Otherwise warn and start fresh."""
     saved_groups = state.get("param_groups") if isinstance(state, dict) else None
     ours = [g["params"] for g in optimizer.param_groups]
     fits = isinstance(saved_groups, list) and [len(g.get("params", [])) for g in saved_groups] == [len(p) for p in ours]
-    moment = "state1" if type(optimizer).__module__.startswith("bitsandbytes") else "exp_avg"
+    moment = "state1" if from_bitsandbytes(optimizer) else "exp_avg"
     if fits:
         moments = state.get("state", {})
         for group, saved in zip(ours, saved_groups):

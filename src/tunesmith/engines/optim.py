@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..config.schema import BNB_OPTIMS, TrainConfig
+from ..config.schema import BNB_OPTIMS, TrainConfig, optim_state
 from ..errors import TunesmithError
 
 log = logging.getLogger("tunesmith")
@@ -45,7 +45,7 @@ def _bitsandbytes_adamw(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     kind = {"adamw_8bit": bnb.optim.AdamW8bit, "adamw_bnb_8bit": bnb.optim.AdamW8bit,
             "paged_adamw_8bit": bnb.optim.PagedAdamW8bit, "paged_adamw_32bit": bnb.optim.PagedAdamW32bit}[cfg.optim]
     optimizer = kind(parameter_groups(model, cfg), **adamw_options(cfg))
-    if "8bit" in cfg.optim:  # this optimizer's own override manager: the global one keeps every run's models
+    if optim_state(cfg.optim) == "bnb8":  # its own override manager: the global one keeps every run's models
         manager = object.__new__(bnb.optim.GlobalOptimManager)
         manager.initialize()
         for module in model.modules():

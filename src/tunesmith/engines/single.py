@@ -8,8 +8,8 @@ import torch
 
 from ..models.safetensors_write import save_weights
 from ..models.weights import load_model_weights
-from .base import (LossFn, StepOutput, StepResult, load_matching_optimizer, load_own_optimizer, read_torch_file,
-                   schedule_at, switched_to_reference, write_torch_file)
+from .base import (LossFn, StepOutput, StepResult, from_bitsandbytes, load_matching_optimizer, load_own_optimizer,
+                   read_torch_file, schedule_at, switched_to_reference, write_torch_file)
 from .optim import load_schedule
 from .local_step import backward_each, forward_each, step_of
 from .reference import ReferenceView
@@ -53,8 +53,8 @@ class SingleEngine:
         engine_state.pt (weights_only: tensors and numbers, never code, whether trusted or not)."""
         load_model_weights(self.model, Path(path))
         # bitsandbytes copies the state it loads onto the parameters' device: read on the CPU, not twice on the GPU
-        bnb = type(self.optimizer).__module__.startswith("bitsandbytes")
-        state = read_torch_file(Path(path) / "engine_state.pt", map_location="cpu" if bnb else self.device)
+        on = "cpu" if from_bitsandbytes(self.optimizer) else self.device
+        state = read_torch_file(Path(path) / "engine_state.pt", map_location=on)
         load_own_optimizer(self.optimizer, state["optimizer"], path)
         load_schedule(self.optimizer, self.scheduler, state["scheduler"])
         if self.scaler and "scaler" in state:

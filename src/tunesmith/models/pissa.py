@@ -6,8 +6,8 @@ W - B A in the base layer, so the model starts unchanged and the adapter trains 
 the adapter is then the residual, not the pretrained weight: a PiSSA adapter folder is only right on a base that
 PEFT re-initialised the same way, which it does when it loads one (the residual is recomputed from the pretrained
 weight). The fast SVD ("pissa_niter_<n>", LLaMA-Factory's default of 16 iterations) draws random numbers, so both
-the training run and every load draw them from one CPU generator seeded with PISSA_SEED (`seeded`): the residual is the same in training, on resume and in
-chat / serve / export. pissa_convert also writes LLaMA-Factory's pissa_converted/: an ordinary LoRA of twice the
+the training run and every load draw them from one CPU generator seeded with PISSA_SEED (`seeded`): the residual
+is the same in training, on resume and in chat / serve / export. pissa_convert also writes LLaMA-Factory's pissa_converted/: an ordinary LoRA of twice the
 rank on the pretrained model (PEFT's conversion against the initial adapter in pissa_init/), which loads anywhere
 (plain PEFT, vLLM) without PiSSA's initialisation."""
 

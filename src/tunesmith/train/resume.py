@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from ..config.recorded import checkpoint_state
-from ..config.schema import RunConfig
+from ..config.schema import RunConfig, optim_state
 from ..errors import ConfigError
 from ..models import pissa
 from . import checkpoint as ckpt
@@ -111,7 +111,7 @@ def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size
                and not (k not in saved and current.get(k) == defaults.get(k))}
     if _global_batch(saved, saved_world) == _global_batch(current, world_size):
         changes = {k: v for k, v in changes.items() if k not in _PER_PROCESS}
-    if "optim" in changes and _optim_state(changes["optim"][0]) == _optim_state(changes["optim"][1]):
+    if "optim" in changes and optim_state(changes["optim"][0]) == optim_state(changes["optim"][1]):
         changes = {k: v for k, v in changes.items() if k != "optim"}  # the same state (adamw_torch_fused, ...)
     fixed = sorted(k for k in changes if k in _OPTIMIZER_SHAPE or k == "optim")
     if fixed:
@@ -126,11 +126,6 @@ def check_config(checkpoint: Path, current: dict, allowed: list[str], world_size
                            f"Restore those values, start a new run (another output_dir, or overwrite_output_dir: "
                            f"true), or accept the change with resume_allow_changes: [{', '.join(refused)}]"])
     return changes
-
-
-def _optim_state(optim) -> str:
-    """The kind of state an optim value's optimizer keeps: torch's AdamW, bitsandbytes' 8-bit or 32-bit moments."""
-    return "bnb8" if "8bit" in str(optim) else "bnb32" if optim == "paged_adamw_32bit" else "adamw"
 
 
 def record_changes(output_dir: Path, step: int, changes: dict) -> None:
